@@ -1,0 +1,32 @@
+# Set-up and entry points. Every target is idempotent and works on a fresh
+# Debian/Ubuntu machine with Python 3.11 and root or sudo.
+PYTHON ?= python3.11
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+DEMO   ?= out/demo
+
+.PHONY: setup demo test bench clean
+
+$(VENV)/.installed: pyproject.toml constraints.txt
+	@command -v ffmpeg >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -qq ffmpeg; }
+	@[ -x $(PY) ] || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -c constraints.txt -e '.[test]'
+	@touch $@
+
+setup: $(VENV)/.installed
+
+## The main job on the built-in default dataset.
+demo: setup
+	$(VENV)/bin/lerobot-shards demo --out $(DEMO)
+
+## The test suite.
+test: setup
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+bench: setup
+	$(PY) benchmarks/run_all.py
+
+clean:
+	rm -rf out .pytest_cache

@@ -1,0 +1,355 @@
+"""The converted dataset's on-disk format: member names, sidecar and manifest schemas.
+
+Both halves of the package read this module and nothing else to agree on the format, so every
+name and field lives here once. Bump ``FORMAT_VERSION`` on any incompatible change; readers
+refuse versions they do not know.
+
+Layout::
+
+    OUT/manifest.json                 written last
+    OUT/shards/shard-000000.tar       whole episodes only
+    OUT/shards/shard-000000.idx.json  sidecar: byte offsets of every member, clip frame tables
+
+Inside a tar every member of one episode shares one WebDataset key without dots::
+
+    e000123.json                          episode metadata (EpisodeHeader)
+    e000123.parquet                       its rows, with the source schema
+    e000123.observation.images.front.mp4  one clip per camera, starting at timestamp 0
+
+Camera keys contain dots; WebDataset splits a member name at the first dot, so the key stays
+``e000123`` and the camera clip lands under the extension ``observation.images.front.mp4``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+FORMAT_VERSION = 1
+FORMAT_NAME = "lerobot-shards"
+
+MANIFEST_NAME = "manifest.json"
+SHARDS_DIR = "shards"
+TMP_SUFFIX = ".tmp"
+
+
+class FormatError(ValueError):
+    """A converted dataset does not match the format this version reads."""
+
+
+def episode_key(episode_index: int) -> str:
+    """WebDataset key of an episode: no dots, sorts in episode order."""
+    return f"e{episode_index:06d}"
+
+
+def shard_name(shard_index: int) -> str:
+    return f"shard-{shard_index:06d}.tar"
+
+
+def sidecar_name(shard_index: int) -> str:
+    return f"shard-{shard_index:06d}.idx.json"
+
+
+def header_member(key: str) -> str:
+    return f"{key}.json"
+
+
+def table_member(key: str) -> str:
+    return f"{key}.parquet"
+
+
+def clip_member(key: str, camera: str) -> str:
+    return f"{key}.{camera}.mp4"
+
+
+@dataclass(frozen=True)
+class Member:
+    """Where one tar member's data lies: ``offset`` is the first data byte (after the header)."""
+
+    name: str
+    offset: int
+    size: int
+
+
+@dataclass(frozen=True)
+class FrameEntry:
+    """One frame of a clip in presentation order, in the clip stream's time base."""
+
+    pts: int
+    duration: int
+    key_frame: bool
+
+
+@dataclass(frozen=True)
+class ClipInfo:
+    """Facts about one camera clip, enough to decode any frame exactly without scanning."""
+
+    codec: str
+    width: int
+    height: int
+    pix_fmt: str
+    fps: float
+    num_frames: int
+    time_base: tuple[int, int]  # (numerator, denominator) of the stream time base
+    frames: tuple[FrameEntry, ...]  # presentation order; len == num_frames
+    stream_copied: bool  # True: packets bit-identical to the source; False: re-encoded
+    source_first_frame: int  # index of clip frame 0 in the source mp4 (frame count order)
+
+    def key_frame_indices(self) -> list[int]:
+        return [i for i, f in enumerate(self.frames) if f.key_frame]
+
+    def frame_mappings_json(self) -> str:
+        """torchcodec ``custom_frame_mappings``: exact seeks without a file scan."""
+        return json.dumps(
+            {"frames": [{"pts": f.pts, "duration": f.duration, "key_frame": int(f.key_frame)} for f in self.frames]}
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["time_base"] = list(self.time_base)
+        # Compact frame table: three parallel lists keep sidecars small for long episodes.
+        d["frames"] = {
+            "pts": [f.pts for f in self.frames],
+            "duration": [f.duration for f in self.frames],
+            "key_frame": [int(f.key_frame) for f in self.frames],
+        }
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "ClipInfo":
+        fr = d["frames"]
+        frames = tuple(
+            FrameEntry(int(p), int(du), bool(k)) for p, du, k in zip(fr["pts"], fr["duration"], fr["key_frame"])
+        )
+        return cls(
+            codec=d["codec"],
+            width=int(d["width"]),
+            height=int(d["height"]),
+            pix_fmt=d["pix_fmt"],
+            fps=float(d["fps"]),
+            num_frames=int(d["num_frames"]),
+            time_base=(int(d["time_base"][0]), int(d["time_base"][1])),
+            frames=frames,
+            stream_copied=bool(d["stream_copied"]),
+            source_first_frame=int(d["source_first_frame"]),
+        )
+
+
+@dataclass(frozen=True)
+class EpisodeHeader:
+    """Content of ``<key>.json``: what a reader needs to use the episode's other members."""
+
+    episode_index: int
+    length: int
+    tasks: tuple[str, ...]
+    fps: float
+    cameras: tuple[str, ...]
+    dataset_from_index: int  # global ``index`` of the episode's first row in the source
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["tasks"] = list(self.tasks)
+        d["cameras"] = list(self.cameras)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "EpisodeHeader":
+        return cls(
+            episode_index=int(d["episode_index"]),
+            length=int(d["length"]),
+            tasks=tuple(d["tasks"]),
+            fps=float(d["fps"]),
+            cameras=tuple(d["cameras"]),
+            dataset_from_index=int(d["dataset_from_index"]),
+        )
+
+
+@dataclass(frozen=True)
+class EpisodeEntry:
+    """One episode inside a shard, as the sidecar records it."""
+
+    key: str
+    episode_index: int
+    length: int
+    members: dict[str, Member]  # by member name
+    clips: dict[str, ClipInfo]  # by camera key
+
+    def span(self) -> tuple[int, int]:
+        """(start, end) byte range covering all members: one ranged read fetches the episode."""
+        start = min(m.offset for m in self.members.values())
+        end = max(m.offset + m.size for m in self.members.values())
+        return start, end
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "key": self.key,
+            "episode_index": self.episode_index,
+            "length": self.length,
+            "members": [asdict(m) for m in self.members.values()],
+            "clips": {cam: c.to_dict() for cam, c in self.clips.items()},
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "EpisodeEntry":
+        members = {m["name"]: Member(m["name"], int(m["offset"]), int(m["size"])) for m in d["members"]}
+        return cls(
+            key=d["key"],
+            episode_index=int(d["episode_index"]),
+            length=int(d["length"]),
+            members=members,
+            clips={cam: ClipInfo.from_dict(c) for cam, c in d["clips"].items()},
+        )
+
+
+@dataclass(frozen=True)
+class Sidecar:
+    """``shard-XXXXXX.idx.json``: the index of one tar shard."""
+
+    shard: str  # tar file name, relative to the shards dir
+    size: int  # tar size in bytes
+    sha256: str
+    episodes: tuple[EpisodeEntry, ...]
+    format_version: int = FORMAT_VERSION
+
+    @property
+    def num_frames(self) -> int:
+        return sum(e.length for e in self.episodes)
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "format": FORMAT_NAME,
+                "format_version": self.format_version,
+                "shard": self.shard,
+                "size": self.size,
+                "sha256": self.sha256,
+                "episodes": [e.to_dict() for e in self.episodes],
+            },
+            separators=(",", ":"),
+        )
+
+    @classmethod
+    def from_json(cls, text: str | bytes, *, where: str = "sidecar") -> "Sidecar":
+        d = json.loads(text)
+        check_version(d, where)
+        return cls(
+            shard=d["shard"],
+            size=int(d["size"]),
+            sha256=d["sha256"],
+            episodes=tuple(EpisodeEntry.from_dict(e) for e in d["episodes"]),
+            format_version=int(d["format_version"]),
+        )
+
+
+@dataclass(frozen=True)
+class ShardRecord:
+    """The manifest's line for one shard."""
+
+    index: int
+    name: str  # tar name, relative to the shards dir
+    sidecar: str
+    episodes: tuple[int, ...]
+    frames: int
+    bytes: int
+    sha256: str
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["episodes"] = list(self.episodes)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "ShardRecord":
+        return cls(
+            index=int(d["index"]),
+            name=d["name"],
+            sidecar=d["sidecar"],
+            episodes=tuple(int(e) for e in d["episodes"]),
+            frames=int(d["frames"]),
+            bytes=int(d["bytes"]),
+            sha256=d["sha256"],
+        )
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """``manifest.json``: written last; its presence marks a complete conversion."""
+
+    source_info: dict[str, Any]  # the source's meta/info.json, verbatim
+    source_stats: dict[str, Any]  # meta/stats.json, verbatim ({} when absent)
+    tasks: tuple[str, ...]  # task string by task_index
+    fps: float
+    features: dict[str, Any]  # feature name -> feature spec (as in info.json)
+    cameras: tuple[str, ...]
+    video: dict[str, Any]  # video settings used: {"mode": "copy"|"reencode", "codec", "gop", "crf"}
+    shards: tuple[ShardRecord, ...]
+    skipped_episodes: dict[int, str] = field(default_factory=dict)  # episode -> reason
+    converter: dict[str, Any] = field(default_factory=dict)  # {"version", "arguments"}
+    format_version: int = FORMAT_VERSION
+
+    @property
+    def total_episodes(self) -> int:
+        return sum(len(s.episodes) for s in self.shards)
+
+    @property
+    def total_frames(self) -> int:
+        return sum(s.frames for s in self.shards)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(s.bytes for s in self.shards)
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "format": FORMAT_NAME,
+                "format_version": self.format_version,
+                "fps": self.fps,
+                "cameras": list(self.cameras),
+                "features": self.features,
+                "tasks": list(self.tasks),
+                "video": self.video,
+                "totals": {
+                    "episodes": self.total_episodes,
+                    "frames": self.total_frames,
+                    "bytes": self.total_bytes,
+                    "shards": len(self.shards),
+                },
+                "shards": [s.to_dict() for s in self.shards],
+                "skipped_episodes": {str(k): v for k, v in sorted(self.skipped_episodes.items())},
+                "converter": self.converter,
+                "source_info": self.source_info,
+                "source_stats": self.source_stats,
+            },
+            indent=1,
+        )
+
+    @classmethod
+    def from_json(cls, text: str | bytes, *, where: str = MANIFEST_NAME) -> "Manifest":
+        d = json.loads(text)
+        check_version(d, where)
+        return cls(
+            source_info=d["source_info"],
+            source_stats=d.get("source_stats", {}),
+            tasks=tuple(d["tasks"]),
+            fps=float(d["fps"]),
+            features=d["features"],
+            cameras=tuple(d["cameras"]),
+            video=d["video"],
+            shards=tuple(ShardRecord.from_dict(s) for s in d["shards"]),
+            skipped_episodes={int(k): v for k, v in d.get("skipped_episodes", {}).items()},
+            converter=d.get("converter", {}),
+            format_version=int(d["format_version"]),
+        )
+
+
+def check_version(d: dict[str, Any], where: str) -> None:
+    if d.get("format") != FORMAT_NAME:
+        raise FormatError(f"{where}: not a {FORMAT_NAME} file (format={d.get('format')!r})")
+    v = d.get("format_version")
+    if v != FORMAT_VERSION:
+        raise FormatError(
+            f"{where}: format_version {v} is not supported by this version of lerobot-shards "
+            f"(reads {FORMAT_VERSION}); re-convert the dataset or upgrade lerobot-shards"
+        )
