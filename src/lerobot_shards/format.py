@@ -211,6 +211,7 @@ class Sidecar:
     sha256: str
     episodes: tuple[EpisodeEntry, ...]
     format_version: int = FORMAT_VERSION
+    skipped: dict[int, str] = field(default_factory=dict)  # planned here but left out: episode -> reason
 
     @property
     def num_frames(self) -> int:
@@ -225,6 +226,7 @@ class Sidecar:
                 "size": self.size,
                 "sha256": self.sha256,
                 "episodes": [e.to_dict() for e in self.episodes],
+                "skipped": {str(k): v for k, v in sorted(self.skipped.items())},
             },
             separators=(",", ":"),
         )
@@ -239,6 +241,7 @@ class Sidecar:
             sha256=d["sha256"],
             episodes=tuple(EpisodeEntry.from_dict(e) for e in d["episodes"]),
             format_version=int(d["format_version"]),
+            skipped={int(k): v for k, v in d.get("skipped", {}).items()},
         )
 
 

@@ -1,0 +1,316 @@
+"""Running a conversion: claim the destination, build this task's missing shards, write the manifest.
+
+Order of writes: ``convert.json`` (the run's options) first, then per shard its tar and then
+its sidecar, the manifest last once every shard of the plan has a sidecar. A shard counts as
+done only when its sidecar exists, names the planned episodes and matches the tar's sha256,
+so a re-run after a kill rebuilds exactly the shards that are not complete.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import logging.handlers
+import multiprocessing as mp
+import os
+import posixpath
+import time
+from collections.abc import Sequence
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
+
+from .. import __version__
+from ..format import MANIFEST_NAME, SHARDS_DIR, FormatError, Manifest, ShardRecord, Sidecar, shard_name, sidecar_name
+from ..lerobot_v3 import LeRobotV3Source
+from ..shard_plan import PlannedShard
+from .destination import RUN_RECORD, Destination
+from .plan import DEFAULT_GOP, ConvertOptions, make_plan, parse_size, plan_digest, task_share
+from .shard_writer import ConvertError, EpisodeCallback, build_shard
+
+log = logging.getLogger(__name__)
+
+RUN_RECORD_FORMAT = "lerobot-shards-convert"
+
+
+def _source_url(source: str | Path) -> str:
+    text = str(source)
+    return text if "://" in text else os.path.abspath(text)
+
+
+def run_record(source_url: str, options: ConvertOptions, plan: Sequence[PlannedShard]) -> dict[str, Any]:
+    """What ``convert.json`` holds: everything that decides the output bytes, nothing that does not
+    (workers, task split), so every task and re-run of one conversion writes the same record."""
+    return {
+        "format": RUN_RECORD_FORMAT,
+        "converter_version": __version__,
+        "source": source_url,
+        "options": options.to_dict(),
+        "plan_sha256": plan_digest(list(plan)),
+    }
+
+
+def _claim(dest: Destination, record: dict[str, Any], *, overwrite: bool) -> None:
+    """Make sure ``dest`` is empty or this conversion's own output, then write the run record."""
+    if dest.exists(RUN_RECORD):
+        try:
+            theirs = json.loads(dest.read_bytes(RUN_RECORD))
+        except json.JSONDecodeError:
+            theirs = {}
+        if theirs == record:
+            log.info("%s holds this conversion's output: resuming", dest.url)
+            return
+        if not overwrite:
+            diff = sorted(k for k in set(record) | set(theirs) if record.get(k) != theirs.get(k))
+            raise ConvertError(
+                f"{dest.path(RUN_RECORD)}: {dest.url} holds a conversion with other settings (differs in: "
+                f"{', '.join(diff)}); pass --overwrite to replace it or choose another destination"
+            )
+    elif dest.entries() and not overwrite:
+        raise ConvertError(
+            f"{dest.url} is not empty and holds no {RUN_RECORD}, so it is not lerobot-shards output: "
+            f"refusing to write into it (pass --overwrite to replace its shards, or choose another destination)"
+        )
+    if overwrite:
+        dest.clear_own_files()
+        foreign = [e for e in dest.entries() if e != SHARDS_DIR]
+        if foreign:
+            log.warning("--overwrite: leaving unrelated entries in %s alone: %s", dest.url, ", ".join(foreign))
+    dest.write_bytes(RUN_RECORD, json.dumps(record, indent=1, sort_keys=True).encode())
+
+
+def _shard_done(dest: Destination, shard: PlannedShard, present: set[str], *, skip_bad_episodes: bool) -> bool:
+    tar, side = shard_name(shard.index), sidecar_name(shard.index)
+    if tar not in present or side not in present:
+        return False
+    try:
+        sidecar = Sidecar.from_json(dest.read_bytes(posixpath.join(SHARDS_DIR, side)))
+    except (FormatError, ValueError, KeyError):
+        return False
+    kept = [e for e in shard.episodes if e not in sidecar.skipped]
+    if [e.episode_index for e in sidecar.episodes] != kept or not set(sidecar.skipped) <= set(shard.episodes):
+        return False
+    if sidecar.skipped and not skip_bad_episodes:
+        return False  # without --skip-bad-episodes the bad episode must fail again, not vanish
+    rel = posixpath.join(SHARDS_DIR, tar)
+    return dest.size(rel) == sidecar.size and dest.sha256(rel) == sidecar.sha256
+
+
+def write_shard(
+    source: LeRobotV3Source,
+    dest: Destination,
+    shard: PlannedShard,
+    options: ConvertOptions,
+    *,
+    skip_bad_episodes: bool = False,
+    on_episode: EpisodeCallback | None = None,
+) -> Sidecar:
+    """Build one shard into ``dest``: the tar appears complete, then its sidecar."""
+    with dest.staging(posixpath.join(SHARDS_DIR, shard_name(shard.index))) as f:
+        sidecar = build_shard(source, shard, options, f, skip_bad_episodes=skip_bad_episodes, on_episode=on_episode)
+    dest.write_bytes(posixpath.join(SHARDS_DIR, sidecar_name(shard.index)), sidecar.to_json().encode())
+    return sidecar
+
+
+# -- worker processes ---------------------------------------------------------------------------
+
+_worker: dict[str, Any] = {}
+
+
+def _init_worker(source: tuple[str, dict[str, Any]], dest: tuple[str, dict[str, Any]], options: ConvertOptions,
+                 skip_bad_episodes: bool, queue: Any, log_level: int) -> None:
+    root = logging.getLogger()
+    root.handlers[:] = [logging.handlers.QueueHandler(queue)]
+    root.setLevel(log_level)
+    _worker.update(
+        source=LeRobotV3Source(source[0], storage_options=source[1]),
+        dest=Destination(dest[0], storage_options=dest[1]),
+        options=options, skip_bad_episodes=skip_bad_episodes, queue=queue,
+    )
+
+
+def _worker_shard(shard: PlannedShard) -> int:
+    queue = _worker["queue"]
+    write_shard(
+        _worker["source"], _worker["dest"], shard, _worker["options"],
+        skip_bad_episodes=_worker["skip_bad_episodes"], on_episode=lambda frames, size: queue.put((frames, size)),
+    )
+    return shard.index
+
+
+class _Progress:
+    """Episodes bar with rate and ETA, plus output MB/s in the postfix."""
+
+    def __init__(self, total: int, initial: int, enabled: bool) -> None:
+        self.bar = tqdm(total=total, initial=initial, unit="ep", desc="convert", disable=not enabled,
+                        dynamic_ncols=True)
+        self.start = time.monotonic()
+        self.bytes = 0
+        self.frames = 0
+
+    def episode(self, frames: int, size: int) -> None:
+        self.bytes += size
+        self.frames += frames
+        elapsed = max(time.monotonic() - self.start, 1e-9)
+        self.bar.set_postfix_str(f"{self.bytes / 1e6 / elapsed:.1f} MB/s, {self.frames / elapsed:.0f} frames/s",
+                                 refresh=False)
+        self.bar.update(1)
+
+    def drain(self, queue: Any) -> None:
+        while not queue.empty():
+            item = queue.get()
+            if isinstance(item, logging.LogRecord):
+                logging.getLogger(item.name).handle(item)
+            else:
+                self.episode(*item)
+
+
+def _run_shards(source: LeRobotV3Source, source_options: dict[str, Any], dest: Destination,
+                dest_options: dict[str, Any], todo: list[PlannedShard], options: ConvertOptions, *,
+                skip_bad_episodes: bool, workers: int, progress: _Progress) -> None:
+    if workers <= 1 or len(todo) <= 1:
+        for shard in todo:
+            write_shard(source, dest, shard, options, skip_bad_episodes=skip_bad_episodes, on_episode=progress.episode)
+        return
+    ctx = mp.get_context("spawn")  # no fork: PyAV/arrow thread pools do not survive it
+    queue = ctx.Queue()
+    initargs = ((source.url, source_options), (dest.url, dest_options), options, skip_bad_episodes, queue,
+                logging.getLogger("lerobot_shards").getEffectiveLevel())
+    with ProcessPoolExecutor(min(workers, len(todo)), mp_context=ctx, initializer=_init_worker,
+                             initargs=initargs) as pool:
+        pending = {pool.submit(_worker_shard, shard) for shard in todo}
+        try:
+            while pending:
+                done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
+                progress.drain(queue)
+                for future in done:
+                    future.result()
+        except BaseException:
+            for future in pending:
+                future.cancel()
+            log.error("stopping: waiting for the shards in progress to finish")
+            raise
+        finally:
+            progress.drain(queue)
+
+
+# -- manifest -----------------------------------------------------------------------------------
+
+def finalize(dest: Destination, source: LeRobotV3Source, plan: Sequence[PlannedShard], options: ConvertOptions,
+             record: dict[str, Any]) -> Manifest:
+    """Write ``manifest.json`` from all sidecars; fails listing every shard that is missing."""
+    present = set(dest.entries(SHARDS_DIR))
+    sidecars: list[Sidecar] = []
+    missing: list[str] = []
+    for shard in plan:
+        tar, side = shard_name(shard.index), sidecar_name(shard.index)
+        if tar not in present or side not in present:
+            missing.append(f"{tar} ({'no sidecar' if tar in present else 'no tar'})")
+            continue
+        sidecar = Sidecar.from_json(dest.read_bytes(posixpath.join(SHARDS_DIR, side)), where=dest.path(side))
+        got = sorted([e.episode_index for e in sidecar.episodes] + list(sidecar.skipped))
+        if got != sorted(shard.episodes):
+            raise ConvertError(f"{dest.path(posixpath.join(SHARDS_DIR, side))}: holds episodes {got}, the plan "
+                               f"puts {sorted(shard.episodes)} in this shard")
+        size = dest.size(posixpath.join(SHARDS_DIR, tar))
+        if size != sidecar.size:
+            missing.append(f"{tar} ({size} bytes, sidecar says {sidecar.size})")
+            continue
+        sidecars.append(sidecar)
+    if missing:
+        raise ConvertError(
+            f"{dest.url}: cannot write {MANIFEST_NAME}, {len(missing)} of {len(plan)} shards are missing or "
+            f"incomplete: {'; '.join(missing)}. Run the tasks that own them (shard i belongs to task i % num_tasks)."
+        )
+    skipped = {ep: reason for s in sidecars for ep, reason in s.skipped.items()}
+    video = options.video_settings()
+    if options.reencode is None:
+        video["fallback_reencoded_episodes"] = sorted(
+            e.episode_index for s in sidecars for e in s.episodes if not all(c.stream_copied for c in e.clips.values())
+        )
+    manifest = Manifest(
+        source_info=source.info,
+        source_stats=source.stats,
+        tasks=source.tasks,
+        fps=source.fps,
+        features=source.features,
+        cameras=tuple(sorted(source.camera_keys)),
+        video=video,
+        shards=tuple(
+            ShardRecord(index=shard.index, name=s.shard, sidecar=sidecar_name(shard.index),
+                        episodes=tuple(e.episode_index for e in s.episodes), frames=s.num_frames, bytes=s.size,
+                        sha256=s.sha256)
+            for shard, s in zip(plan, sidecars) if s.episodes
+        ),
+        skipped_episodes=skipped,
+        converter={"version": __version__, "arguments": {"source": record["source"], **record["options"]}},
+    )
+    dest.write_bytes(MANIFEST_NAME, manifest.to_json().encode())
+    log.info("wrote %s: %d shards, %d episodes, %d frames, %.1f MB; %d episodes skipped, %d re-encoded",
+             dest.path(MANIFEST_NAME), len(manifest.shards), manifest.total_episodes, manifest.total_frames,
+             manifest.total_bytes / 1e6, len(skipped), len(video.get("fallback_reencoded_episodes", ())))
+    return manifest
+
+
+# -- entry point --------------------------------------------------------------------------------
+
+def convert_dataset(
+    source: str | Path,
+    dest: str | Path,
+    *,
+    shard_size: int | str | None = None,
+    episodes_per_shard: int | None = None,
+    shuffle_seed: int | None = None,
+    reencode: str | None = None,
+    gop: int = DEFAULT_GOP,
+    crf: int | None = None,
+    workers: int = 1,
+    num_tasks: int = 1,
+    task_index: int = 0,
+    finalize_only: bool = False,
+    skip_bad_episodes: bool = False,
+    overwrite: bool = False,
+    source_options: dict[str, Any] | None = None,
+    dest_options: dict[str, Any] | None = None,
+    progress: bool = True,
+) -> Manifest | None:
+    """Convert a LeRobot v3.0 dataset at ``source`` into tar shards at ``dest`` (both local or fsspec URLs).
+
+    Re-running resumes. With ``num_tasks`` > 1 each task converts shards ``i % num_tasks == task_index``;
+    the task that completes the plan writes the manifest and returns it, the others return None.
+    ``finalize_only`` converts nothing and writes the manifest (or fails naming missing shards).
+    """
+    source_options, dest_options = source_options or {}, dest_options or {}
+    options = ConvertOptions(
+        shard_bytes=None if episodes_per_shard is not None else parse_size(shard_size or "512MB"),
+        episodes_per_shard=episodes_per_shard, shuffle_seed=shuffle_seed, reencode=reencode, gop=gop, crf=crf,
+    )
+    src = LeRobotV3Source(str(source), storage_options=source_options)
+    plan = make_plan(src, options)
+    share = task_share(plan, num_tasks, task_index)
+    out = Destination(str(dest), storage_options=dest_options)
+    record = run_record(_source_url(source), options, plan)
+    _claim(out, record, overwrite=overwrite)
+    if finalize_only:
+        return finalize(out, src, plan, options, record)
+
+    present = set(out.entries(SHARDS_DIR))
+    todo = [s for s in share if not _shard_done(out, s, present, skip_bad_episodes=skip_bad_episodes)]
+    log.info("plan: %d shards, %d episodes, %d frames; task %d/%d owns %d shards, %d already complete",
+             len(plan), len(src.episodes), src.total_frames, task_index, num_tasks, len(share),
+             len(share) - len(todo))
+    done_eps = sum(len(s.episodes) for s in share if s not in todo)
+    bar = _Progress(sum(len(s.episodes) for s in share), done_eps, progress)
+    with logging_redirect_tqdm(), bar.bar:
+        _run_shards(src, source_options, out, dest_options, todo, options, skip_bad_episodes=skip_bad_episodes,
+                    workers=workers, progress=bar)
+
+    present = set(out.entries(SHARDS_DIR))
+    if num_tasks > 1 and not all(sidecar_name(s.index) in present for s in plan):
+        log.info("task %d/%d done; the manifest waits for the other tasks' shards (or run with --finalize)",
+                 task_index, num_tasks)
+        return None
+    return finalize(out, src, plan, options, record)

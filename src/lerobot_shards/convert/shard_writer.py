@@ -1,0 +1,219 @@
+"""Building one shard: a byte-deterministic tar of whole episodes, and its sidecar.
+
+Same source + same options = same bytes, whichever process, task or run builds the shard:
+tar headers carry no time, owner or permissions of the machine, members come in plan order
+(``key.json``, ``key.parquet``, then cameras sorted), parquet and JSON are written with fixed
+options. Each episode's members are built in memory before any is written, so a bad episode
+can be skipped whole; the memory high-water mark is one episode's clips.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import posixpath
+import tarfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, BinaryIO, TypeVar
+
+import av
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ..format import (
+    ClipInfo,
+    EpisodeEntry,
+    EpisodeHeader,
+    Member,
+    Sidecar,
+    clip_member,
+    episode_key,
+    header_member,
+    shard_name,
+    table_member,
+)
+from ..lerobot_v3 import EpisodeMeta, LeRobotV3Source, SourceError
+from ..shard_plan import PlannedShard
+from ..video import ClipError, cut_clip, reencode_clip
+from .plan import ConvertOptions
+
+log = logging.getLogger(__name__)
+
+TAR_FORMAT = tarfile.PAX_FORMAT  # ustar headers unless a name exceeds 100 characters
+MEMBER_MODE = 0o644
+# Fixed parquet writer options: one row group per episode, zstd, statistics for readers.
+PARQUET_OPTIONS: dict[str, Any] = dict(
+    compression="zstd", compression_level=3, use_dictionary=True, write_statistics=True, store_schema=True,
+    version="2.6", data_page_version="1.0",
+)
+
+T = TypeVar("T")
+EpisodeCallback = Callable[[int, int], None]  # (frames, bytes) after each episode
+
+
+class ConvertError(RuntimeError):
+    """An episode cannot be converted; the message names the episode and the file."""
+
+
+@dataclass(frozen=True)
+class EpisodeMembers:
+    """One episode ready to go into a tar: member payloads in tar order, plus clip facts."""
+
+    key: str
+    episode_index: int
+    length: int
+    payloads: tuple[tuple[str, bytes], ...]
+    clips: dict[str, ClipInfo]
+
+
+class _HashingWriter:
+    """File wrapper that hashes and counts what passes through, so the tar is read once."""
+
+    def __init__(self, raw: BinaryIO) -> None:
+        self.raw = raw
+        self.sha = hashlib.sha256()
+        self.size = 0
+
+    def write(self, data: bytes) -> int:
+        self.sha.update(data)
+        self.size += len(data)
+        return self.raw.write(data)
+
+    def tell(self) -> int:
+        return self.size
+
+
+def header_bytes(header: EpisodeHeader) -> bytes:
+    return json.dumps(header.to_dict(), sort_keys=True, separators=(",", ":")).encode()
+
+
+def parquet_bytes(table: pa.Table) -> bytes:
+    """The episode's rows as parquet; chunks combined so page boundaries never depend on reads."""
+    buf = pa.BufferOutputStream()
+    pq.write_table(table.combine_chunks(), buf, row_group_size=max(table.num_rows, 1), **PARQUET_OPTIONS)
+    return buf.getvalue().to_pybytes()
+
+
+def _where(source: LeRobotV3Source, rel_path: str) -> str:
+    return posixpath.join(source.url.rstrip("/"), rel_path)
+
+
+def _check_clip_span(source: LeRobotV3Source, ep: EpisodeMeta) -> None:
+    """The rows and the clip must cover the same frames, or the clip would borrow a neighbour's."""
+    for cam, ref in ep.videos.items():
+        frames = int(round(ref.to_timestamp * source.fps)) - ref.first_frame(source.fps)
+        if frames != ep.length:
+            raise SourceError(
+                f"{_where(source, ref.path)}: episode {ep.episode_index} field videos/{cam}/from_timestamp.."
+                f"to_timestamp = {ref.from_timestamp:.4f}..{ref.to_timestamp:.4f} s spans {frames} frames "
+                f"but the episode has {ep.length} rows"
+            )
+
+
+def _with_video(source: LeRobotV3Source, rel_path: str, fn: Callable[[Any], T]) -> T:
+    """Run ``fn`` on a local path when there is one (PyAV reads it natively), else on an open file."""
+    local = source.local_path(rel_path)
+    if local is not None:
+        return fn(local)
+    with source.open(rel_path) as f:
+        return fn(f)
+
+
+def _clip(source: LeRobotV3Source, ep: EpisodeMeta, cam: str, options: ConvertOptions) -> tuple[bytes, ClipInfo]:
+    """Stream copy when asked and possible, else re-encode; errors name the episode and the file."""
+    ref = ep.videos[cam]
+    first, n = ref.first_frame(source.fps), ep.length
+    where = f"{_where(source, ref.path)}: episode {ep.episode_index} camera {cam}"
+    try:
+        if options.reencode is None:
+            try:
+                return _with_video(source, ref.path, lambda src: cut_clip(src, first, n))
+            except ClipError as e:
+                log.warning("%s: re-encoding as %s (stream copy impossible: %s)", where, options.codec, e)
+        return _with_video(
+            source, ref.path,
+            lambda src: reencode_clip(src, first, n, codec=options.codec, gop=options.gop, crf=options.effective_crf),
+        )
+    except (ClipError, av.FFmpegError) as e:
+        raise ConvertError(f"{where}: {e}") from None
+
+
+def episode_members(source: LeRobotV3Source, episode_index: int, options: ConvertOptions) -> EpisodeMembers:
+    """Read, cut and encode everything one episode contributes to a shard."""
+    ep = source.episode(episode_index)
+    key = episode_key(ep.episode_index)
+    cameras = tuple(sorted(ep.videos))
+    try:
+        table = source.read_episode_table(ep)
+        source.check_episode_videos(ep)
+        _check_clip_span(source, ep)
+    except SourceError as e:
+        raise ConvertError(str(e)) from None
+    header = EpisodeHeader(
+        episode_index=ep.episode_index, length=ep.length, tasks=ep.tasks, fps=source.fps, cameras=cameras,
+        dataset_from_index=ep.dataset_from_index,
+    )
+    payloads = [(header_member(key), header_bytes(header)), (table_member(key), parquet_bytes(table))]
+    clips: dict[str, ClipInfo] = {}
+    for cam in cameras:
+        data, info = _clip(source, ep, cam, options)
+        if info.num_frames != ep.length:
+            raise ConvertError(
+                f"{_where(source, ep.videos[cam].path)}: episode {ep.episode_index} camera {cam}: clip has "
+                f"{info.num_frames} frames, the episode has {ep.length} rows"
+            )
+        payloads.append((clip_member(key, cam), data))
+        clips[cam] = info
+    return EpisodeMembers(key, ep.episode_index, ep.length, tuple(payloads), clips)
+
+
+def _add(tar: tarfile.TarFile, name: str, data: bytes) -> Member:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    info.mtime = 0
+    info.mode = MEMBER_MODE
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    tar.addfile(info, io.BytesIO(data))
+    padded = -(-len(data) // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
+    return Member(name, tar.offset - padded, len(data))
+
+
+def build_shard(
+    source: LeRobotV3Source,
+    shard: PlannedShard,
+    options: ConvertOptions,
+    out: BinaryIO,
+    *,
+    skip_bad_episodes: bool = False,
+    on_episode: EpisodeCallback | None = None,
+) -> Sidecar:
+    """Write shard ``shard`` as a tar to ``out`` and return its sidecar.
+
+    A bad episode raises ConvertError, or with ``skip_bad_episodes`` is left out and recorded
+    in the sidecar's ``skipped`` with the reason.
+    """
+    writer = _HashingWriter(out)
+    entries: list[EpisodeEntry] = []
+    skipped: dict[int, str] = {}
+    with tarfile.open(fileobj=writer, mode="w", format=TAR_FORMAT) as tar:  # type: ignore[call-overload]
+        for episode_index in shard.episodes:
+            try:
+                ep = episode_members(source, episode_index, options)
+            except ConvertError as e:
+                if not skip_bad_episodes:
+                    raise
+                log.warning("skipping episode %d: %s", episode_index, e)
+                skipped[episode_index] = str(e)
+                continue
+            members = {name: _add(tar, name, data) for name, data in ep.payloads}
+            entries.append(EpisodeEntry(ep.key, ep.episode_index, ep.length, members, ep.clips))
+            if on_episode is not None:
+                on_episode(ep.length, sum(len(d) for _, d in ep.payloads))
+    return Sidecar(
+        shard=shard_name(shard.index), size=writer.size, sha256=writer.sha.hexdigest(), episodes=tuple(entries),
+        skipped=skipped,
+    )

@@ -1,0 +1,380 @@
+"""Reading a LeRobot v3.0 dataset (local path or any fsspec URL).
+
+Metadata (info, stats, tasks, episodes) is read up front; data files are read one at a time
+when an episode's rows are asked for, so the dataset never sits in RAM whole. Every error
+names the file, episode and field at fault.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import posixpath
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import fsspec
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .shard_plan import EpisodeSize
+
+log = logging.getLogger(__name__)
+
+CODEBASE_VERSION = "v3.0"
+TABULAR_DTYPES = frozenset(
+    {"float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+     "bool", "string"}
+)
+VIDEO_DTYPE = "video"
+IMAGE_DTYPE = "image"
+# from/to timestamps may exceed the mp4's duration by rounding; more than half a frame is an error.
+DURATION_SLACK_FRAMES = 0.5
+
+
+class SourceError(ValueError):
+    """The source dataset is not a valid LeRobot v3.0 dataset; the message says where."""
+
+
+@dataclass(frozen=True)
+class VideoRef:
+    """One episode's clip inside a (possibly multi-episode) camera mp4."""
+
+    path: str  # relative to the dataset root
+    from_timestamp: float
+    to_timestamp: float
+
+    def first_frame(self, fps: float) -> int:
+        """Index of the episode's first frame in the mp4 (files drift from k/fps by < 1 ms)."""
+        return int(round(self.from_timestamp * fps))
+
+
+@dataclass(frozen=True)
+class EpisodeMeta:
+    episode_index: int
+    length: int
+    tasks: tuple[str, ...]
+    data_path: str  # relative to the dataset root
+    dataset_from_index: int
+    dataset_to_index: int  # exclusive
+    videos: dict[str, VideoRef]  # by camera key
+
+
+def _read_json(fs: fsspec.AbstractFileSystem, path: str) -> dict[str, Any]:
+    try:
+        with fs.open(path, "rb") as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise SourceError(f"{path}: file not found") from None
+    except json.JSONDecodeError as e:
+        raise SourceError(f"{path}: not valid JSON ({e})") from None
+
+
+def _read_parquet(fs: fsspec.AbstractFileSystem, path: str) -> pa.Table:
+    try:
+        with fs.open(path, "rb") as f:
+            return pq.read_table(f)
+    except FileNotFoundError:
+        raise SourceError(f"{path}: file not found") from None
+    except (pa.ArrowInvalid, OSError) as e:
+        raise SourceError(f"{path}: not a readable parquet file ({e})") from None
+
+
+def _require(d: dict[str, Any], key: str, where: str) -> Any:
+    if key not in d:
+        raise SourceError(f"{where}: missing field {key!r}")
+    return d[key]
+
+
+def _column(table: pa.Table, name: str, where: str) -> pa.ChunkedArray:
+    if name not in table.column_names:
+        raise SourceError(f"{where}: missing column {name!r} (has {', '.join(table.column_names)})")
+    return table.column(name)
+
+
+class LeRobotV3Source:
+    """A LeRobot v3.0 dataset: metadata in memory, data files read on demand.
+
+    Args:
+        root: local directory or fsspec URL (``s3://bucket/dataset``).
+        storage_options: passed to fsspec for remote roots.
+    """
+
+    def __init__(self, root: str, *, storage_options: dict[str, Any] | None = None) -> None:
+        self.fs, self.root = fsspec.core.url_to_fs(str(root), **(storage_options or {}))
+        self.root = self.root.rstrip("/")
+        self.url = str(root)
+        self.info = self._read_info()
+        self.fps = float(self.info["fps"])
+        self.features: dict[str, dict[str, Any]] = self.info["features"]
+        self._check_features()
+        self.camera_keys = tuple(k for k, v in self.features.items() if v["dtype"] == VIDEO_DTYPE)
+        self.image_keys = tuple(k for k, v in self.features.items() if v["dtype"] == IMAGE_DTYPE)
+        stats_path = self._abs("meta/stats.json")
+        self.stats: dict[str, Any] = _read_json(self.fs, stats_path) if self.fs.exists(stats_path) else {}
+        self.tasks = self._read_tasks()
+        self.episodes, self.episode_stats = self._read_episodes()
+        self._by_index = {e.episode_index: e for e in self.episodes}
+        self._file_sizes = self._check_files()
+        self._data_cache: tuple[str, pa.Table] | None = None
+        self._video_durations: dict[str, float] = {}
+
+    # -- metadata -------------------------------------------------------------------------------
+
+    def _abs(self, rel: str) -> str:
+        return posixpath.join(self.root, rel)
+
+    def _read_info(self) -> dict[str, Any]:
+        where = self._abs("meta/info.json")
+        info = _read_json(self.fs, where)
+        version = info.get("codebase_version")
+        if version != CODEBASE_VERSION:
+            hint = ""
+            if isinstance(version, str) and version.startswith("v2"):
+                hint = (
+                    "; upgrade it with LeRobot's v2.1-to-v3.0 conversion tool "
+                    "(python -m lerobot.datasets.v30.convert_dataset_v21_to_v30 --repo-id=...)"
+                )
+            raise SourceError(f"{where}: codebase_version is {version!r}, expected {CODEBASE_VERSION!r}{hint}")
+        for key in ("fps", "features", "data_path", "total_episodes", "total_frames"):
+            _require(info, key, where)
+        return info
+
+    def _check_features(self) -> None:
+        where = self._abs("meta/info.json")
+        for name, spec in self.features.items():
+            dtype = spec.get("dtype")
+            if dtype not in TABULAR_DTYPES and dtype not in (VIDEO_DTYPE, IMAGE_DTYPE):
+                raise SourceError(f"{where}: feature {name!r} has unknown dtype {dtype!r}")
+            if dtype == VIDEO_DTYPE and not self.info.get("video_path"):
+                raise SourceError(f"{where}: feature {name!r} is a video but video_path is null")
+
+    def _read_tasks(self) -> tuple[str, ...]:
+        where = self._abs("meta/tasks.parquet")
+        table = _read_parquet(self.fs, where)
+        name_col = next((c for c in ("task", "__index_level_0__") if c in table.column_names), None)
+        if name_col is None:
+            raise SourceError(f"{where}: no task string column ('task' or '__index_level_0__')")
+        names = table.column(name_col).to_pylist()
+        idx = _column(table, "task_index", where).to_pylist()
+        tasks: list[str | None] = [None] * len(names)
+        for name, i in zip(names, idx):
+            if not 0 <= i < len(names) or tasks[i] is not None:
+                raise SourceError(f"{where}: task_index {i} of task {name!r} is out of range or repeated")
+            tasks[i] = name
+        return tuple(tasks)  # type: ignore[arg-type]
+
+    def _read_episodes(self) -> tuple[tuple[EpisodeMeta, ...], pa.Table]:
+        files = sorted(self.fs.glob(self._abs("meta/episodes/chunk-*/file-*.parquet")))
+        if not files:
+            raise SourceError(f"{self._abs('meta/episodes')}: no episodes parquet files")
+        tables = [_read_parquet(self.fs, f) for f in files]
+        meta_cols = [c for c in tables[0].column_names if not c.startswith("stats/")]
+        stats_cols = ["episode_index"] + [c for c in tables[0].column_names if c.startswith("stats/")]
+        episodes: list[EpisodeMeta] = []
+        for path, table in zip(files, tables):
+            for row in table.select([c for c in meta_cols if c in table.column_names]).to_pylist():
+                episodes.append(self._episode_from_row(row, path))
+        episodes.sort(key=lambda e: e.episode_index)
+        seen: set[int] = set()
+        for e in episodes:
+            if e.episode_index in seen:
+                raise SourceError(f"{self._abs('meta/episodes')}: episode {e.episode_index} is listed twice")
+            seen.add(e.episode_index)
+        stats = pa.concat_tables(
+            [t.select([c for c in stats_cols if c in t.column_names]) for t in tables], promote_options="permissive"
+        )
+        return tuple(episodes), stats
+
+    def _episode_from_row(self, row: dict[str, Any], where: str) -> EpisodeMeta:
+        ep = row.get("episode_index")
+        at = f"{where}: episode {ep}"
+        for key in ("episode_index", "length", "data/chunk_index", "data/file_index",
+                    "dataset_from_index", "dataset_to_index"):
+            if row.get(key) is None:
+                raise SourceError(f"{at}: missing field {key!r}")
+        length = int(row["length"])
+        if row["dataset_to_index"] - row["dataset_from_index"] != length:
+            raise SourceError(
+                f"{at}: length is {length} but dataset_from_index..dataset_to_index spans "
+                f"{row['dataset_to_index'] - row['dataset_from_index']} rows"
+            )
+        data_path = self.info["data_path"].format(
+            chunk_index=int(row["data/chunk_index"]), file_index=int(row["data/file_index"])
+        )
+        videos: dict[str, VideoRef] = {}
+        for cam in self.camera_keys:
+            fields = {k: row.get(f"videos/{cam}/{k}") for k in ("chunk_index", "file_index", "from_timestamp",
+                                                               "to_timestamp")}
+            missing = [f"videos/{cam}/{k}" for k, v in fields.items() if v is None]
+            if missing:
+                raise SourceError(f"{at}: missing field(s) {', '.join(missing)}")
+            path = self.info["video_path"].format(
+                video_key=cam, chunk_index=int(fields["chunk_index"]), file_index=int(fields["file_index"])
+            )
+            videos[cam] = VideoRef(path, float(fields["from_timestamp"]), float(fields["to_timestamp"]))
+        return EpisodeMeta(
+            episode_index=int(ep),
+            length=length,
+            tasks=tuple(row.get("tasks") or ()),
+            data_path=data_path,
+            dataset_from_index=int(row["dataset_from_index"]),
+            dataset_to_index=int(row["dataset_to_index"]),
+            videos=videos,
+        )
+
+    def _check_files(self) -> dict[str, int]:
+        """List data and video files once; report every missing one together."""
+        sizes: dict[str, int] = {}
+        for sub in ("data", "videos"):
+            top = self._abs(sub)
+            if self.fs.exists(top):
+                for path, detail in self.fs.find(top, detail=True).items():
+                    sizes[posixpath.relpath(path, self.root)] = int(detail.get("size") or 0)
+        needed: dict[str, int] = {}
+        for e in self.episodes:
+            needed.setdefault(e.data_path, e.episode_index)
+            for v in e.videos.values():
+                needed.setdefault(v.path, e.episode_index)
+        missing = [f"{p} (first needed by episode {ep})" for p, ep in needed.items() if p not in sizes]
+        if missing:
+            raise SourceError(f"{self.url}: {len(missing)} missing file(s): " + "; ".join(sorted(missing)))
+        return sizes
+
+    # -- public accessors -----------------------------------------------------------------------
+
+    @property
+    def total_frames(self) -> int:
+        return sum(e.length for e in self.episodes)
+
+    def episode(self, episode_index: int) -> EpisodeMeta:
+        try:
+            return self._by_index[episode_index]
+        except KeyError:
+            raise SourceError(f"{self.url}: no episode {episode_index}") from None
+
+    def file_size(self, rel_path: str) -> int:
+        return self._file_sizes[rel_path]
+
+    def open(self, rel_path: str, mode: str = "rb", **kwargs: Any) -> Any:
+        """Open a file of the dataset; fsspec handles local and remote roots alike."""
+        return self.fs.open(self._abs(rel_path), mode, **kwargs)
+
+    def local_path(self, rel_path: str) -> str | None:
+        """The file's local path when the root is on local disk, else None."""
+        return self._abs(rel_path) if "file" in protocols(self.fs) else None
+
+    def episode_sizes(self) -> list[EpisodeSize]:
+        """Estimated shard bytes per episode, from metadata and file sizes only (for planning)."""
+        data_rows: dict[str, int] = {}
+        video_frames: dict[str, int] = {}
+        for e in self.episodes:
+            data_rows[e.data_path] = data_rows.get(e.data_path, 0) + e.length
+            for v in e.videos.values():
+                video_frames[v.path] = video_frames.get(v.path, 0) + e.length
+        out = []
+        for e in self.episodes:
+            est = self._file_sizes[e.data_path] * e.length / data_rows[e.data_path]
+            est += sum(self._file_sizes[v.path] * e.length / video_frames[v.path] for v in e.videos.values())
+            out.append(EpisodeSize(e.episode_index, e.length, int(est)))
+        return out
+
+    def episode_stats_row(self, episode_index: int) -> dict[str, Any]:
+        """The ``stats/...`` columns of one episode (kept apart from the episode metadata)."""
+        idx = self.episode_stats.column("episode_index").to_numpy()
+        rows = np.flatnonzero(idx == episode_index)
+        if len(rows) == 0:
+            raise SourceError(f"{self.url}: no stats row for episode {episode_index}")
+        return self.episode_stats.slice(int(rows[0]), 1).to_pylist()[0]
+
+    # -- rows -----------------------------------------------------------------------------------
+
+    def _data_file(self, rel_path: str) -> pa.Table:
+        if self._data_cache is not None and self._data_cache[0] == rel_path:
+            return self._data_cache[1]
+        where = self._abs(rel_path)
+        table = _read_parquet(self.fs, where)
+        index = _column(table, "index", where).to_numpy()
+        if len(index) and not np.array_equal(index, np.arange(index[0], index[0] + len(index))):
+            bad = int(np.flatnonzero(np.diff(index) != 1)[0])
+            raise SourceError(
+                f"{where}: column 'index' is not contiguous (row {bad} has {index[bad]}, row {bad + 1} has "
+                f"{index[bad + 1]})"
+            )
+        self._data_cache = (rel_path, table)
+        return table
+
+    def read_episode_table(self, episode: EpisodeMeta | int) -> pa.Table:
+        """The episode's rows in ``index`` order, with the source schema."""
+        ep = self.episode(episode) if isinstance(episode, int) else episode
+        where = self._abs(ep.data_path)
+        table = self._data_file(ep.data_path)
+        first = table.column("index")[0].as_py() if table.num_rows else 0
+        start = ep.dataset_from_index - first
+        rows = table.slice(max(start, 0), ep.length) if start >= 0 else table.slice(0, 0)
+        if rows.num_rows != ep.length:
+            raise SourceError(
+                f"{where}: episode {ep.episode_index} has length {ep.length} in meta/episodes but the file holds "
+                f"{rows.num_rows} of its rows (index {ep.dataset_from_index}..{ep.dataset_to_index - 1})"
+            )
+        ep_col = _column(rows, "episode_index", where).to_numpy()
+        if not np.all(ep_col == ep.episode_index):
+            other = int(ep_col[np.flatnonzero(ep_col != ep.episode_index)[0]])
+            raise SourceError(
+                f"{where}: rows index {ep.dataset_from_index}..{ep.dataset_to_index - 1} should belong to episode "
+                f"{ep.episode_index} but field 'episode_index' holds {other}"
+            )
+        return rows
+
+    def iter_episode_tables(self, episodes: Iterable[EpisodeMeta | int]) -> Iterator[tuple[EpisodeMeta, pa.Table]]:
+        """Rows of many episodes; consecutive episodes of one data file read that file once."""
+        for e in episodes:
+            ep = self.episode(e) if isinstance(e, int) else e
+            yield ep, self.read_episode_table(ep)
+
+    # -- video ----------------------------------------------------------------------------------
+
+    def video_duration(self, rel_path: str) -> float:
+        """Duration in seconds of a camera mp4, from its header (no decode)."""
+        if rel_path not in self._video_durations:
+            import av
+
+            where = self._abs(rel_path)
+            try:
+                with self.open(rel_path) as f, av.open(f) as container:
+                    stream = container.streams.video[0]
+                    if stream.duration is not None:
+                        duration = float(stream.duration * stream.time_base)
+                    else:
+                        duration = float(container.duration or 0) / av.time_base
+            except (av.FFmpegError, IndexError) as e:
+                raise SourceError(f"{where}: not a readable mp4 with a video stream ({e})") from None
+            self._video_durations[rel_path] = duration
+        return self._video_durations[rel_path]
+
+    def check_episode_videos(self, episode: EpisodeMeta | int) -> None:
+        """Raise when an episode's from/to timestamps fall outside its mp4's duration."""
+        ep = self.episode(episode) if isinstance(episode, int) else episode
+        slack = DURATION_SLACK_FRAMES / self.fps
+        for cam, v in ep.videos.items():
+            duration = self.video_duration(v.path)
+            if v.from_timestamp < -slack or v.to_timestamp > duration + slack or v.to_timestamp <= v.from_timestamp:
+                raise SourceError(
+                    f"{self._abs(v.path)}: episode {ep.episode_index} field videos/{cam}/from_timestamp.."
+                    f"to_timestamp = {v.from_timestamp:.4f}..{v.to_timestamp:.4f} s lies outside the video "
+                    f"(duration {duration:.4f} s)"
+                )
+
+    def validate(self, *, videos: bool = True) -> None:
+        """Check every episode's rows (and clip ranges); raises SourceError at the first fault."""
+        for ep, _ in self.iter_episode_tables(self.episodes):
+            if videos:
+                self.check_episode_videos(ep)
+
+
+def protocols(fs: fsspec.AbstractFileSystem) -> tuple[str, ...]:
+    """The protocol names of an fsspec filesystem (``'file'`` for local disk)."""
+    p = fs.protocol
+    return (p,) if isinstance(p, str) else tuple(p)

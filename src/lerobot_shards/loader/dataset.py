@@ -1,0 +1,467 @@
+"""``EpisodePoolDataset``: stream whole shards into an episode pool, emit random frames, decode at emit.
+
+Each (rank x worker) consumer gets a disjoint, frame-balanced set of whole shards per epoch
+(``partition``), replays a deterministic pool order over their episodes (``sampling``), and
+turns each emission into a sample shaped like ``LeRobotDataset.__getitem__``. Resume is a
+fast-forward of that order on tables alone (``resume``): no episode that was already used up
+is read again, and nothing is decoded until a sample is emitted.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import queue
+import threading
+import time
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+from ..lerobot_v3 import IMAGE_DTYPE
+from .decode import DecoderCache, decode_image
+from .partition import assign_shards, assignment_warnings, consumer_frames, equal_sample_count
+from .resume import resume_point
+from .sampling import PoolSampler, consumer_rng
+from .sources import ResidentEpisode, ShardSpec, filter_shards, open_source
+from .windows import delta_frame_offsets, window_indices
+
+log = logging.getLogger(__name__)
+
+MAX_WORKERS = 64  # stats slots per process tree
+_STAT_FIELDS = (
+    "frames_emitted",
+    "pool_occupancy",
+    "admissions",
+    "evictions",
+    "bytes_read",
+    "decoder_hits",
+    "decoder_misses",
+    "decoder_evictions",
+    "decode_seconds",
+    "frames_decoded",
+    "fast_forward_samples",
+    "fast_forward_seconds",
+    "wait_seconds",
+)
+
+
+@dataclass(frozen=True)
+class ConsumerPlan:
+    """Everything one consumer needs for one epoch, derived purely from the metadata."""
+
+    rank: int
+    world_size: int
+    worker: int
+    num_workers: int
+    episodes: list[tuple[int, int]]  # (shard index, episode index) in reading order
+    lengths: list[int]
+    num_samples: int  # this consumer's samples this epoch
+    worker_samples: list[int]  # every worker's samples on this rank (for resume)
+
+
+class EpisodePoolDataset(IterableDataset):
+    """A PyTorch IterableDataset over a converted dataset or a raw LeRobot v3.0 dataset.
+
+    Args:
+        source: converted dataset (directory/URL holding ``manifest.json``, or the manifest
+            itself) or raw LeRobot v3.0 dataset (directory/URL holding ``meta/info.json``).
+        delta_timestamps: ``{key: [seconds, ...]}`` exactly as LeRobot's: windows of frames
+            around each sample, clamped to the episode with ``<key>_is_pad`` flags.
+        episode_pool_size: episodes resident per consumer; frames are drawn uniformly across them.
+        seed, shuffle: randomness of shard assignment, shard order and frame order.
+        video_decode_device: ``"cpu"`` or ``"cuda"`` (NVDEC; DataLoader workers then need
+            ``multiprocessing_context="spawn"``).
+        image_dtype: ``torch.float32`` in [0, 1] like LeRobot, or ``torch.uint8``.
+        cameras: subset of camera keys to decode (default all).
+        episodes: subset of episode indices (default all).
+        tolerance_s: tolerance for ``delta_timestamps`` (LeRobot's default 1e-4 s).
+        rank, world_size: default from torch.distributed, else ``RANK``/``WORLD_SIZE``, else 0/1.
+        cache_dir: local directory where remote shards are downloaded whole and kept.
+        storage_options: fsspec options for remote sources (e.g. s3 endpoint and keys).
+        equal_samples_per_rank: every consumer yields total_frames // consumers samples, so all
+            ranks run the same number of batches and DDP never hangs at epoch end; a consumer
+            above that count drops its last frames, one below repeats frames.
+        drop_last: must match the DataLoader's ``drop_last`` (used by resume bookkeeping).
+        shard_bytes, episodes_per_shard: virtual shard plan for raw sources (the converter's).
+        decoder_cache_size: decoders kept per consumer (default pool size x cameras, capped at 64).
+        prefetch_episodes: episodes read ahead in the background (default the pool size).
+    """
+
+    def __init__(
+        self,
+        source: str,
+        *,
+        delta_timestamps: Mapping[str, Sequence[float]] | None = None,
+        episode_pool_size: int = 16,
+        seed: int = 0,
+        shuffle: bool = True,
+        video_decode_device: str = "cpu",
+        image_dtype: torch.dtype = torch.float32,
+        cameras: Sequence[str] | None = None,
+        episodes: Sequence[int] | None = None,
+        tolerance_s: float = 1e-4,
+        rank: int | None = None,
+        world_size: int | None = None,
+        cache_dir: str | None = None,
+        storage_options: dict[str, Any] | None = None,
+        equal_samples_per_rank: bool = False,
+        drop_last: bool = False,
+        shard_bytes: int | None = None,
+        episodes_per_shard: int | None = None,
+        decoder_cache_size: int | None = None,
+        num_ffmpeg_threads: int | None = None,
+        prefetch_episodes: int | None = None,
+    ) -> None:
+        super().__init__()
+        if episode_pool_size < 1:
+            raise ValueError(f"episode_pool_size must be at least 1, got {episode_pool_size}")
+        if image_dtype not in (torch.float32, torch.uint8):
+            raise ValueError(f"image_dtype must be torch.float32 or torch.uint8, got {image_dtype}")
+        if video_decode_device not in ("cpu", "cuda") and not str(video_decode_device).startswith("cuda:"):
+            raise ValueError(f"video_decode_device must be 'cpu' or 'cuda', got {video_decode_device!r}")
+        self.source_url = str(source)
+        self._open_kwargs = dict(
+            storage_options=storage_options,
+            cache_dir=cache_dir,
+            shard_bytes=shard_bytes,
+            episodes_per_shard=episodes_per_shard,
+        )
+        self._source = open_source(self.source_url, **self._open_kwargs)
+        info = self._source.info
+        self.fps = info.fps
+        self.features = info.features
+        self.tasks = info.tasks
+        if cameras is None:
+            cameras = info.cameras
+        unknown = sorted(set(cameras) - set(info.cameras))
+        if unknown:
+            raise ValueError(f"{self.source_url}: unknown cameras {unknown}; the dataset has {list(info.cameras)}")
+        self.cameras = tuple(cameras)
+        self.image_keys = tuple(k for k, v in self.features.items() if v["dtype"] == IMAGE_DTYPE)
+        known = [k for k, v in self.features.items() if v["dtype"] != "video"] + list(self.cameras)
+        self.delta_offsets = delta_frame_offsets(delta_timestamps or {}, self.fps, tolerance_s, known_keys=known)
+        self.shards = self._select_shards(info.shards, episodes)
+        self.episode_pool_size = episode_pool_size
+        self.seed = seed
+        self.shuffle = shuffle
+        self.video_decode_device = str(video_decode_device)
+        self.image_dtype = image_dtype
+        self.equal_samples_per_rank = equal_samples_per_rank
+        self.drop_last = drop_last
+        self.storage_options = storage_options
+        self.decoder_cache_size = decoder_cache_size or min(64, episode_pool_size * max(1, len(self.cameras)))
+        self.num_ffmpeg_threads = num_ffmpeg_threads
+        self.prefetch_episodes = prefetch_episodes or episode_pool_size
+        self.rank, self.world_size = _distributed(rank, world_size)
+        self.epoch = 0
+        self._resume: dict[str, int] | None = None
+        self._stats = multiprocessing.Array("d", MAX_WORKERS * len(_STAT_FIELDS), lock=False)
+
+    # -- configuration --------------------------------------------------------------------------
+
+    def _select_shards(self, shards: list[ShardSpec], episodes: Sequence[int] | None) -> list[ShardSpec]:
+        if episodes is None:
+            return list(shards)
+        wanted = set(int(e) for e in episodes)
+        lengths: dict[int, int] = {}
+        for s in shards:
+            if wanted.intersection(s.episodes):
+                lengths.update(self._source.episode_lengths(s.index))
+        missing = sorted(wanted - set(lengths))
+        if missing:
+            raise ValueError(f"{self.source_url}: episodes {missing[:10]} are not in the dataset")
+        return filter_shards(shards, wanted, lengths)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_source"] = None  # reopened in the worker: no file handles cross processes
+        return state
+
+    def set_epoch(self, epoch: int) -> None:
+        """Reshuffle for ``epoch`` (call before creating each epoch's iterator, like DistributedSampler)."""
+        self.epoch = int(epoch)
+
+    def state_dict(self, batches_consumed: int, batch_size: int) -> dict[str, int]:
+        """The resume state, built by the training loop from the batches it has consumed."""
+        return {"epoch": self.epoch, "batches_consumed": int(batches_consumed), "batch_size": int(batch_size)}
+
+    def load_state_dict(self, state: Mapping[str, int]) -> None:
+        """Resume: the next iterator of ``state['epoch']`` starts after ``batches_consumed`` batches."""
+        missing = {"epoch", "batches_consumed", "batch_size"} - set(state)
+        if missing:
+            raise ValueError(f"resume state lacks {sorted(missing)}: {dict(state)}")
+        self.epoch = int(state["epoch"])
+        self._resume = {k: int(state[k]) for k in ("epoch", "batches_consumed", "batch_size")}
+
+    # -- planning (pure) ------------------------------------------------------------------------
+
+    def plan(self, rank: int, worker: int, num_workers: int) -> ConsumerPlan:
+        """The consumer's episodes and sample counts for the current epoch; no I/O beyond sidecars."""
+        workers = max(1, num_workers)
+        assignment = self._assignment(workers)
+        if rank == 0 and worker == 0:
+            for message in assignment_warnings(assignment, [s.frames for s in self.shards]):
+                warnings.warn(message, stacklevel=2)
+        counts = self._consumer_counts(workers, assignment)
+        me = rank * workers + worker
+        episodes: list[tuple[int, int]] = []
+        lengths: list[int] = []
+        for pos in assignment[me]:
+            spec = self.shards[pos]
+            shard_lengths = self._get_source().episode_lengths(spec.index)
+            for e in spec.episodes:
+                episodes.append((spec.index, e))
+                lengths.append(shard_lengths[e])
+        return ConsumerPlan(
+            rank=rank,
+            world_size=self.world_size,
+            worker=worker,
+            num_workers=workers,
+            episodes=episodes,
+            lengths=lengths,
+            num_samples=counts[me],
+            worker_samples=counts[rank * workers : (rank + 1) * workers],
+        )
+
+    def epoch_samples(self, num_workers: int) -> int:
+        """Samples this rank yields this epoch with ``num_workers`` DataLoader workers."""
+        workers = max(1, num_workers)
+        return sum(self._consumer_counts(workers)[self.rank * workers : (self.rank + 1) * workers])
+
+    def _assignment(self, workers: int) -> list[list[int]]:
+        shard_frames = [s.frames for s in self.shards]
+        consumers = self.world_size * workers
+        return assign_shards(shard_frames, consumers, seed=self.seed, epoch=self.epoch, shuffle=self.shuffle)
+
+    def _consumer_counts(self, workers: int, assignment: list[list[int]] | None = None) -> list[int]:
+        """Samples per consumer this epoch (all ranks), equal in equal-count mode."""
+        shard_frames = [s.frames for s in self.shards]
+        assignment = assignment if assignment is not None else self._assignment(workers)
+        if self.equal_samples_per_rank:
+            return [equal_sample_count(assignment, shard_frames)] * len(assignment)
+        return consumer_frames(assignment, shard_frames)
+
+    def _get_source(self):
+        if self._source is None:
+            self._source = open_source(self.source_url, **self._open_kwargs)
+        return self._source
+
+    # -- iteration ------------------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        info = get_worker_info()
+        worker, num_workers = (0, 0) if info is None else (info.id, info.num_workers)
+        if worker >= MAX_WORKERS:
+            raise ValueError(f"at most {MAX_WORKERS} DataLoader workers per rank are supported")
+        # A resumed epoch may hand this DataLoader worker another worker's stream: the DataLoader
+        # restarts its round-robin at worker 0, the interrupted run was mid-round.
+        stream, skip = worker, 0
+        if self._resume is not None and self._resume["epoch"] == self.epoch:
+            workers = max(1, num_workers)
+            counts = self._consumer_counts(workers)[self.rank * workers : (self.rank + 1) * workers]
+            stream, skip = resume_point(
+                self._resume["batches_consumed"], self._resume["batch_size"], counts, worker, self.drop_last
+            )
+        plan = self.plan(self.rank, stream, num_workers)
+        sampler = PoolSampler(
+            plan.lengths,
+            self.episode_pool_size,
+            consumer_rng(self.seed, self.epoch, self.rank, stream),
+            shuffle=self.shuffle,
+            num_samples=plan.num_samples,
+        )
+        stats = _StatSlot(self._stats, worker)
+        stats.reset()
+        start = time.perf_counter()
+        sampler.skip(skip)
+        stats.add("fast_forward_samples", skip)
+        stats.add("fast_forward_seconds", time.perf_counter() - start)
+        return self._stream(plan, sampler, skip, stats, num_workers)
+
+    def _stream(
+        self, plan: ConsumerPlan, sampler: PoolSampler, emitted: int, stats: "_StatSlot", num_workers: int
+    ) -> Iterator[dict[str, Any]]:
+        per_pass = sum(plan.lengths)
+        if sampler.num_samples == emitted:
+            return
+        reader = _EpisodeReader(self._get_source(), plan, _admission_order(sampler, emitted, per_pass, len(plan.lengths)),
+                                self.prefetch_episodes)
+        threads = self.num_ffmpeg_threads if self.num_ffmpeg_threads is not None else (1 if num_workers else 0)
+        decoders = DecoderCache(
+            self.decoder_cache_size,
+            device=self.video_decode_device,
+            num_ffmpeg_threads=threads,
+            storage_options=self.storage_options,
+        )
+        pool: dict[tuple[int, int], ResidentEpisode] = {}
+        try:
+            for emission in sampler:
+                key = (emitted // per_pass, emission.position)
+                emitted += 1
+                while key not in pool:
+                    got, episode, waited = reader.next()
+                    pool[got] = episode
+                    stats.add("admissions", 1)
+                    stats.add("bytes_read", episode.nbytes)
+                    stats.add("wait_seconds", waited)
+                episode = pool[key]
+                sample = self._sample(episode, emission.frame, decoders)
+                if emission.last:
+                    del pool[key]
+                    stats.add("evictions", 1)
+                    for clip in episode.clips.values():
+                        if clip.data is not None:
+                            decoders.drop(clip.cache_key)
+                stats.add("frames_emitted", 1)
+                stats.set("pool_occupancy", len(pool))
+                stats.set("decoder_hits", decoders.hits)
+                stats.set("decoder_misses", decoders.misses)
+                stats.set("decoder_evictions", decoders.evictions)
+                stats.set("decode_seconds", decoders.decode_seconds)
+                stats.set("frames_decoded", decoders.frames_decoded)
+                yield sample
+        finally:
+            reader.close()
+            decoders.close()
+
+    def _sample(self, episode: ResidentEpisode, frame: int, decoders: DecoderCache) -> dict[str, Any]:
+        item: dict[str, Any] = {}
+        for name, column in episode.columns.items():
+            offsets = self.delta_offsets.get(name)
+            idx, pad = (frame, None) if offsets is None else window_indices(frame, episode.length, offsets)
+            if name in self.image_keys:
+                frames = [decode_image(b) for b in np.atleast_1d(column[idx])]
+                value = self._images(torch.stack(frames))
+                item[name] = value if pad is not None else value[0]
+            else:
+                item[name] = torch.tensor(column[idx])
+            if pad is not None:
+                item[f"{name}_is_pad"] = torch.from_numpy(pad)
+        for cam in self.cameras:
+            offsets = self.delta_offsets.get(cam)
+            if offsets is None:
+                item[cam] = self._images(decoders.frames(episode.clips[cam], [frame]))[0]
+            else:
+                idx, pad = window_indices(frame, episode.length, offsets)
+                item[cam] = self._images(decoders.frames(episode.clips[cam], idx.tolist()))
+                item[f"{cam}_is_pad"] = torch.from_numpy(pad)
+        item["task"] = self.tasks[int(episode.columns["task_index"][frame])]
+        return item
+
+    def _images(self, frames: torch.Tensor) -> torch.Tensor:
+        return frames.float().div_(255) if self.image_dtype == torch.float32 else frames
+
+    # -- observability --------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        """Per-worker and total counters of the last iteration in this process tree (this rank)."""
+        per_worker = []
+        n = len(_STAT_FIELDS)
+        for w in range(MAX_WORKERS):
+            values = dict(zip(_STAT_FIELDS, self._stats[w * n : (w + 1) * n]))
+            if any(values.values()):
+                per_worker.append({"worker": w, **values})
+        total = {f: sum(w[f] for w in per_worker) for f in _STAT_FIELDS}
+        return {"rank": self.rank, "workers": per_worker, "total": total}
+
+
+class _StatSlot:
+    """One worker's row of the shared counters (each worker writes only its own row)."""
+
+    def __init__(self, array: Any, worker: int) -> None:
+        self._array = array
+        self._base = worker * len(_STAT_FIELDS)
+        self._index = {f: self._base + i for i, f in enumerate(_STAT_FIELDS)}
+
+    def reset(self) -> None:
+        for i in self._index.values():
+            self._array[i] = 0.0
+
+    def add(self, field: str, value: float) -> None:
+        self._array[self._index[field]] += value
+
+    def set(self, field: str, value: float) -> None:
+        self._array[self._index[field]] = value
+
+
+def _admission_order(sampler: PoolSampler, emitted: int, per_pass: int, n: int) -> Iterator[tuple[int, int]]:
+    """(pass, position) of every episode still to be used, in the order the pool admits them.
+
+    After a fast-forward, the episodes already used up are left out: the resident ones come
+    first, then the rest of the list, then any further passes of the equal-count mode.
+    """
+    current = emitted // per_pass
+    passes = -(-sampler.num_samples // per_pass)
+    resident = sampler.resident
+    first = resident + list(range(max(resident) + 1, n)) if resident else list(range(n))
+    for position in first:
+        yield current, position
+    for p in range(current + 1, passes):
+        for position in range(n):
+            yield p, position
+
+
+class _EpisodeReader:
+    """Reads episodes in admission order on a background thread into a bounded queue."""
+
+    _END = object()
+
+    def __init__(self, source: Any, plan: ConsumerPlan, order: Iterator[tuple[int, int]], depth: int) -> None:
+        self._queue: queue.Queue = queue.Queue(maxsize=max(1, depth))
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(source, plan, order), daemon=True)
+        self._thread.start()
+
+    def _put(self, item: Any) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _run(self, source: Any, plan: ConsumerPlan, order: Iterator[tuple[int, int]]) -> None:
+        try:
+            for key in order:
+                shard, episode_index = plan.episodes[key[1]]
+                if not self._put((key, source.read_episode(shard, episode_index))):
+                    return
+            self._put(self._END)
+        except BaseException as e:  # handed to the consumer thread, which re-raises it
+            self._put(e)
+        finally:
+            source.close()
+
+    def next(self) -> tuple[tuple[int, int], ResidentEpisode, float]:
+        start = time.perf_counter()
+        item = self._queue.get()
+        waited = time.perf_counter() - start
+        if item is self._END:
+            raise RuntimeError("episode reader ended before the sampler: plan and source disagree")
+        if isinstance(item, BaseException):
+            raise item
+        return item[0], item[1], waited
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+def _distributed(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    if rank is not None and world_size is not None:
+        r, w = rank, world_size
+    elif torch.distributed.is_available() and torch.distributed.is_initialized():
+        r, w = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    else:
+        r, w = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    if not 0 <= r < w:
+        raise ValueError(f"rank {r} is not in [0, world_size={w})")
+    return r, w

@@ -1,0 +1,102 @@
+"""Decoding at emit time: a bounded LRU of torchcodec decoders, one batched call per camera.
+
+Decoders are built lazily inside the process that iterates (never in the DataLoader parent:
+forked decoders share file offsets), and the cache is bounded because each decoder holds
+megabytes of codec state and, for source mp4s, an open file.
+"""
+
+from __future__ import annotations
+
+import io
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
+
+import av
+import fsspec
+import numpy as np
+import torch
+from torchcodec.decoders import VideoDecoder
+
+from .sources import ClipRef
+
+
+class DecoderCache:
+    """LRU cache of ``VideoDecoder`` by clip, with hit/miss/eviction counters."""
+
+    def __init__(
+        self,
+        capacity: int,
+        *,
+        device: str = "cpu",
+        num_ffmpeg_threads: int = 1,
+        storage_options: dict[str, Any] | None = None,
+    ) -> None:
+        if capacity < 1:
+            raise ValueError(f"decoder cache capacity must be at least 1, got {capacity}")
+        self.capacity = capacity
+        self.device = device
+        self.num_ffmpeg_threads = num_ffmpeg_threads
+        self.storage_options = storage_options or {}
+        self._decoders: OrderedDict[str, tuple[VideoDecoder, Any]] = OrderedDict()
+        self.hits = self.misses = self.evictions = 0
+        self.decode_seconds = 0.0
+        self.frames_decoded = 0
+
+    def _decoder(self, clip: ClipRef) -> VideoDecoder:
+        entry = self._decoders.get(clip.cache_key)
+        if entry is not None:
+            self.hits += 1
+            self._decoders.move_to_end(clip.cache_key)
+            return entry[0]
+        self.misses += 1
+        handle = None
+        if clip.data is not None:
+            source: Any = clip.data
+        elif "://" in (clip.url or ""):
+            handle = fsspec.open(clip.url, "rb", **self.storage_options).open()
+            source = handle
+        else:
+            source = clip.url
+        kwargs: dict[str, Any] = {"device": self.device, "num_ffmpeg_threads": self.num_ffmpeg_threads}
+        if clip.frame_mappings is not None:
+            kwargs["custom_frame_mappings"] = clip.frame_mappings
+        else:
+            kwargs["seek_mode"] = "exact"
+        decoder = VideoDecoder(source, **kwargs)
+        self._decoders[clip.cache_key] = (decoder, handle)
+        while len(self._decoders) > self.capacity:
+            _, (_, old_handle) = self._decoders.popitem(last=False)
+            if old_handle is not None:
+                old_handle.close()
+            self.evictions += 1
+        return decoder
+
+    def drop(self, cache_key: str) -> None:
+        """Forget a clip's decoder (its episode left the pool and nothing else shares it)."""
+        entry = self._decoders.pop(cache_key, None)
+        if entry is not None and entry[1] is not None:
+            entry[1].close()
+
+    def frames(self, clip: ClipRef, indices: Sequence[int]) -> torch.Tensor:
+        """Frames ``indices`` of the episode (not of the file) as uint8 (N, C, H, W), one call."""
+        decoder = self._decoder(clip)
+        start = time.perf_counter()
+        batch = decoder.get_frames_at([clip.first_frame + int(i) for i in indices])
+        self.decode_seconds += time.perf_counter() - start
+        self.frames_decoded += len(indices)
+        return batch.data
+
+    def close(self) -> None:
+        for _, handle in self._decoders.values():
+            if handle is not None:
+                handle.close()
+        self._decoders.clear()
+
+
+def decode_image(data: bytes) -> torch.Tensor:
+    """An image-dtype feature (PNG/JPEG bytes in parquet) as uint8 (C, H, W)."""
+    with av.open(io.BytesIO(data)) as container:
+        frame = next(container.decode(video=0))
+    return torch.from_numpy(np.ascontiguousarray(frame.to_ndarray(format="rgb24").transpose(2, 0, 1)))

@@ -1,0 +1,139 @@
+"""Which whole shards each (rank x worker) consumer reads in an epoch. Pure functions of metadata.
+
+Whole shards per consumer keep reads sequential and make duplicates across ranks impossible;
+balancing by frame count keeps consumers finishing together.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from lerobot_shards.loader.sampling import PARTITION_STREAM, keyed_rng
+
+
+@dataclass(frozen=True)
+class Consumer:
+    """One independent stream: a DataLoader worker on a rank (num_workers=0 counts as one)."""
+
+    rank: int
+    world_size: int
+    worker: int
+    num_workers: int
+
+    def __post_init__(self) -> None:
+        if self.world_size < 1:
+            raise ValueError(f"world_size must be at least 1, got {self.world_size}")
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank must be in [0, {self.world_size}), got {self.rank}")
+        if self.num_workers < 1:
+            raise ValueError(
+                f"num_workers must be at least 1 (use 1 for DataLoader num_workers=0), "
+                f"got {self.num_workers}"
+            )
+        if not 0 <= self.worker < self.num_workers:
+            raise ValueError(f"worker must be in [0, {self.num_workers}), got {self.worker}")
+
+    @property
+    def index(self) -> int:
+        return self.rank * self.num_workers + self.worker
+
+    @property
+    def count(self) -> int:
+        return self.world_size * self.num_workers
+
+
+def assign_shards(
+    shard_frames: Sequence[int],
+    num_consumers: int,
+    *,
+    seed: int,
+    epoch: int,
+    shuffle: bool = True,
+) -> list[list[int]]:
+    """Disjoint whole shards per consumer, every shard exactly once, balanced by frames.
+
+    Greedy list scheduling: shards, in a (seed, epoch)-permuted order, each go to the consumer
+    with the fewest frames so far (ties by a permuted consumer priority, so no consumer always
+    gets the extra shard). Consumer totals end within one shard's frames of each other. Sorting
+    largest-first (LPT) would balance a little tighter, but shards of distinct sizes would then
+    fall into the same groups every epoch, only relabelled; the permuted order regroups them,
+    so a pool mixes different episodes each epoch. Each consumer then reads its shards in a
+    (seed, epoch)-shuffled order. ``shuffle=False`` uses source order throughout.
+    """
+    if num_consumers < 1:
+        raise ValueError(f"num_consumers must be at least 1, got {num_consumers}")
+    if any(f < 0 for f in shard_frames):
+        raise ValueError("shard frame counts must be non-negative")
+    rng = keyed_rng(PARTITION_STREAM, seed, epoch)
+    n = len(shard_frames)
+    order = [int(i) for i in rng.permutation(n)] if shuffle else list(range(n))
+    consumers = range(num_consumers)
+    priority = [int(p) for p in rng.permutation(num_consumers)] if shuffle else list(consumers)
+    heap = [(0, priority[c], c) for c in consumers]
+    heapq.heapify(heap)
+    assignment: list[list[int]] = [[] for _ in range(num_consumers)]
+    for shard in order:
+        load, prio, c = heapq.heappop(heap)
+        assignment[c].append(shard)
+        heapq.heappush(heap, (load + shard_frames[shard], prio, c))
+    if shuffle:
+        return [[shards[int(i)] for i in rng.permutation(len(shards))] for shards in assignment]
+    return [sorted(shards) for shards in assignment]
+
+
+def consumer_frames(assignment: Sequence[Sequence[int]], shard_frames: Sequence[int]) -> list[int]:
+    """Frames each consumer holds under ``assignment``."""
+    return [sum(shard_frames[s] for s in shards) for shards in assignment]
+
+
+def assignment_warnings(
+    assignment: Sequence[Sequence[int]],
+    shard_frames: Sequence[int],
+    *,
+    tolerance: float = 0.05,
+) -> list[str]:
+    """Human-readable problems: idle consumers, and frame totals spread beyond ``tolerance``.
+
+    Idle consumers waste workers; uneven totals leave the epoch's tail to fewer workers and,
+    unless every consumer yields an equal count, give ranks different batch counts (DDP hangs).
+    """
+    frames = consumer_frames(assignment, shard_frames)
+    messages: list[str] = []
+    idle = sum(1 for shards in assignment if not shards)
+    if idle:
+        messages.append(
+            f"{idle} of {len(assignment)} consumers (ranks x workers) get no shard: "
+            f"{len(shard_frames)} shards for {len(assignment)} consumers; write smaller shards "
+            f"(at least one per consumer, ideally several) or use fewer DataLoader workers"
+        )
+    busy = [f for shards, f in zip(assignment, frames) if shards]
+    if busy and max(busy) > 0:
+        lo, hi = min(busy), max(busy)
+        spread = (hi - lo) / (sum(busy) / len(busy))
+        if spread > tolerance:
+            messages.append(
+                f"frames per consumer are uneven: min {lo}, max {hi} ({spread:.0%} of the mean); "
+                f"smaller shards balance better"
+            )
+    return messages
+
+
+def equal_sample_count(assignment: Sequence[Sequence[int]], shard_frames: Sequence[int]) -> int:
+    """Samples every consumer yields in equal-count mode: total frames // consumers.
+
+    Equal counts per consumer give every worker the same number of batches, hence every rank
+    too, so DDP never waits at epoch end for a rank with more batches. The price: a consumer
+    holding more than the mean stops early and drops its unemitted frames this epoch (which ones
+    varies with the shuffled order); one holding less starts another pass and repeats frames.
+    The epoch's sample count falls short of its total frames by at most ``consumers - 1``.
+    """
+    frames = consumer_frames(assignment, shard_frames)
+    idle = sum(1 for f in frames if f == 0)
+    if idle:
+        raise ValueError(
+            f"equal-count mode needs frames on every consumer, but {idle} of {len(frames)} "
+            f"have none; write smaller shards or use fewer DataLoader workers"
+        )
+    return sum(frames) // len(frames)

@@ -1,0 +1,273 @@
+"""Where resident episodes come from: converted shards, or a raw LeRobot v3.0 dataset.
+
+Both sources expose the same shard plan (the raw one applies the converter's plan as virtual
+shards) and read one episode into a ``ResidentEpisode``: tables as numpy arrays, video still
+encoded. A source object is used by one thread at a time; each keeps at most one file open.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import logging
+import os
+import posixpath
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import fsspec
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .. import format as fmt
+from ..lerobot_v3 import IMAGE_DTYPE, VIDEO_DTYPE, LeRobotV3Source, protocols
+from ..shard_plan import DEFAULT_SHARD_BYTES, plan_shards
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ClipRef:
+    """An encoded clip a decoder can open: bytes of a cut clip, or a path/URL of a source mp4."""
+
+    cache_key: str  # decoders are cached by this key
+    data: bytes | None  # the clip itself (converted shards)
+    url: str | None  # or a source mp4 (raw datasets), shared by the episodes it holds
+    first_frame: int  # index of episode frame 0 inside the clip or mp4
+    frame_mappings: str | None  # torchcodec custom_frame_mappings for exact seeks without a scan
+
+
+@dataclass
+class ResidentEpisode:
+    """One episode in the pool: tables decoded into numpy, video still encoded."""
+
+    episode_index: int
+    length: int
+    columns: dict[str, np.ndarray]  # per tabular/image feature, first axis = frame
+    clips: dict[str, ClipRef]  # per camera
+    nbytes: int  # bytes read to load it
+
+
+@dataclass(frozen=True)
+class ShardSpec:
+    """One shard of the plan, real or virtual."""
+
+    index: int
+    episodes: tuple[int, ...]
+    frames: int
+
+
+@dataclass
+class SourceInfo:
+    fps: float
+    features: dict[str, dict[str, Any]]
+    cameras: tuple[str, ...]
+    tasks: tuple[str, ...]
+    shards: list[ShardSpec]
+    episode_lengths: dict[int, int] = field(default_factory=dict)  # filled lazily where known
+
+
+def table_to_columns(table: pa.Table, features: dict[str, dict[str, Any]], where: str) -> dict[str, np.ndarray]:
+    """Parquet rows into per-feature numpy arrays; vectors become (N, D)."""
+    out: dict[str, np.ndarray] = {}
+    for name, spec in features.items():
+        if spec["dtype"] == VIDEO_DTYPE:
+            continue
+        if name not in table.column_names:
+            raise ValueError(f"{where}: feature {name!r} has no column (has {', '.join(table.column_names)})")
+        col = table.column(name).combine_chunks()
+        if spec["dtype"] == IMAGE_DTYPE:
+            out[name] = np.array([v["bytes"] if isinstance(v, dict) else v for v in col.to_pylist()], dtype=object)
+        elif pa.types.is_fixed_size_list(col.type) or pa.types.is_list(col.type) or pa.types.is_large_list(col.type):
+            flat = col.flatten().to_numpy(zero_copy_only=False)
+            out[name] = flat.reshape(len(col), -1) if len(col) else flat.reshape(0, 0)
+        elif pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
+            out[name] = np.array(col.to_pylist(), dtype=object)
+        else:
+            out[name] = col.to_numpy(zero_copy_only=False)
+    return out
+
+
+def open_source(
+    url: str,
+    *,
+    storage_options: dict[str, Any] | None = None,
+    cache_dir: str | None = None,
+    shard_bytes: int | None = None,
+    episodes_per_shard: int | None = None,
+) -> "ShardSource | RawSource":
+    """A converted dataset (has manifest.json) or a raw LeRobot v3.0 dataset (has meta/info.json)."""
+    fs, path = fsspec.core.url_to_fs(str(url), **(storage_options or {}))
+    path = path.rstrip("/")
+    if path.endswith(fmt.MANIFEST_NAME):
+        path = posixpath.dirname(path)
+        url = str(url).rstrip("/")[: -len(fmt.MANIFEST_NAME)].rstrip("/")
+    if fs.exists(posixpath.join(path, fmt.MANIFEST_NAME)):
+        return ShardSource(str(url), storage_options=storage_options, cache_dir=cache_dir)
+    if fs.exists(posixpath.join(path, "meta/info.json")):
+        return RawSource(
+            str(url), storage_options=storage_options, shard_bytes=shard_bytes, episodes_per_shard=episodes_per_shard
+        )
+    raise FileNotFoundError(
+        f"{url}: neither a converted dataset ({fmt.MANIFEST_NAME}) nor a LeRobot v3.0 dataset (meta/info.json)"
+    )
+
+
+class ShardSource:
+    """A converted dataset: manifest, per-shard sidecars, episodes read by byte range."""
+
+    def __init__(self, url: str, *, storage_options: dict[str, Any] | None = None, cache_dir: str | None = None):
+        self.url = url.rstrip("/")
+        self.fs, self.root = fsspec.core.url_to_fs(self.url, **(storage_options or {}))
+        self.root = self.root.rstrip("/")
+        self.cache_dir = cache_dir
+        where = posixpath.join(self.url, fmt.MANIFEST_NAME)
+        with self.fs.open(posixpath.join(self.root, fmt.MANIFEST_NAME), "rb") as f:
+            self.manifest = fmt.Manifest.from_json(f.read(), where=where)
+        m = self.manifest
+        self.info = SourceInfo(
+            fps=m.fps,
+            features=m.features,
+            cameras=m.cameras,
+            tasks=m.tasks,
+            shards=[ShardSpec(s.index, s.episodes, s.frames) for s in m.shards],
+        )
+        self._records = {s.index: s for s in m.shards}
+        self._sidecars: dict[int, fmt.Sidecar] = {}
+        self._entries: dict[int, tuple[int, fmt.EpisodeEntry]] = {}  # episode -> (shard, entry)
+        self._open: tuple[int, Any] | None = None  # (shard index, file object)
+
+    def _shard_path(self, name: str) -> str:
+        return posixpath.join(self.root, fmt.SHARDS_DIR, name)
+
+    def sidecar(self, shard: int) -> fmt.Sidecar:
+        if shard not in self._sidecars:
+            rec = self._records[shard]
+            path = self._shard_path(rec.sidecar)
+            with self.fs.open(path, "rb") as f:
+                sc = fmt.Sidecar.from_json(f.read(), where=path)
+            self._sidecars[shard] = sc
+            for e in sc.episodes:
+                self._entries[e.episode_index] = (shard, e)
+                self.info.episode_lengths[e.episode_index] = e.length
+        return self._sidecars[shard]
+
+    def episode_lengths(self, shard: int) -> dict[int, int]:
+        return {e.episode_index: e.length for e in self.sidecar(shard).episodes}
+
+    def _local_copy(self, name: str) -> str | None:
+        """Path of a shard in the cache dir (downloading it whole, atomically), or None without one."""
+        if self.cache_dir is None or "file" in protocols(self.fs):
+            return None
+        sub = hashlib.sha1(self.url.encode()).hexdigest()[:16]
+        dst = os.path.join(self.cache_dir, sub, name)
+        if not os.path.exists(dst):
+            os.makedirs(os.path.dirname(dst), exist_ok=True)
+            tmp = f"{dst}.{os.getpid()}{fmt.TMP_SUFFIX}"
+            self.fs.get_file(self._shard_path(name), tmp)
+            os.replace(tmp, dst)
+        return dst
+
+    def _file(self, shard: int) -> Any:
+        if self._open is None or self._open[0] != shard:
+            self.close()
+            name = self._records[shard].name
+            local = self._local_copy(name)
+            f = open(local, "rb") if local else self.fs.open(self._shard_path(name), "rb", block_size=8 << 20)
+            self._open = (shard, f)
+        return self._open[1]
+
+    def close(self) -> None:
+        if self._open is not None:
+            self._open[1].close()
+            self._open = None
+
+    def read_episode(self, shard: int, episode_index: int) -> ResidentEpisode:
+        self.sidecar(shard)
+        shard_of, entry = self._entries[episode_index]
+        start, end = entry.span()
+        f = self._file(shard_of)
+        f.seek(start)
+        blob = f.read(end - start)
+        where = f"{self.url}/{fmt.SHARDS_DIR}/{self._records[shard_of].name}: episode {episode_index}"
+        if len(blob) != end - start:
+            raise ValueError(f"{where}: shard is truncated (wanted bytes {start}..{end})")
+
+        def member(name: str) -> bytes:
+            m = entry.members.get(name)
+            if m is None:
+                raise ValueError(f"{where}: member {name!r} missing from the sidecar")
+            return blob[m.offset - start : m.offset - start + m.size]
+
+        table = pq.read_table(io.BytesIO(member(fmt.table_member(entry.key))))
+        columns = table_to_columns(table, self.info.features, where)
+        clips = {
+            cam: ClipRef(
+                cache_key=f"{self.url}#{entry.key}.{cam}",
+                data=member(fmt.clip_member(entry.key, cam)),
+                url=None,
+                first_frame=0,
+                frame_mappings=clip.frame_mappings_json(),
+            )
+            for cam, clip in entry.clips.items()
+        }
+        return ResidentEpisode(episode_index, entry.length, columns, clips, len(blob))
+
+
+class RawSource:
+    """A raw LeRobot v3.0 dataset read in place, split into the converter's plan as virtual shards."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        storage_options: dict[str, Any] | None = None,
+        shard_bytes: int | None = None,
+        episodes_per_shard: int | None = None,
+    ):
+        self.url = url.rstrip("/")
+        self.storage_options = storage_options or {}
+        self.src = LeRobotV3Source(self.url, storage_options=storage_options)
+        if episodes_per_shard is None and shard_bytes is None:
+            shard_bytes = DEFAULT_SHARD_BYTES
+        plan = plan_shards(self.src.episode_sizes(), target_bytes=shard_bytes, episodes_per_shard=episodes_per_shard)
+        features = {k: v for k, v in self.src.features.items()}
+        self.info = SourceInfo(
+            fps=self.src.fps,
+            features=features,
+            cameras=self.src.camera_keys,
+            tasks=self.src.tasks,
+            shards=[ShardSpec(p.index, p.episodes, p.frames) for p in plan],
+            episode_lengths={e.episode_index: e.length for e in self.src.episodes},
+        )
+
+    def episode_lengths(self, shard: int) -> dict[int, int]:
+        return {e: self.info.episode_lengths[e] for e in self.info.shards[shard].episodes}
+
+    def close(self) -> None:
+        pass
+
+    def read_episode(self, shard: int, episode_index: int) -> ResidentEpisode:
+        ep = self.src.episode(episode_index)
+        table = self.src.read_episode_table(ep)
+        where = f"{self.url}/{ep.data_path}: episode {episode_index}"
+        columns = table_to_columns(table, self.info.features, where)
+        clips = {}
+        for cam, v in ep.videos.items():
+            url = self.src.local_path(v.path) or posixpath.join(self.url, v.path)
+            clips[cam] = ClipRef(url, None, url, v.first_frame(self.src.fps), None)
+        nbytes = int(table.nbytes)
+        return ResidentEpisode(episode_index, ep.length, columns, clips, nbytes)
+
+
+def filter_shards(shards: Sequence[ShardSpec], episodes: set[int], lengths: dict[int, int]) -> list[ShardSpec]:
+    """Keep only the chosen episodes; shards left empty drop out (indices stay the plan's)."""
+    out = []
+    for s in shards:
+        kept = tuple(e for e in s.episodes if e in episodes)
+        if kept:
+            out.append(ShardSpec(s.index, kept, sum(lengths[e] for e in kept)))
+    return out
+

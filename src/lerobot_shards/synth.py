@@ -1,0 +1,483 @@
+"""Synthetic LeRobot v3.0 datasets whose every frame and vector names its own (episode, frame).
+
+Tests of the converter and the loader need datasets of any shape (many files, many chunks, no
+video, AV1 or H.264, drifting timestamps) and a way to prove that the frame a loader returned is
+the frame it was asked for. Each image paints its identity as bright/dark bands, the way the
+real fixture ``so101_record_test`` does, and ``observation.state``/``action`` carry it as numbers.
+The layout mirrors what LeRobot 0.4 writes, parquet schemas included.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+import av
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .format import TMP_SUFFIX
+from .video import CODECS, concat_clips, encode_video
+
+FIXTURE_BITS = (10, 6)  # (frame_bits, episode_bits) of the real so101_record_test fixture
+
+DARK, BRIGHT = 25, 230
+_CAMERA_TINTS = ((200, 60, 60), (60, 200, 60), (60, 60, 200), (200, 200, 60), (200, 60, 200), (60, 200, 200))
+JOINT_NAMES = (
+    "shoulder_pan.pos",
+    "shoulder_lift.pos",
+    "elbow_flex.pos",
+    "wrist_flex.pos",
+    "wrist_roll.pos",
+    "gripper.pos",
+)
+DATA_PATH = "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
+VIDEO_PATH = "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4"
+EPISODES_PATH = "meta/episodes/chunk-000/file-000.parquet"
+QUANTILES = {"q01": 0.01, "q10": 0.10, "q50": 0.50, "q90": 0.90, "q99": 0.99}
+STATS_SAMPLE_FRAMES = 100  # LeRobot computes image stats on about 100 frames per episode
+_DEFAULT_FEATURES = ("timestamp", "frame_index", "episode_index", "index", "task_index")
+
+
+# ---------------------------------------------------------------- identity painting
+
+
+def _band_edges(width: int, num_bands: int) -> list[int]:
+    if width < num_bands:
+        raise ValueError(f"width {width} is narrower than the {num_bands} identity bands")
+    return [i * width // num_bands for i in range(num_bands + 1)]
+
+
+def paint_identity(
+    episode_index: int,
+    frame_index: int,
+    height: int,
+    width: int,
+    camera_index: int = 0,
+    *,
+    frame_bits: int = 10,
+    episode_bits: int = 10,
+) -> np.ndarray:
+    """HxWx3 uint8 RGB frame that ``read_identity`` maps back to (episode_index, frame_index).
+
+    Lower two thirds: one band per bit (frame bits first), bright when set. Top sixth: a tint per
+    camera, so mixed-up cameras show. Between: deterministic texture, so clips compress like
+    images rather than flat colour and the encoder does real work.
+    """
+    if not 0 <= frame_index < 2**frame_bits:
+        raise ValueError(f"frame_index {frame_index} does not fit in frame_bits={frame_bits}")
+    if not 0 <= episode_index < 2**episode_bits:
+        raise ValueError(f"episode_index {episode_index} does not fit in episode_bits={episode_bits}")
+    if height < 6:
+        raise ValueError(f"height {height} is too small for the identity layout (>= 6)")
+    edges = _band_edges(width, frame_bits + episode_bits)
+    bits = [(frame_index >> i) & 1 for i in range(frame_bits)] + [(episode_index >> j) & 1 for j in range(episode_bits)]
+    img = np.empty((height, width, 3), np.uint8)
+    band_top, tint_bottom = height // 3, height // 6
+    for bit, (lo, hi) in zip(bits, zip(edges, edges[1:])):
+        img[band_top:, lo:hi] = BRIGHT if bit else DARK
+    img[:tint_bottom] = _CAMERA_TINTS[camera_index % len(_CAMERA_TINTS)]
+    y = np.arange(tint_bottom, band_top, dtype=np.float32)[:, None, None] / 16.0
+    x = np.arange(width, dtype=np.float32)[None, :, None] / 24.0
+    phase = np.array([0.0, 2.1, 4.2], np.float32) + 0.37 * episode_index + 0.9 * camera_index
+    wave = 128 + 60 * np.sin(x + frame_index / 5.0 + phase) * np.cos(y + phase)
+    noise = np.random.default_rng([episode_index, frame_index, camera_index]).integers(-16, 17, wave.shape)
+    img[tint_bottom:band_top] = np.clip(wave + noise, 0, 255).astype(np.uint8)
+    return img
+
+
+def read_identity(frame: Any, *, frame_bits: int = 10, episode_bits: int = 10) -> tuple[int, int]:
+    """(episode_index, frame_index) painted in one decoded frame.
+
+    Takes what decoders and the loader return: torch or numpy, CHW or HWC, uint8 or float in
+    [0, 1]. Averages the middle half of each band over the lower two thirds, so codec blur at
+    band edges cannot flip a bit.
+    """
+    arr = frame.detach().cpu().numpy() if hasattr(frame, "detach") else np.asarray(frame)
+    if arr.ndim != 3:
+        raise ValueError(f"read_identity wants one frame (3 dims), got shape {arr.shape}")
+    if arr.shape[-1] not in (1, 3) and arr.shape[0] in (1, 3):
+        arr = arr.transpose(1, 2, 0)
+    arr = arr.astype(np.float32) * (255.0 if np.issubdtype(arr.dtype, np.floating) else 1.0)
+    lower = arr[arr.shape[0] // 3 :].mean(axis=2)
+    edges = _band_edges(lower.shape[1], frame_bits + episode_bits)
+    bits = []
+    for lo, hi in zip(edges, edges[1:]):
+        inset = (hi - lo) // 4
+        bits.append(int(lower[:, lo + inset : hi - inset].mean() > (DARK + BRIGHT) / 2))
+    frame_index = sum(b << i for i, b in enumerate(bits[:frame_bits]))
+    episode_index = sum(b << j for j, b in enumerate(bits[frame_bits:]))
+    return episode_index, frame_index
+
+
+def identity_vector(episode_index: int, frame_index: int | np.ndarray) -> np.ndarray:
+    """``observation.state`` of a synthetic frame: [e*1000 + f + j/10 for j in 0..5] (action = state + 0.5)."""
+    base = episode_index * 1000 + np.asarray(frame_index, np.float64)[..., None]
+    return (base + np.arange(len(JOINT_NAMES)) / 10).astype(np.float32)
+
+
+# ---------------------------------------------------------------- stats
+
+
+def _episode_stats(values: np.ndarray, *, image: bool = False) -> dict[str, np.ndarray]:
+    """min/max/mean/std/count/quantiles as LeRobot stores them: per dim, or per channel (3,1,1) for images."""
+    if image:
+        v = values.reshape(-1, 3).astype(np.float64) / 255.0  # (N*H*W, C)
+    else:
+        v = values.reshape(len(values), -1)
+        v = v if np.issubdtype(v.dtype, np.integer) else v.astype(np.float64)
+    shape = (3, 1, 1) if image else (v.shape[1],)
+    stats = {
+        "min": v.min(axis=0).reshape(shape),
+        "max": v.max(axis=0).reshape(shape),
+        "mean": v.mean(axis=0, dtype=np.float64).reshape(shape),
+        "std": v.std(axis=0, dtype=np.float64).reshape(shape),
+        "count": np.array([len(values)]),
+    }
+    for name, q in QUANTILES.items():
+        stats[name] = np.quantile(v, q, axis=0).reshape(shape)
+    return stats
+
+
+def _aggregate(per_episode: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Dataset stats from episode stats, as LeRobot's aggregate_stats combines them."""
+    counts = np.array([s["count"][0] for s in per_episode], np.float64)
+    w = counts / counts.sum()
+
+    def wsum(key: str) -> np.ndarray:
+        return sum(wi * s[key] for wi, s in zip(w, per_episode))
+
+    mean = wsum("mean")
+    var = sum(wi * (s["std"] ** 2 + (s["mean"] - mean) ** 2) for wi, s in zip(w, per_episode))
+    out = {
+        "min": np.min([s["min"] for s in per_episode], axis=0),
+        "max": np.max([s["max"] for s in per_episode], axis=0),
+        "mean": mean,
+        "std": np.sqrt(var),
+        "count": np.array([int(counts.sum())]),
+    }
+    out.update({name: wsum(name) for name in QUANTILES})
+    return out
+
+
+def _stats_type(stat: str, dtype: str) -> pa.DataType:
+    if stat == "count":
+        return pa.list_(pa.field("element", pa.int64()))
+    elem = pa.int64() if stat in ("min", "max") and dtype == "int64" else pa.float64()
+    if dtype in ("video", "image"):
+        for _ in range(3):
+            elem = pa.list_(pa.field("element", elem))
+        return elem
+    return pa.list_(pa.field("element", elem))
+
+
+# ---------------------------------------------------------------- writing helpers
+
+
+def _write_atomic(path: Path, write: Callable[[Path], None]) -> None:
+    """Write to a temporary name and rename, so a crash never leaves a half file under the real name."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + TMP_SUFFIX)
+    write(tmp)
+    os.replace(tmp, path)
+
+
+def _write_parquet(table: pa.Table, path: Path) -> None:
+    _write_atomic(path, lambda tmp: pq.write_table(table, tmp))
+
+
+def _write_json(obj: Any, path: Path) -> None:
+    _write_atomic(path, lambda tmp: tmp.write_text(json.dumps(obj, indent=4) + "\n"))
+
+
+def _png(img: np.ndarray) -> bytes:
+    ctx = av.CodecContext.create("png", "w")
+    ctx.height, ctx.width = img.shape[:2]
+    ctx.pix_fmt = "rgb24"
+    packets = ctx.encode(av.VideoFrame.from_ndarray(img, format="rgb24")) + ctx.encode(None)
+    return b"".join(bytes(p) for p in packets)
+
+
+def _file_slot(n: int, chunks_size: int) -> tuple[int, int]:
+    """(chunk_index, file_index) of the n-th file: file_index rolls into the next chunk at chunks_size."""
+    return divmod(n, chunks_size)
+
+
+def _groups(num_episodes: int, per_file: int) -> list[list[int]]:
+    return [list(range(s, min(s + per_file, num_episodes))) for s in range(0, num_episodes, per_file)]
+
+
+def _sample_indices(length: int) -> set[int]:
+    return set(np.linspace(0, length - 1, min(length, STATS_SAMPLE_FRAMES)).round().astype(int).tolist())
+
+
+def _features(
+    cameras: Sequence[str], image_keys: Sequence[str], height: int, width: int, fps: float, codec: str
+) -> dict[str, dict[str, Any]]:
+    vec = {"dtype": "float32", "shape": [len(JOINT_NAMES)], "names": list(JOINT_NAMES)}
+    features: dict[str, dict[str, Any]] = {"action": dict(vec), "observation.state": dict(vec)}
+    hwc = {"shape": [height, width, 3], "names": ["height", "width", "channels"]}
+    for key in image_keys:
+        features[key] = {"dtype": "image", **hwc}
+    for key in cameras:
+        info = {
+            "video.height": height,
+            "video.width": width,
+            "video.codec": codec,
+            "video.pix_fmt": "yuv420p",
+            "video.is_depth_map": False,
+            "video.fps": fps,
+            "video.channels": 3,
+            "has_audio": False,
+        }
+        features[key] = {"dtype": "video", **hwc, "info": info}
+    features["timestamp"] = {"dtype": "float32", "shape": [1], "names": None}
+    for key in _DEFAULT_FEATURES[1:]:
+        features[key] = {"dtype": "int64", "shape": [1], "names": None}
+    return features
+
+
+def _hf_metadata(features: dict[str, dict[str, Any]], vector_storage: str, fingerprint: str) -> dict[bytes, bytes]:
+    """The ``huggingface`` schema metadata LeRobot's parquet files carry (datasets' feature spec)."""
+    hf: dict[str, Any] = {}
+    for key, ft in features.items():
+        if ft["dtype"] == "video":
+            continue
+        if ft["dtype"] == "image":
+            hf[key] = {"_type": "Image"}
+        elif key in ("action", "observation.state"):
+            spec = {"feature": {"dtype": "float32", "_type": "Value"}, "_type": "List"}
+            if vector_storage == "fixed_size_list":
+                spec = {"feature": spec["feature"], "length": ft["shape"][0], "_type": "List"}
+            hf[key] = spec
+        else:
+            hf[key] = {"dtype": ft["dtype"], "_type": "Value"}
+    return {b"huggingface": json.dumps({"info": {"features": hf}, "fingerprint": fingerprint}).encode()}
+
+
+def _tasks_table(tasks: Sequence[str]) -> pa.Table:
+    """meta/tasks.parquet as pandas writes a DataFrame indexed by task string (LeRobot 0.4.x)."""
+    pandas_meta = {
+        "index_columns": ["__index_level_0__"],
+        "column_indexes": [
+            {"name": None, "field_name": None, "pandas_type": "unicode", "numpy_type": "object",
+             "metadata": {"encoding": "UTF-8"}}
+        ],
+        "columns": [
+            {"name": "task_index", "field_name": "task_index", "pandas_type": "int64", "numpy_type": "int64",
+             "metadata": None},
+            {"name": None, "field_name": "__index_level_0__", "pandas_type": "unicode", "numpy_type": "object",
+             "metadata": None},
+        ],
+        "attributes": {},
+        "creator": {"library": "pyarrow", "version": pa.__version__},
+        "pandas_version": "2.3.3",
+    }
+    schema = pa.schema(
+        [("task_index", pa.int64()), ("__index_level_0__", pa.string())],
+        metadata={b"pandas": json.dumps(pandas_meta).encode()},
+    )
+    return pa.table({"task_index": list(range(len(tasks))), "__index_level_0__": list(tasks)}, schema=schema)
+
+
+# ---------------------------------------------------------------- the dataset
+
+
+def synth_dataset(
+    root: str | os.PathLike[str],
+    *,
+    num_episodes: int = 4,
+    cameras: Sequence[str] = ("observation.images.front", "observation.images.top"),
+    height: int = 64,
+    width: int = 160,
+    fps: int | float = 30,
+    codec: str = "h264",
+    gop: int = 2,
+    crf: int = 30,
+    episodes_per_video_file: int = 2,
+    episodes_per_data_file: int = 2,
+    chunks_size: int = 1000,
+    length_range: tuple[int, int] = (20, 40),
+    num_tasks: int = 2,
+    vector_storage: str = "fixed_size_list",
+    image_keys: Sequence[str] = (),
+    from_timestamp_jitter_s: float = 0.0,
+    seed: int = 0,
+) -> Path:
+    """Write a LeRobot v3.0 dataset under ``root`` (which must be absent or empty) and return its path.
+
+    Episodes are encoded one by one and joined by stream copy, so each starts on a keyframe at
+    the ``from_timestamp`` the metadata records, as in LeRobot. Lengths are drawn from the
+    inclusive ``length_range`` with ``seed``. ``from_timestamp_jitter_s`` shifts every
+    episode but a file's first by a deterministic amount in [-jitter, +jitter] per camera, like
+    real files that are off by a fraction of a frame. Same arguments give byte-identical
+    parquet and json; ``meta/info.json`` is written last and marks a complete dataset.
+    """
+    root = Path(root)
+    cameras, image_keys = tuple(cameras), tuple(image_keys)
+    lo, hi = length_range
+    frame_bits = episode_bits = 10
+    checks = [
+        (num_episodes >= 1, f"num_episodes must be >= 1, got {num_episodes}"),
+        (num_episodes <= 2**episode_bits, f"num_episodes {num_episodes} exceeds {2**episode_bits} identity codes"),
+        (1 <= lo <= hi <= 2**frame_bits, f"length_range {length_range} must satisfy 1 <= min <= max <= {2**frame_bits}"),
+        (codec in CODECS, f"codec {codec!r} is not one of {sorted(CODECS)}"),
+        (vector_storage in ("fixed_size_list", "list"), f"vector_storage {vector_storage!r} is not fixed_size_list or list"),
+        (min(episodes_per_video_file, episodes_per_data_file, chunks_size, num_tasks) >= 1,
+         "episodes_per_video_file, episodes_per_data_file, chunks_size and num_tasks must be >= 1"),
+        (len(set(cameras + image_keys)) == len(cameras + image_keys), f"duplicate keys in {cameras + image_keys}"),
+        (0 <= from_timestamp_jitter_s < 0.5 / fps,
+         f"from_timestamp_jitter_s {from_timestamp_jitter_s} must be in [0, half a frame = {0.5 / fps})"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise ValueError(f"synth_dataset: {message}")
+    if root.exists() and any(root.iterdir()):
+        raise FileExistsError(f"synth_dataset: {root} is not empty")
+
+    rng = np.random.default_rng(seed)
+    lengths = [int(n) for n in rng.integers(lo, hi + 1, size=num_episodes)]
+    jitter_rng = np.random.default_rng([seed, 1])  # separate stream: jitter does not change lengths
+    tasks = [f"task {k}" for k in range(min(num_tasks, num_episodes))]
+    starts = np.concatenate([[0], np.cumsum(lengths)]).tolist()
+    features = _features(cameras, image_keys, height, width, fps, codec)
+    fingerprint_seed = repr((num_episodes, length_range, num_tasks, episodes_per_data_file, chunks_size,
+                             vector_storage, image_keys, height, width, seed))
+    episodes: list[dict[str, Any]] = [
+        {
+            "episode_index": e,
+            "tasks": [tasks[e % len(tasks)]],
+            "length": n,
+            "dataset_from_index": starts[e],
+            "dataset_to_index": starts[e + 1],
+        }
+        for e, n in enumerate(lengths)
+    ]
+    stats: list[dict[str, dict[str, np.ndarray]]] = [{} for _ in range(num_episodes)]
+
+    # data/: one parquet per group of episodes; vectors and scalars encode identity
+    vec_type = pa.list_(pa.field("element", pa.float32()), len(JOINT_NAMES) if vector_storage == "fixed_size_list" else -1)
+    image_type = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    fields = [pa.field("action", vec_type), pa.field("observation.state", vec_type)]
+    fields += [pa.field(k, image_type) for k in image_keys]
+    fields += [pa.field("timestamp", pa.float32())] + [pa.field(k, pa.int64()) for k in _DEFAULT_FEATURES[1:]]
+    for n, group in enumerate(_groups(num_episodes, episodes_per_data_file)):
+        chunk, file = _file_slot(n, chunks_size)
+        columns: dict[str, list[Any]] = {f.name: [] for f in fields}
+        for e in group:
+            ep = episodes[e]
+            ep["data/chunk_index"], ep["data/file_index"] = chunk, file
+            f = np.arange(ep["length"])
+            state = identity_vector(e, f)
+            values = {
+                "action": state + np.float32(0.5),
+                "observation.state": state,
+                "timestamp": (f / fps).astype(np.float32),
+                "frame_index": f,
+                "episode_index": np.full_like(f, e),
+                "index": f + ep["dataset_from_index"],
+                "task_index": np.full_like(f, tasks.index(ep["tasks"][0])),
+            }
+            for c, key in enumerate(image_keys, start=len(cameras)):
+                imgs = [paint_identity(e, i, height, width, c) for i in f]
+                columns[key] += [{"bytes": _png(img), "path": f"frame-{i:06d}.png"} for i, img in zip(f, imgs)]
+                stats[e][key] = _episode_stats(np.stack([imgs[i] for i in sorted(_sample_indices(len(f)))]), image=True)
+            for key, v in values.items():
+                columns[key] += v.tolist()
+                stats[e][key] = _episode_stats(v)
+        schema = pa.schema(fields, metadata=_hf_metadata(features, vector_storage, _fingerprint(fingerprint_seed, n)))
+        table = pa.table({k: pa.array(v, type=schema.field(k).type) for k, v in columns.items()}, schema=schema)
+        _write_parquet(table, root / DATA_PATH.format(chunk_index=chunk, file_index=file))
+
+    # videos/: each episode encoded alone, then a group joined by stream copy, as LeRobot does
+    for c, camera in enumerate(cameras):
+        for n, group in enumerate(_groups(num_episodes, episodes_per_video_file)):
+            chunk, file = _file_slot(n, chunks_size)
+            clips = []
+            for e in group:
+                sample: list[np.ndarray] = []
+                buf = io.BytesIO()
+                encode_video(
+                    _painted(e, episodes[e]["length"], height, width, c, sample),
+                    buf, fps=fps, codec=codec, gop=gop, crf=crf, threads=1,
+                )
+                clips.append(buf.getvalue())
+                stats[e][camera] = _episode_stats(np.stack(sample), image=True)
+            path = root / VIDEO_PATH.format(video_key=camera, chunk_index=chunk, file_index=file)
+            offsets: list[float] = []
+            _write_atomic(path, lambda tmp: offsets.extend(concat_clips(clips, tmp)))
+            for e, offset in zip(group, offsets):
+                ep = episodes[e]
+                if offset > 0 and from_timestamp_jitter_s:
+                    offset += float(jitter_rng.uniform(-from_timestamp_jitter_s, from_timestamp_jitter_s))
+                ep[f"videos/{camera}/chunk_index"], ep[f"videos/{camera}/file_index"] = chunk, file
+                ep[f"videos/{camera}/from_timestamp"] = offset
+                ep[f"videos/{camera}/to_timestamp"] = offset + ep["length"] / fps
+
+    # meta/
+    stat_features = list(features)  # features order, as LeRobot writes the columns
+    ep_fields = [
+        pa.field("episode_index", pa.int64()),
+        pa.field("tasks", pa.list_(pa.field("element", pa.string()))),
+        pa.field("length", pa.int64()),
+        pa.field("data/chunk_index", pa.int64()),
+        pa.field("data/file_index", pa.int64()),
+        pa.field("dataset_from_index", pa.int64()),
+        pa.field("dataset_to_index", pa.int64()),
+    ]
+    for camera in cameras:
+        ep_fields += [pa.field(f"videos/{camera}/{k}", pa.int64()) for k in ("chunk_index", "file_index")]
+        ep_fields += [pa.field(f"videos/{camera}/{k}", pa.float64()) for k in ("from_timestamp", "to_timestamp")]
+    stat_names = ("min", "max", "mean", "std", "count", *QUANTILES)
+    for key in stat_features:
+        ep_fields += [pa.field(f"stats/{key}/{s}", _stats_type(s, features[key]["dtype"])) for s in stat_names]
+    ep_fields += [pa.field("meta/episodes/chunk_index", pa.int64()), pa.field("meta/episodes/file_index", pa.int64())]
+    for e, ep in enumerate(episodes):
+        for key in stat_features:
+            for s in stat_names:
+                ep[f"stats/{key}/{s}"] = stats[e][key][s].tolist()
+        ep["meta/episodes/chunk_index"] = ep["meta/episodes/file_index"] = 0
+    ep_schema = pa.schema(ep_fields)
+    ep_table = pa.table({f.name: pa.array([ep[f.name] for ep in episodes], type=f.type) for f in ep_fields}, schema=ep_schema)
+    _write_parquet(ep_table, root / EPISODES_PATH)
+    _write_parquet(_tasks_table(tasks), root / "meta/tasks.parquet")
+    dataset_stats = {key: {s: v.tolist() for s, v in _aggregate([st[key] for st in stats]).items()} for key in stat_features}
+    _write_json(dataset_stats, root / "meta/stats.json")
+    info = {
+        "codebase_version": "v3.0",
+        "robot_type": "synthetic",
+        "total_episodes": num_episodes,
+        "total_frames": starts[-1],
+        "total_tasks": len(tasks),
+        "chunks_size": chunks_size,
+        "data_files_size_in_mb": 100,
+        "video_files_size_in_mb": 500,
+        "fps": fps,
+        "splits": {"train": f"0:{num_episodes}"},
+        "data_path": DATA_PATH,
+        "video_path": VIDEO_PATH if cameras else None,
+        "features": features,
+    }
+    _write_json(info, root / "meta/info.json")
+    return root
+
+
+def _painted(
+    episode: int, length: int, height: int, width: int, camera: int, sample: list[np.ndarray]
+) -> Iterator[np.ndarray]:
+    """Frames of one camera's episode; keeps the stats sample so frames are painted once."""
+    keep = _sample_indices(length)
+    for i in range(length):
+        img = paint_identity(episode, i, height, width, camera)
+        if i in keep:
+            sample.append(img)
+        yield img
+
+
+def _fingerprint(signature: str, file_number: int) -> str:
+    return hashlib.sha256(f"{signature}/{file_number}".encode()).hexdigest()[:16]

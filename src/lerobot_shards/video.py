@@ -1,0 +1,339 @@
+"""Encode, concatenate, probe, cut and decode mp4 clips.
+
+Every mp4 written here has pts that are exact multiples of the frame duration starting at 0, no
+B-frames and no edit list, because decoders disagree about edit lists and a frame table is only
+trustworthy when presentation order equals decode order. PyAV (bundled FFmpeg with encoders)
+writes; torchcodec (the system FFmpeg, as the loader uses it) decodes.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+from typing import BinaryIO, Iterable, Iterator, Sequence, Union
+
+import av
+import numpy as np
+import torch
+
+from .format import ClipInfo, FrameEntry
+
+Source = Union[str, "os.PathLike[str]", bytes, bytearray, memoryview, BinaryIO]
+
+CODECS = {"h264": "libx264", "hevc": "libx265", "av1": "libsvtav1"}
+TICKS_PER_FRAME = 512  # stream time base 1/(fps*512), as LeRobot's mp4s have (1/15360 at 30 fps)
+_MUXER_OPTIONS = {"use_editlist": "0"}
+
+
+class ClipError(ValueError):
+    """A clip cannot be cut or joined as asked (too few frames, not on a keyframe, mismatch)."""
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """What demuxing (no decoding) tells about a clip's video stream."""
+
+    codec: str
+    width: int
+    height: int
+    pix_fmt: str
+    fps: float
+    time_base: tuple[int, int]
+    frames: tuple[FrameEntry, ...]  # presentation order
+    duration_s: float
+
+    @property
+    def num_frames(self) -> int:
+        return len(self.frames)
+
+    def clip_info(self, *, stream_copied: bool, source_first_frame: int, fps: float | None = None) -> ClipInfo:
+        return ClipInfo(
+            codec=self.codec,
+            width=self.width,
+            height=self.height,
+            pix_fmt=self.pix_fmt,
+            fps=self.fps if fps is None else fps,
+            num_frames=self.num_frames,
+            time_base=self.time_base,
+            frames=self.frames,
+            stream_copied=stream_copied,
+            source_first_frame=source_first_frame,
+        )
+
+
+def _describe(src: Source) -> str:
+    if isinstance(src, (str, os.PathLike)):
+        return str(src)
+    if isinstance(src, (bytes, bytearray, memoryview)):
+        return f"<{len(src)} bytes in memory>"
+    return str(getattr(src, "name", None) or f"<{type(src).__name__}>")
+
+
+def _open(src: Source) -> av.container.InputContainer:
+    if isinstance(src, (str, os.PathLike)):
+        return av.open(str(src))
+    if isinstance(src, (bytes, bytearray, memoryview)):
+        return av.open(io.BytesIO(bytes(src)))
+    return av.open(src)
+
+
+def _video_stream(container: av.container.InputContainer, src: Source) -> av.video.stream.VideoStream:
+    if not container.streams.video:
+        raise ClipError(f"{_describe(src)}: no video stream")
+    return container.streams.video[0]
+
+
+def _stream_fps(stream: av.video.stream.VideoStream) -> Fraction:
+    rate = stream.average_rate or stream.guessed_rate or stream.base_rate
+    if not rate:
+        raise ClipError(f"stream {stream.index}: frame rate unknown")
+    return Fraction(rate)
+
+
+def _fps_fraction(fps: float) -> Fraction:
+    return Fraction(fps).limit_denominator(1001)
+
+
+def encode_video(
+    frames: Iterable[np.ndarray],
+    dst: str | os.PathLike[str] | BinaryIO,
+    *,
+    fps: float,
+    codec: str = "h264",
+    gop: int = 2,
+    crf: int = 30,
+    pix_fmt: str = "yuv420p",
+    threads: int = 0,
+) -> None:
+    """Encode HxWx3 uint8 RGB frames to an mp4 with a keyframe exactly every ``gop`` frames.
+
+    No B-frames and no scene-cut keyframes, so every ``gop``-th frame is a cut point for stream
+    copy. ``threads=1`` makes the bytes independent of the machine's core count (x265 output
+    depends on it); 0 lets the encoder choose.
+    """
+    if codec not in CODECS:
+        raise ValueError(f"codec {codec!r} is not one of {sorted(CODECS)}")
+    if gop < 1:
+        raise ValueError(f"gop must be >= 1, got {gop}")
+    if codec == "av1":
+        os.environ.setdefault("SVT_LOG", "1")  # SVT-AV1 prints a banner per encoder unless told
+    rate = _fps_fraction(fps)
+    options = {"crf": str(crf), "g": str(gop)}
+    if codec == "h264":
+        options["x264-params"] = f"keyint={gop}:min-keyint={gop}:scenecut=0:bframes=0"
+    elif codec == "hevc":
+        options["x265-params"] = f"keyint={gop}:min-keyint={gop}:scenecut=0:bframes=0:log-level=none"
+    else:
+        options["svtav1-params"] = f"keyint={gop}:scd=0"
+    out = av.open(dst if not isinstance(dst, os.PathLike) else str(dst), "w", format="mp4", options=_MUXER_OPTIONS)
+    try:
+        stream = None
+        for i, img in enumerate(frames):
+            img = np.ascontiguousarray(img)
+            if img.dtype != np.uint8 or img.ndim != 3 or img.shape[2] != 3:
+                raise ValueError(f"frame {i}: expected HxWx3 uint8 RGB, got {img.dtype} {img.shape}")
+            if stream is None:
+                stream = out.add_stream(CODECS[codec], rate=rate, options=options)
+                stream.height, stream.width = img.shape[:2]
+                stream.pix_fmt = pix_fmt
+                stream.codec_context.thread_count = threads
+                stream.codec_context.time_base = 1 / rate
+                stream.time_base = Fraction(1, rate.numerator * TICKS_PER_FRAME)
+            elif img.shape[:2] != (stream.height, stream.width):
+                raise ValueError(f"frame {i}: size {img.shape[:2]} differs from frame 0's {(stream.height, stream.width)}")
+            frame = av.VideoFrame.from_ndarray(img, format="rgb24")
+            frame.pts = i
+            out.mux(stream.encode(frame))
+        if stream is None:
+            raise ValueError(f"{_describe(dst)}: no frames to encode")
+        out.mux(stream.encode(None))
+    finally:
+        out.close()
+
+
+def _packets(container: av.container.InputContainer, stream: av.video.stream.VideoStream) -> Iterator[av.Packet]:
+    """Demuxed packets with data (the demuxer ends with an empty flush packet)."""
+    for packet in container.demux(stream):
+        if packet.size:
+            yield packet
+
+
+def _check_order(packets: Sequence[av.Packet], where: str) -> None:
+    if any(p.pts is None or p.dts is None or p.pts != p.dts for p in packets):
+        raise ClipError(f"{where}: frames are reordered (B-frames) or lack timestamps; re-encode instead")
+
+
+def concat_clips(srcs: Sequence[Source], dst: str | os.PathLike[str] | BinaryIO) -> list[float]:
+    """Join same-codec clips by stream copy, as LeRobot builds a camera's multi-episode mp4.
+
+    Packets stay bit-identical; each clip's pts/dts are shifted by the summed duration of the
+    clips before it, exactly in the stream time base (LeRobot's concat demuxer rounds the offset
+    to microseconds, which is where real files drift). Returns each clip's start in seconds: the
+    ``from_timestamp`` an episode row records.
+    """
+    if not srcs:
+        raise ValueError("concat_clips: no source clips")
+    out = av.open(dst if not isinstance(dst, os.PathLike) else str(dst), "w", format="mp4", options=_MUXER_OPTIONS)
+    starts: list[float] = []
+    try:
+        out_stream = None
+        first: tuple[str, int, int, Fraction, bytes | None] | None = None
+        offset = 0
+        for src in srcs:
+            with _open(src) as container:
+                stream = _video_stream(container, src)
+                ctx = stream.codec_context
+                signature = (ctx.codec.canonical_name, ctx.width, ctx.height, stream.time_base, ctx.extradata)
+                if out_stream is None:
+                    out_stream = out.add_stream_from_template(stream, opaque=True)
+                    out_stream.time_base = stream.time_base
+                    first = signature
+                elif signature != first:
+                    raise ClipError(
+                        f"{_describe(src)}: codec/size/time base/extradata {signature[:4]} differ from the first "
+                        f"clip's {first[:4]}; stream copy needs identical encoder settings"
+                    )
+                packets = list(_packets(container, stream))
+                if not packets:
+                    raise ClipError(f"{_describe(src)}: no video packets")
+                _check_order(packets, _describe(src))
+                start = packets[0].pts
+                end = max(p.pts + p.duration for p in packets)
+                for p in packets:
+                    p.pts = p.dts = p.pts - start + offset
+                    p.stream = out_stream
+                    out.mux(p)
+                starts.append(float(offset * stream.time_base))
+                offset += end - start
+    finally:
+        out.close()
+    return starts
+
+
+def probe_clip(src: Source) -> ProbeResult:
+    """Frame table (presentation order) and stream facts from demuxing alone, no decoding."""
+    with _open(src) as container:
+        stream = _video_stream(container, src)
+        ctx = stream.codec_context
+        frames = sorted(
+            (FrameEntry(int(p.pts), int(p.duration), bool(p.is_keyframe)) for p in _packets(container, stream)),
+            key=lambda f: f.pts,
+        )
+        if not frames:
+            raise ClipError(f"{_describe(src)}: no video packets")
+        tb = stream.time_base
+        span = frames[-1].pts + frames[-1].duration - frames[0].pts
+        return ProbeResult(
+            codec=ctx.codec.canonical_name,
+            width=ctx.width,
+            height=ctx.height,
+            pix_fmt=ctx.pix_fmt or "",
+            fps=float(_stream_fps(stream)),
+            time_base=(tb.numerator, tb.denominator),
+            frames=tuple(frames),
+            duration_s=float(span * tb),
+        )
+
+
+class _Indexer:
+    """Frame index of a pts: rounding absorbs real files' sub-millisecond drift from k/fps."""
+
+    def __init__(self, stream: av.video.stream.VideoStream) -> None:
+        self.fps = _stream_fps(stream)
+        self.tb = stream.time_base
+        self.start = stream.start_time or 0
+
+    def index(self, ts: int) -> int:
+        return round((ts - self.start) * self.tb * self.fps)
+
+    def pts(self, index: int) -> int:
+        return self.start + round(index / self.fps / self.tb)
+
+
+def _check_range(src: Source, first_frame: int, num_frames: int) -> None:
+    if first_frame < 0 or num_frames < 1:
+        raise ClipError(f"{_describe(src)}: bad frame range first_frame={first_frame} num_frames={num_frames}")
+
+
+def cut_clip(src: Source, first_frame: int, num_frames: int) -> tuple[bytes, ClipInfo]:
+    """Stream-copy source frames [first_frame, first_frame+num_frames) into a new mp4 starting at pts 0.
+
+    Seeks to the keyframe at or before ``first_frame`` instead of demuxing from the start. Raises
+    ClipError when the range does not start on a keyframe or runs past the end: callers re-encode.
+    """
+    _check_range(src, first_frame, num_frames)
+    end = first_frame + num_frames
+    where = f"{_describe(src)} frames [{first_frame}, {end})"
+    with _open(src) as container:
+        stream = _video_stream(container, src)
+        ix = _Indexer(stream)
+        fps = float(ix.fps)
+        container.seek(ix.pts(first_frame), stream=stream, backward=True, any_frame=False)
+        packets = []
+        for p in _packets(container, stream):
+            if p.dts is not None and ix.index(p.dts) >= end:
+                break  # dts <= pts and dts only grows: nothing later is in range
+            if p.pts is not None and first_frame <= ix.index(p.pts) < end:
+                packets.append(p)
+        if len(packets) < num_frames:
+            raise ClipError(f"{where}: source has only {len(packets)} of those frames")
+        _check_order(packets, where)
+        if ix.index(packets[0].pts) != first_frame or not packets[0].is_keyframe:
+            raise ClipError(f"{where}: frame {first_frame} is not a keyframe; stream copy would not decode")
+        buf = io.BytesIO()
+        with av.open(buf, "w", format="mp4", options=_MUXER_OPTIONS) as out:
+            out_stream = out.add_stream_from_template(stream, opaque=True)
+            out_stream.time_base = stream.time_base
+            start = packets[0].pts
+            for p in packets:
+                p.pts = p.dts = p.pts - start
+                p.stream = out_stream
+                out.mux(p)
+    data = buf.getvalue()
+    return data, probe_clip(data).clip_info(stream_copied=True, source_first_frame=first_frame, fps=fps)
+
+
+def reencode_clip(
+    src: Source, first_frame: int, num_frames: int, *, codec: str, gop: int, crf: int
+) -> tuple[bytes, ClipInfo]:
+    """Decode source frames [first_frame, first_frame+num_frames) and encode them as a fresh clip.
+
+    For cuts that do not start on a keyframe, or a codec/GOP the training side needs (e.g. H.264
+    for NVDEC, which cannot decode AV1 on Hopper).
+    """
+    _check_range(src, first_frame, num_frames)
+    end = first_frame + num_frames
+    with _open(src) as container:
+        stream = _video_stream(container, src)
+        ix = _Indexer(stream)
+        fps = float(ix.fps)
+
+        def images() -> Iterator[np.ndarray]:
+            count = 0
+            container.seek(ix.pts(first_frame), stream=stream, backward=True, any_frame=False)
+            for frame in container.decode(stream):
+                i = ix.index(frame.pts)
+                if i >= end:
+                    break
+                if i >= first_frame:
+                    count += 1
+                    yield frame.to_ndarray(format="rgb24")
+            if count < num_frames:
+                raise ClipError(f"{_describe(src)} frames [{first_frame}, {end}): source has only {count} of those frames")
+
+        buf = io.BytesIO()
+        encode_video(images(), buf, fps=fps, codec=codec, gop=gop, crf=crf)
+    data = buf.getvalue()
+    return data, probe_clip(data).clip_info(stream_copied=False, source_first_frame=first_frame, fps=fps)
+
+
+def decode_frames(src: str | Path | bytes, indices: Sequence[int], *, frame_mappings: str | None = None) -> torch.Tensor:
+    """Frames at ``indices`` as uint8 NCHW, decoded by torchcodec like the loader does."""
+    from torchcodec.decoders import VideoDecoder
+
+    source = str(src) if isinstance(src, (str, os.PathLike)) else bytes(src)
+    decoder = VideoDecoder(source, custom_frame_mappings=frame_mappings)
+    return decoder.get_frames_at(list(indices)).data

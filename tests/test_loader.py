@@ -1,0 +1,190 @@
+"""EpisodePoolDataset contracts: coverage, determinism, resume identity, windows, frame identity."""
+
+from __future__ import annotations
+
+import collections
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from lerobot_shards.loader import EpisodePoolDataset
+from lerobot_shards.synth import read_identity, synth_dataset
+
+CAM = "observation.images.front"
+FPS = 30
+
+
+@pytest.fixture(scope="module")
+def raw(tmp_path_factory) -> Path:
+    """7 episodes (7 virtual shards of one episode), one camera, identity painted."""
+    return synth_dataset(
+        tmp_path_factory.mktemp("loader") / "ds",
+        num_episodes=7,
+        cameras=(CAM,),
+        length_range=(12, 30),
+        episodes_per_video_file=3,
+        episodes_per_data_file=4,
+        seed=3,
+    )
+
+
+def _dataset(root: Path, **kwargs) -> EpisodePoolDataset:
+    kwargs.setdefault("episodes_per_shard", 1)
+    kwargs.setdefault("episode_pool_size", 3)
+    return EpisodePoolDataset(str(root), **kwargs)
+
+
+def _keys(batch: dict) -> list[tuple[int, int]]:
+    return list(zip(batch["episode_index"].tolist(), batch["frame_index"].tolist()))
+
+
+def _epoch(ds: EpisodePoolDataset, num_workers: int, batch_size: int = 4) -> list[list[tuple[int, int]]]:
+    loader = DataLoader(ds, batch_size=batch_size, num_workers=num_workers)
+    return [_keys(b) for b in loader]
+
+
+def _all_frames(root: Path) -> collections.Counter:
+    ds = _dataset(root, cameras=[])
+    return collections.Counter((e, f) for e in range(7) for f in range(ds._get_source().info.episode_lengths[e]))
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+@pytest.mark.parametrize("num_workers", [0, 1, 2])
+def test_exactly_once_across_ranks_and_workers(raw: Path, world_size: int, num_workers: int) -> None:
+    seen: collections.Counter = collections.Counter()
+    for rank in range(world_size):
+        ds = _dataset(raw, cameras=[], rank=rank, world_size=world_size, seed=11)
+        for batch in _epoch(ds, num_workers):
+            seen.update(batch)
+    assert seen == _all_frames(raw)
+
+
+def test_same_seed_same_stream_and_epochs_differ(raw: Path) -> None:
+    a = _epoch(_dataset(raw, cameras=[], seed=5), 2)
+    b = _epoch(_dataset(raw, cameras=[], seed=5), 2)
+    assert a == b
+    ds = _dataset(raw, cameras=[], seed=5)
+    ds.set_epoch(1)
+    c = _epoch(ds, 2)
+    assert c != a and sorted(sum(c, [])) == sorted(sum(a, []))
+    d = _epoch(_dataset(raw, cameras=[], seed=6), 2)
+    assert d != a
+
+
+def test_frames_are_mixed_across_the_pool(raw: Path) -> None:
+    stream = sum(_epoch(_dataset(raw, cameras=[], episode_pool_size=3), 0), [])
+    first_twenty = [e for e, _ in stream[:20]]
+    assert len(set(first_twenty)) >= 2  # frames of several resident episodes interleave
+    frames_of_first = [f for e, f in stream if e == stream[0][0]]
+    assert frames_of_first != sorted(frames_of_first)  # and come in random order
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_resume_gives_the_remaining_batches(raw: Path, num_workers: int) -> None:
+    batch_size = 5
+    ds = _dataset(raw, cameras=[], seed=2)
+    ds.set_epoch(3)
+    full = _epoch(ds, num_workers, batch_size)
+    for cut in sorted({0, 1, 3, len(full) // 2, len(full) - 1, len(full)}):
+        resumed = _dataset(raw, cameras=[], seed=2)
+        resumed.load_state_dict(ds.state_dict(batches_consumed=cut, batch_size=batch_size))
+        assert _epoch(resumed, num_workers, batch_size) == full[cut:], f"cut at batch {cut}"
+
+
+def test_resume_with_video_and_equal_counts(raw: Path) -> None:
+    kw = dict(seed=4, equal_samples_per_rank=True, rank=1, world_size=2)
+    ds = _dataset(raw, **kw)
+    full = list(DataLoader(ds, batch_size=3, num_workers=2))
+    cut = len(full) // 2 + 1
+    resumed = _dataset(raw, **kw)
+    resumed.load_state_dict({"epoch": 0, "batches_consumed": cut, "batch_size": 3})
+    rest = list(DataLoader(resumed, batch_size=3, num_workers=2))
+    assert len(rest) == len(full) - cut
+    for a, b in zip(full[cut:], rest):
+        assert _keys(a) == _keys(b)
+        assert torch.equal(a[CAM], b[CAM])
+    fast = resumed.stats()["total"]
+    assert fast["fast_forward_samples"] > 0
+
+
+def test_equal_samples_per_rank(raw: Path) -> None:
+    counts = []
+    for rank in range(3):
+        ds = _dataset(raw, cameras=[], rank=rank, world_size=3, equal_samples_per_rank=True)
+        n = sum(len(b) for b in _epoch(ds, 2))
+        assert n == ds.epoch_samples(2)
+        counts.append(n)
+    assert len(set(counts)) == 1
+    total = sum(_all_frames(raw).values())
+    assert total - 6 < sum(counts) <= total
+
+
+def test_windows_and_frames_match_what_was_asked(raw: Path) -> None:
+    deltas = [-2 / FPS, -1 / FPS, 0.0, 1 / FPS]
+    ds = _dataset(
+        raw,
+        delta_timestamps={CAM: deltas, "observation.state": deltas, "action": [0.0, 2 / FPS]},
+        episode_pool_size=2,
+        seed=9,
+    )
+    lengths = ds._get_source().info.episode_lengths
+    checked_edges = set()
+    for batch in DataLoader(ds, batch_size=8, num_workers=1):
+        for i in range(len(batch["index"])):
+            ep, frame = int(batch["episode_index"][i]), int(batch["frame_index"][i])
+            n = lengths[ep]
+            wanted = np.array([frame - 2, frame - 1, frame, frame + 1])
+            expected = np.clip(wanted, 0, n - 1)
+            assert batch[f"{CAM}_is_pad"][i].tolist() == (wanted != expected).tolist()
+            assert batch["observation.state_is_pad"][i].tolist() == (wanted != expected).tolist()
+            video = batch[CAM][i]
+            assert video.shape[0] == 4 and video.dtype == torch.float32
+            assert [read_identity(f) for f in video] == [(ep, int(x)) for x in expected]
+            state = batch["observation.state"][i]
+            np.testing.assert_allclose(state[:, 0].numpy(), ep * 1000 + expected)
+            act_expected = np.clip([frame, frame + 2], 0, n - 1)
+            np.testing.assert_allclose(batch["action"][i][:, 0].numpy(), ep * 1000 + act_expected + 0.5)
+            if frame in (0, n - 1):
+                checked_edges.add((ep, frame))
+    assert len(checked_edges) == 2 * 7  # every episode's first and last frame was checked
+
+
+def test_sample_keys_match_lerobot(raw: Path) -> None:
+    ds = _dataset(raw, delta_timestamps={"action": [0.0, 1 / FPS]}, image_dtype=torch.uint8)
+    sample = next(iter(ds))
+    assert sample[CAM].shape == (3, 64, 160) and sample[CAM].dtype == torch.uint8
+    assert read_identity(sample[CAM]) == (int(sample["episode_index"]), int(sample["frame_index"]))
+    for key in ("index", "episode_index", "frame_index", "task_index"):
+        assert sample[key].shape == () and sample[key].dtype == torch.int64
+    assert sample["timestamp"].shape == () and sample["timestamp"].dtype == torch.float32
+    assert torch.isclose(sample["timestamp"], sample["frame_index"].float() / FPS)
+    assert sample["action"].shape == (2, 6) and sample["action_is_pad"].dtype == torch.bool
+    assert sample["observation.state"].shape == (6,)
+    assert sample["task"] == f"task {int(sample['episode_index']) % 2}"
+
+
+def test_stats_aggregate_across_workers(raw: Path) -> None:
+    ds = _dataset(raw, seed=1)
+    n = sum(len(b["index"]) for b in DataLoader(ds, batch_size=8, num_workers=2))
+    stats = ds.stats()
+    assert len(stats["workers"]) == 2
+    total = stats["total"]
+    assert total["frames_emitted"] == n == total["frames_decoded"]
+    assert total["admissions"] == total["evictions"] == 7
+    assert total["bytes_read"] > 0 and total["decoder_misses"] >= 1
+
+
+def test_episode_subset_and_clear_errors(raw: Path) -> None:
+    ds = _dataset(raw, cameras=[], episodes=[1, 4])
+    assert {e for e, _ in sum(_epoch(ds, 0), [])} == {1, 4}
+    with pytest.raises(ValueError, match=r"delta_timestamps\['action'\] has 0.01 s.*fps=30"):
+        _dataset(raw, delta_timestamps={"action": [0.01]})
+    with pytest.raises(ValueError, match=r"unknown keys \['nope'\]"):
+        _dataset(raw, delta_timestamps={"nope": [0.0]})
+    with pytest.raises(ValueError, match=r"unknown cameras \['observation.images.side'\]"):
+        _dataset(raw, cameras=["observation.images.side"])
+    with pytest.raises(ValueError, match=r"episodes \[99\] are not in the dataset"):
+        _dataset(raw, episodes=[1, 99])

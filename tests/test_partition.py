@@ -1,0 +1,133 @@
+import itertools
+
+import numpy as np
+import pytest
+
+from lerobot_shards.loader.partition import (
+    Consumer,
+    assign_shards,
+    assignment_warnings,
+    consumer_frames,
+    equal_sample_count,
+)
+from lerobot_shards.loader.resume import num_batches
+
+FRAMES = [int(f) for f in np.random.default_rng(0).integers(100, 1000, size=23)]
+
+
+def test_consumer_indices_cover_every_rank_and_worker_once():
+    consumers = [Consumer(r, 3, w, 4) for r in range(3) for w in range(4)]
+    assert sorted(c.index for c in consumers) == list(range(12))
+    assert {c.count for c in consumers} == {12}
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ((3, 3, 0, 1), "rank must be in"),
+        ((0, 0, 0, 1), "world_size"),
+        ((0, 1, 2, 2), "worker must be in"),
+        ((0, 1, 0, 0), "num_workers=0"),
+    ],
+)
+def test_consumer_rejects_out_of_range(args, message):
+    with pytest.raises(ValueError, match=message):
+        Consumer(*args)
+
+
+@pytest.mark.parametrize("num_consumers", [1, 4, 7, 23, 30])
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_every_shard_exactly_once(num_consumers, shuffle):
+    assignment = assign_shards(FRAMES, num_consumers, seed=1, epoch=2, shuffle=shuffle)
+    assert len(assignment) == num_consumers
+    flat = list(itertools.chain.from_iterable(assignment))
+    assert sorted(flat) == list(range(len(FRAMES)))
+
+
+@pytest.mark.parametrize("num_consumers", [2, 5, 8])
+def test_balanced_within_one_shard(num_consumers):
+    # Greedy: the heaviest consumer's last shard went to it while it was the lightest.
+    for epoch in range(5):
+        loads = consumer_frames(assign_shards(FRAMES, num_consumers, seed=0, epoch=epoch), FRAMES)
+        assert max(loads) - min(loads) <= max(FRAMES)
+
+
+def test_equal_shards_split_evenly_and_the_extra_shard_moves():
+    shards_per_consumer = [
+        [len(s) for s in assign_shards([10] * 5, 4, seed=0, epoch=e)] for e in range(12)
+    ]
+    assert all(sorted(c) == [1, 1, 1, 2] for c in shards_per_consumer)
+    assert len({c.index(2) for c in shards_per_consumer}) > 1
+
+
+def test_deterministic_and_epoch_and_seed_dependent():
+    a = assign_shards(FRAMES, 4, seed=3, epoch=0)
+    assert a == assign_shards(FRAMES, 4, seed=3, epoch=0)
+    assert a != assign_shards(FRAMES, 4, seed=3, epoch=1)
+    assert a != assign_shards(FRAMES, 4, seed=4, epoch=0)
+
+
+def test_shards_regroup_across_epochs():
+    groups = [{frozenset(s) for s in assign_shards(FRAMES, 4, seed=0, epoch=e)} for e in range(2)]
+    assert groups[0] != groups[1]
+
+
+def test_equal_size_shards_change_consumer_across_epochs():
+    assignments = [assign_shards([50] * 12, 3, seed=0, epoch=e) for e in range(2)]
+    owners = [{s: c for c, shards in enumerate(a) for s in shards} for a in assignments]
+    assert owners[0] != owners[1]
+
+
+def test_reading_order_is_shuffled_unless_disabled():
+    shuffled = assign_shards(FRAMES, 2, seed=0, epoch=0)
+    assert any(shards != sorted(shards) for shards in shuffled)
+    plain = [assign_shards(FRAMES, 3, seed=s, epoch=e, shuffle=False) for s, e in [(0, 0), (5, 9)]]
+    assert plain[0] == plain[1]
+    assert all(shards == sorted(shards) for shards in plain[0])
+
+
+def test_invalid_inputs_raise():
+    with pytest.raises(ValueError, match="num_consumers"):
+        assign_shards(FRAMES, 0, seed=0, epoch=0)
+    with pytest.raises(ValueError, match="non-negative"):
+        assign_shards([5, -1], 2, seed=0, epoch=0)
+
+
+def test_no_warnings_when_balanced():
+    frames = [100] * 8
+    assert assignment_warnings(assign_shards(frames, 4, seed=0, epoch=0), frames) == []
+
+
+def test_warns_about_idle_consumers():
+    frames = [100, 100, 100]
+    warnings = assignment_warnings(assign_shards(frames, 5, seed=0, epoch=0), frames)
+    assert len(warnings) == 1
+    assert "2 of 5 consumers" in warnings[0]
+    assert "3 shards" in warnings[0] and "fewer DataLoader workers" in warnings[0]
+
+
+def test_warns_about_uneven_frames_with_min_and_max():
+    frames = [100, 100, 130]
+    warnings = assignment_warnings(assign_shards(frames, 3, seed=0, epoch=0), frames)
+    assert len(warnings) == 1
+    assert "min 100" in warnings[0] and "max 130" in warnings[0]
+    assignment = assign_shards(frames, 3, seed=0, epoch=0)
+    assert assignment_warnings(assignment, frames, tolerance=0.5) == []
+
+
+def test_equal_sample_count_gives_every_rank_the_same_batches():
+    world_size, num_workers, batch_size = 2, 3, 16
+    assignment = assign_shards(FRAMES, world_size * num_workers, seed=0, epoch=0)
+    n = equal_sample_count(assignment, FRAMES)
+    assert n == sum(FRAMES) // (world_size * num_workers)
+    assert sum(FRAMES) - n * world_size * num_workers < world_size * num_workers
+    rank_batches = {
+        sum(num_batches(n, batch_size) for _ in range(num_workers)) for _ in range(world_size)
+    }
+    assert len(rank_batches) == 1
+
+
+def test_equal_sample_count_rejects_idle_consumers():
+    frames = [100, 100]
+    with pytest.raises(ValueError, match="1 of 3"):
+        equal_sample_count(assign_shards(frames, 3, seed=0, epoch=0), frames)
