@@ -63,7 +63,6 @@ class ConsumerPlan:
     episodes: list[tuple[int, int]]  # (shard index, episode index) in reading order
     lengths: list[int]
     num_samples: int  # this consumer's samples this epoch
-    worker_samples: list[int]  # every worker's samples on this rank (for resume)
 
 
 class EpisodePoolDataset(IterableDataset):
@@ -227,7 +226,6 @@ class EpisodePoolDataset(IterableDataset):
             episodes=episodes,
             lengths=lengths,
             num_samples=counts[me],
-            worker_samples=counts[rank * workers : (rank + 1) * workers],
         )
 
     def epoch_samples(self, num_workers: int) -> int:

@@ -1,0 +1,104 @@
+"""A summary table of a LeRobot v3.0 source or a converted dataset, from metadata alone."""
+
+from __future__ import annotations
+
+import posixpath
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ..format import MANIFEST_NAME, SHARDS_DIR, Manifest, Sidecar
+from ..lerobot_v3 import LeRobotV3Source, SourceError
+from ..shard_plan import DEFAULT_SHARD_BYTES, plan_shards
+from .destination import Destination
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """Plain aligned columns: numbers right, text left."""
+    cells = [[str(h) for h in headers]] + [[str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    numeric = [all(isinstance(r[i], (int, float)) for r in rows) for i in range(len(headers))]
+    return "\n".join(
+        "  ".join(c.rjust(w) if num else c.ljust(w) for c, w, num in zip(r, widths, numeric)).rstrip() for r in cells
+    )
+
+
+def _mb(n: int) -> float:
+    return round(n / 1e6, 1)
+
+
+def _episode_ranges(episodes: Sequence[int]) -> str:
+    """``0-3,7`` for 0,1,2,3,7: a shard's episode list stays one short cell."""
+    runs: list[list[int]] = []
+    for e in episodes:
+        if runs and e == runs[-1][1] + 1:
+            runs[-1][1] = e
+        else:
+            runs.append([e, e])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def inspect_source(source: LeRobotV3Source) -> str:
+    sizes = source.episode_sizes()
+    files = {e.data_path for e in source.episodes}
+    videos = {v.path for e in source.episodes for v in e.videos.values()}
+    lines = [
+        f"LeRobot {source.info['codebase_version']} dataset {source.url}",
+        f"  episodes {len(source.episodes)}, frames {source.total_frames}, fps {source.fps:g}, tasks {len(source.tasks)}, "
+        f"robot {source.info.get('robot_type')}",
+        f"  data files {len(files)} ({_mb(sum(source.file_size(p) for p in files))} MB), video files {len(videos)} "
+        f"({_mb(sum(source.file_size(p) for p in videos))} MB)",
+        f"  shards at the default {DEFAULT_SHARD_BYTES // 2**20} MB: {len(plan_shards(sizes))}",
+        "",
+    ]
+    rows = []
+    for cam in source.camera_keys:
+        info = source.features[cam].get("info", {})
+        rows.append([cam, info.get("video.codec", "?"), f"{info.get('video.width')}x{info.get('video.height')}",
+                     info.get("video.pix_fmt", "?"),
+                     _mb(sum(source.file_size(p) for p in {e.videos[cam].path for e in source.episodes}))])
+    if rows:
+        lines.append(table(["camera", "codec", "size", "pix_fmt", "MB"], rows))
+    return "\n".join(lines)
+
+
+def inspect_converted(dest: Destination) -> str:
+    manifest = Manifest.from_json(dest.read_bytes(MANIFEST_NAME), where=dest.path(MANIFEST_NAME))
+    video = manifest.video
+    lines = [
+        f"lerobot-shards dataset {dest.url} (format {manifest.format_version}, converter "
+        f"{manifest.converter.get('version', '?')})",
+        f"  episodes {manifest.total_episodes}, frames {manifest.total_frames}, fps {manifest.fps:g}, "
+        f"tasks {len(manifest.tasks)}, shards {len(manifest.shards)}, {_mb(manifest.total_bytes)} MB",
+        f"  video: {video.get('mode')}" + (
+            f", {len(video.get('fallback_reencoded_episodes', []))} episodes re-encoded ({video.get('codec')}, "
+            f"gop {video.get('gop')}, crf {video.get('crf')})" if video.get("mode") == "copy" else
+            f" to {video.get('codec')}, gop {video.get('gop')}, crf {video.get('crf')}"
+        ) + f"; {len(manifest.skipped_episodes)} episodes skipped",
+        "",
+    ]
+    if manifest.shards:
+        first = Sidecar.from_json(dest.read_bytes(posixpath.join(SHARDS_DIR, manifest.shards[0].sidecar)))
+        if first.episodes:
+            rows = [[cam, c.codec, f"{c.width}x{c.height}", c.pix_fmt, f"{c.fps:g}", len(c.key_frame_indices())]
+                    for cam, c in sorted(first.episodes[0].clips.items())]
+            if rows:
+                lines += [table(["camera", "codec", "size", "pix_fmt", "fps", "keyframes (1st episode)"], rows), ""]
+    lines.append(table(
+        ["shard", "episodes", "n", "frames", "MB", "sha256"],
+        [[s.name, _episode_ranges(s.episodes), len(s.episodes), s.frames, _mb(s.bytes), s.sha256[:12]]
+         for s in manifest.shards],
+    ))
+    for ep, reason in sorted(manifest.skipped_episodes.items()):
+        lines.append(f"skipped episode {ep}: {reason}")
+    return "\n".join(lines)
+
+
+def inspect_path(path: str | Path, *, storage_options: dict[str, Any] | None = None) -> str:
+    """Summary of ``path``: a converted dataset when it has a manifest, else a LeRobot source."""
+    dest = Destination(str(path), storage_options=storage_options)
+    if dest.exists(MANIFEST_NAME):
+        return inspect_converted(dest)
+    if dest.exists("meta/info.json"):
+        return inspect_source(LeRobotV3Source(str(path), storage_options=storage_options))
+    raise SourceError(f"{path}: neither a converted dataset ({MANIFEST_NAME}) nor a LeRobot dataset (meta/info.json)")

@@ -1,0 +1,114 @@
+"""Helpers shared by the converter tests: reading shards back and preparing odd sources."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import av
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from lerobot_shards.format import MANIFEST_NAME, SHARDS_DIR, Manifest, Sidecar, clip_member
+from lerobot_shards.synth import read_identity
+from lerobot_shards.video import decode_frames, encode_video
+
+CLI = [sys.executable, "-m", "lerobot_shards.cli"]
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    import os
+
+    return subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, timeout=120)
+
+
+def output_files(out: Path) -> dict[str, bytes]:
+    """Every file a conversion wrote, by relative path (the run record excepted: it names the source)."""
+    return {
+        str(p.relative_to(out)): p.read_bytes()
+        for p in sorted(out.rglob("*")) if p.is_file() and p.name != "convert.json"
+    }
+
+
+def load(out: Path) -> tuple[Manifest, dict[str, Sidecar]]:
+    manifest = Manifest.from_json((out / MANIFEST_NAME).read_text())
+    sidecars = {s.name: Sidecar.from_json((out / SHARDS_DIR / s.sidecar).read_text()) for s in manifest.shards}
+    return manifest, sidecars
+
+
+def member_bytes(out: Path, shard: str, sidecar: Sidecar, name: str) -> bytes:
+    """One member by the sidecar's offset: what a loader's byte-range read gets."""
+    m = next(e.members[name] for e in sidecar.episodes if name in e.members)
+    with open(out / SHARDS_DIR / shard, "rb") as f:
+        f.seek(m.offset)
+        return f.read(m.size)
+
+
+def boundary_frames(length: int) -> list[int]:
+    return sorted({0, 1, length - 2, length - 1} & set(range(length)))
+
+
+def assert_frame_identity(out: Path, *, bits: tuple[int, int] = (10, 10), every_frame: bool = False) -> int:
+    """Decode each clip (first two and last two frames, or all) and read the painted identity back.
+
+    Returns the number of frames checked; fails naming episode, camera and frame on any mismatch.
+    """
+    manifest, sidecars = load(out)
+    checked = 0
+    for record in manifest.shards:
+        sidecar = sidecars[record.name]
+        for entry in sidecar.episodes:
+            for cam, clip in entry.clips.items():
+                data = member_bytes(out, record.name, sidecar, clip_member(entry.key, cam))
+                idx = list(range(entry.length)) if every_frame else boundary_frames(entry.length)
+                frames = decode_frames(data, idx, frame_mappings=clip.frame_mappings_json())
+                got = [read_identity(f, frame_bits=bits[0], episode_bits=bits[1]) for f in frames]
+                want = [(entry.episode_index, i) for i in idx]
+                assert got == want, f"episode {entry.episode_index} camera {cam}: frames {idx} read {got}"
+                checked += len(idx)
+    return checked
+
+
+def reencode_continuous(root: Path, *, gop: int) -> None:
+    """Re-encode every camera mp4 as one stream with keyframes every ``gop`` frames, so episodes
+    no longer start on keyframes (as when a dataset was recorded continuously)."""
+    for path in sorted((root / "videos").rglob("*.mp4")):
+        with av.open(str(path)) as c:
+            stream = c.streams.video[0]
+            fps = float(stream.average_rate)
+            frames = [f.to_ndarray(format="rgb24") for f in c.decode(stream)]
+        encode_video(frames, path, fps=fps, codec="h264", gop=gop, crf=18, threads=1)
+
+
+def copy_dataset(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    return dst
+
+
+def edit_episodes(root: Path, fn) -> None:
+    """Rewrite meta/episodes with ``fn(table) -> table``."""
+    path = root / "meta/episodes/chunk-000/file-000.parquet"
+    pq.write_table(fn(pq.read_table(path)), path)
+
+
+def set_column(table: pa.Table, name: str, values) -> pa.Table:
+    i = table.column_names.index(name)
+    return table.set_column(i, name, pa.array(values, type=table.schema.field(name).type))
+
+
+def first_frames_all_keyframes(out: Path) -> bool:
+    manifest, sidecars = load(out)
+    return all(c.frames[0].key_frame for s in sidecars.values() for e in s.episodes for c in e.clips.values())
+
+
+def info(root: Path) -> dict:
+    return json.loads((root / "meta/info.json").read_text())
+
+
+def tables_equal(a: pa.Table, b: pa.Table) -> bool:
+    return a.schema.equals(b.schema) and a.equals(b) and np.all(True)
