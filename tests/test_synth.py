@@ -70,9 +70,9 @@ def test_paint_read_roundtrip_all_layouts(episode: int, frame: int) -> None:
 
 
 def test_paint_identity_bits_and_bounds() -> None:
-    img = paint_identity(5, 9, 48, 64, frame_bits=4, episode_bits=4)
-    assert read_identity(img, frame_bits=4, episode_bits=4) == (5, 9)
-    assert read_identity(img, frame_bits=4, episode_bits=4) != read_identity(paint_identity(5, 8, 48, 64, frame_bits=4, episode_bits=4), frame_bits=4, episode_bits=4)
+    bits = dict(frame_bits=4, episode_bits=4)
+    assert read_identity(paint_identity(5, 9, 48, 64, **bits), **bits) == (5, 9)
+    assert read_identity(paint_identity(15, 0, 48, 64, **bits), **bits) == (15, 0)
     with pytest.raises(ValueError, match="frame_index 16 does not fit in frame_bits=4"):
         paint_identity(0, 16, 48, 64, frame_bits=4, episode_bits=4)
     with pytest.raises(ValueError, match="width 10 is narrower than the 20 identity bands"):

@@ -12,7 +12,15 @@ import pytest
 from torchcodec.decoders import VideoDecoder
 
 from lerobot_shards.synth import FIXTURE_BITS, paint_identity, read_identity
-from lerobot_shards.video import ClipError, concat_clips, cut_clip, decode_frames, encode_video, probe_clip, reencode_clip
+from lerobot_shards.video import (
+    ClipError,
+    concat_clips,
+    cut_clip,
+    decode_frames,
+    encode_video,
+    probe_clip,
+    reencode_clip,
+)
 
 H, W, FPS = 64, 160, 30
 TB = (1, FPS * 512)

@@ -42,6 +42,7 @@ EPISODES_PATH = "meta/episodes/chunk-000/file-000.parquet"
 QUANTILES = {"q01": 0.01, "q10": 0.10, "q50": 0.50, "q90": 0.90, "q99": 0.99}
 STATS_SAMPLE_FRAMES = 100  # LeRobot computes image stats on about 100 frames per episode
 _DEFAULT_FEATURES = ("timestamp", "frame_index", "episode_index", "index", "task_index")
+VECTOR_KEYS = ("action", "observation.state")
 
 
 # ---------------------------------------------------------------- identity painting
@@ -219,8 +220,9 @@ def _sample_indices(length: int) -> set[int]:
 def _features(
     cameras: Sequence[str], image_keys: Sequence[str], height: int, width: int, fps: float, codec: str
 ) -> dict[str, dict[str, Any]]:
-    vec = {"dtype": "float32", "shape": [len(JOINT_NAMES)], "names": list(JOINT_NAMES)}
-    features: dict[str, dict[str, Any]] = {"action": dict(vec), "observation.state": dict(vec)}
+    features: dict[str, dict[str, Any]] = {
+        key: {"dtype": "float32", "shape": [len(JOINT_NAMES)], "names": list(JOINT_NAMES)} for key in VECTOR_KEYS
+    }
     hwc = {"shape": [height, width, 3], "names": ["height", "width", "channels"]}
     for key in image_keys:
         features[key] = {"dtype": "image", **hwc}
@@ -250,7 +252,7 @@ def _hf_metadata(features: dict[str, dict[str, Any]], vector_storage: str, finge
             continue
         if ft["dtype"] == "image":
             hf[key] = {"_type": "Image"}
-        elif key in ("action", "observation.state"):
+        elif key in VECTOR_KEYS:
             spec = {"feature": {"dtype": "float32", "_type": "Value"}, "_type": "List"}
             if vector_storage == "fixed_size_list":
                 spec = {"feature": spec["feature"], "length": ft["shape"][0], "_type": "List"}
@@ -287,6 +289,8 @@ def _tasks_table(tasks: Sequence[str]) -> pa.Table:
 
 # ---------------------------------------------------------------- the dataset
 
+Stats = dict[str, np.ndarray]
+
 
 def synth_dataset(
     root: str | os.PathLike[str],
@@ -313,26 +317,29 @@ def synth_dataset(
 
     Episodes are encoded one by one and joined by stream copy, so each starts on a keyframe at
     the ``from_timestamp`` the metadata records, as in LeRobot. Lengths are drawn from the
-    inclusive ``length_range`` with ``seed``. ``from_timestamp_jitter_s`` shifts every
-    episode but a file's first by a deterministic amount in [-jitter, +jitter] per camera, like
-    real files that are off by a fraction of a frame. Same arguments give byte-identical
-    parquet and json; ``meta/info.json`` is written last and marks a complete dataset.
+    inclusive ``length_range`` with ``seed``; episode e has task ``f"task {e % num_tasks}"``.
+    ``from_timestamp_jitter_s`` moves every episode but a file's first by a deterministic
+    amount in [-jitter, +jitter] per camera, like real files that are off by a fraction of a
+    frame (so readers must take the nearest frame). Same arguments give byte-identical files;
+    ``meta/info.json`` is written last and marks a complete dataset.
     """
     root = Path(root)
     cameras, image_keys = tuple(cameras), tuple(image_keys)
     lo, hi = length_range
-    frame_bits = episode_bits = 10
     checks = [
-        (num_episodes >= 1, f"num_episodes must be >= 1, got {num_episodes}"),
-        (num_episodes <= 2**episode_bits, f"num_episodes {num_episodes} exceeds {2**episode_bits} identity codes"),
-        (1 <= lo <= hi <= 2**frame_bits, f"length_range {length_range} must satisfy 1 <= min <= max <= {2**frame_bits}"),
+        (1 <= num_episodes <= 2**10, f"num_episodes {num_episodes} must be in [1, 1024] (identity bits)"),
+        (1 <= lo <= hi <= 2**10, f"length_range {length_range} must satisfy 1 <= min <= max <= 1024"),
         (codec in CODECS, f"codec {codec!r} is not one of {sorted(CODECS)}"),
-        (vector_storage in ("fixed_size_list", "list"), f"vector_storage {vector_storage!r} is not fixed_size_list or list"),
-        (min(episodes_per_video_file, episodes_per_data_file, chunks_size, num_tasks) >= 1,
-         "episodes_per_video_file, episodes_per_data_file, chunks_size and num_tasks must be >= 1"),
+        (vector_storage in ("fixed_size_list", "list"), f"vector_storage {vector_storage!r}: use fixed_size_list or list"),
+        (
+            min(episodes_per_video_file, episodes_per_data_file, chunks_size, num_tasks) >= 1,
+            "episodes_per_video_file, episodes_per_data_file, chunks_size and num_tasks must be >= 1",
+        ),
         (len(set(cameras + image_keys)) == len(cameras + image_keys), f"duplicate keys in {cameras + image_keys}"),
-        (0 <= from_timestamp_jitter_s < 0.5 / fps,
-         f"from_timestamp_jitter_s {from_timestamp_jitter_s} must be in [0, half a frame = {0.5 / fps})"),
+        (
+            0 <= from_timestamp_jitter_s < 0.5 / fps,
+            f"from_timestamp_jitter_s {from_timestamp_jitter_s} must be in [0, half a frame = {0.5 / fps})",
+        ),
     ]
     for ok, message in checks:
         if not ok:
@@ -340,14 +347,10 @@ def synth_dataset(
     if root.exists() and any(root.iterdir()):
         raise FileExistsError(f"synth_dataset: {root} is not empty")
 
-    rng = np.random.default_rng(seed)
-    lengths = [int(n) for n in rng.integers(lo, hi + 1, size=num_episodes)]
-    jitter_rng = np.random.default_rng([seed, 1])  # separate stream: jitter does not change lengths
+    lengths = [int(n) for n in np.random.default_rng(seed).integers(lo, hi + 1, size=num_episodes)]
     tasks = [f"task {k}" for k in range(min(num_tasks, num_episodes))]
     starts = np.concatenate([[0], np.cumsum(lengths)]).tolist()
     features = _features(cameras, image_keys, height, width, fps, codec)
-    fingerprint_seed = repr((num_episodes, length_range, num_tasks, episodes_per_data_file, chunks_size,
-                             vector_storage, image_keys, height, width, seed))
     episodes: list[dict[str, Any]] = [
         {
             "episode_index": e,
@@ -358,43 +361,18 @@ def synth_dataset(
         }
         for e, n in enumerate(lengths)
     ]
-    stats: list[dict[str, dict[str, np.ndarray]]] = [{} for _ in range(num_episodes)]
-
-    # data/: one parquet per group of episodes; vectors and scalars encode identity
-    vec_type = pa.list_(pa.field("element", pa.float32()), len(JOINT_NAMES) if vector_storage == "fixed_size_list" else -1)
-    image_type = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
-    fields = [pa.field("action", vec_type), pa.field("observation.state", vec_type)]
-    fields += [pa.field(k, image_type) for k in image_keys]
-    fields += [pa.field("timestamp", pa.float32())] + [pa.field(k, pa.int64()) for k in _DEFAULT_FEATURES[1:]]
+    stats: list[dict[str, Stats]] = [{} for _ in episodes]
+    signature = repr((length_range, num_tasks, episodes_per_data_file, chunks_size, vector_storage, image_keys,
+                      height, width, seed))
     for n, group in enumerate(_groups(num_episodes, episodes_per_data_file)):
         chunk, file = _file_slot(n, chunks_size)
-        columns: dict[str, list[Any]] = {f.name: [] for f in fields}
-        for e in group:
-            ep = episodes[e]
-            ep["data/chunk_index"], ep["data/file_index"] = chunk, file
-            f = np.arange(ep["length"])
-            state = identity_vector(e, f)
-            values = {
-                "action": state + np.float32(0.5),
-                "observation.state": state,
-                "timestamp": (f / fps).astype(np.float32),
-                "frame_index": f,
-                "episode_index": np.full_like(f, e),
-                "index": f + ep["dataset_from_index"],
-                "task_index": np.full_like(f, tasks.index(ep["tasks"][0])),
-            }
-            for c, key in enumerate(image_keys, start=len(cameras)):
-                imgs = [paint_identity(e, i, height, width, c) for i in f]
-                columns[key] += [{"bytes": _png(img), "path": f"frame-{i:06d}.png"} for i, img in zip(f, imgs)]
-                stats[e][key] = _episode_stats(np.stack([imgs[i] for i in sorted(_sample_indices(len(f)))]), image=True)
-            for key, v in values.items():
-                columns[key] += v.tolist()
-                stats[e][key] = _episode_stats(v)
-        schema = pa.schema(fields, metadata=_hf_metadata(features, vector_storage, _fingerprint(fingerprint_seed, n)))
-        table = pa.table({k: pa.array(v, type=schema.field(k).type) for k, v in columns.items()}, schema=schema)
+        metadata = _hf_metadata(features, vector_storage, _fingerprint(signature, n))
+        table = _data_table([episodes[e] for e in group], tasks, features, vector_storage, metadata, fps, stats)
         _write_parquet(table, root / DATA_PATH.format(chunk_index=chunk, file_index=file))
+        for e in group:
+            episodes[e]["data/chunk_index"], episodes[e]["data/file_index"] = chunk, file
 
-    # videos/: each episode encoded alone, then a group joined by stream copy, as LeRobot does
+    jitter_rng = np.random.default_rng([seed, 1])  # its own stream: jitter leaves lengths alone
     for c, camera in enumerate(cameras):
         for n, group in enumerate(_groups(num_episodes, episodes_per_video_file)):
             chunk, file = _file_slot(n, chunks_size)
@@ -402,52 +380,30 @@ def synth_dataset(
             for e in group:
                 sample: list[np.ndarray] = []
                 buf = io.BytesIO()
-                encode_video(
-                    _painted(e, episodes[e]["length"], height, width, c, sample),
-                    buf, fps=fps, codec=codec, gop=gop, crf=crf, threads=1,
-                )
+                frames = _painted(e, lengths[e], height, width, c, sample)
+                encode_video(frames, buf, fps=fps, codec=codec, gop=gop, crf=crf, threads=1)
                 clips.append(buf.getvalue())
                 stats[e][camera] = _episode_stats(np.stack(sample), image=True)
-            path = root / VIDEO_PATH.format(video_key=camera, chunk_index=chunk, file_index=file)
             offsets: list[float] = []
+            path = root / VIDEO_PATH.format(video_key=camera, chunk_index=chunk, file_index=file)
             _write_atomic(path, lambda tmp: offsets.extend(concat_clips(clips, tmp)))
             for e, offset in zip(group, offsets):
-                ep = episodes[e]
                 if offset > 0 and from_timestamp_jitter_s:
                     offset += float(jitter_rng.uniform(-from_timestamp_jitter_s, from_timestamp_jitter_s))
-                ep[f"videos/{camera}/chunk_index"], ep[f"videos/{camera}/file_index"] = chunk, file
-                ep[f"videos/{camera}/from_timestamp"] = offset
-                ep[f"videos/{camera}/to_timestamp"] = offset + ep["length"] / fps
+                episodes[e].update(
+                    {
+                        f"videos/{camera}/chunk_index": chunk,
+                        f"videos/{camera}/file_index": file,
+                        f"videos/{camera}/from_timestamp": offset,
+                        f"videos/{camera}/to_timestamp": offset + lengths[e] / fps,
+                    }
+                )
 
-    # meta/
-    stat_features = list(features)  # features order, as LeRobot writes the columns
-    ep_fields = [
-        pa.field("episode_index", pa.int64()),
-        pa.field("tasks", pa.list_(pa.field("element", pa.string()))),
-        pa.field("length", pa.int64()),
-        pa.field("data/chunk_index", pa.int64()),
-        pa.field("data/file_index", pa.int64()),
-        pa.field("dataset_from_index", pa.int64()),
-        pa.field("dataset_to_index", pa.int64()),
-    ]
-    for camera in cameras:
-        ep_fields += [pa.field(f"videos/{camera}/{k}", pa.int64()) for k in ("chunk_index", "file_index")]
-        ep_fields += [pa.field(f"videos/{camera}/{k}", pa.float64()) for k in ("from_timestamp", "to_timestamp")]
-    stat_names = ("min", "max", "mean", "std", "count", *QUANTILES)
-    for key in stat_features:
-        ep_fields += [pa.field(f"stats/{key}/{s}", _stats_type(s, features[key]["dtype"])) for s in stat_names]
-    ep_fields += [pa.field("meta/episodes/chunk_index", pa.int64()), pa.field("meta/episodes/file_index", pa.int64())]
-    for e, ep in enumerate(episodes):
-        for key in stat_features:
-            for s in stat_names:
-                ep[f"stats/{key}/{s}"] = stats[e][key][s].tolist()
-        ep["meta/episodes/chunk_index"] = ep["meta/episodes/file_index"] = 0
-    ep_schema = pa.schema(ep_fields)
-    ep_table = pa.table({f.name: pa.array([ep[f.name] for ep in episodes], type=f.type) for f in ep_fields}, schema=ep_schema)
-    _write_parquet(ep_table, root / EPISODES_PATH)
+    _write_parquet(_episodes_table(episodes, stats, features, cameras), root / EPISODES_PATH)
     _write_parquet(_tasks_table(tasks), root / "meta/tasks.parquet")
-    dataset_stats = {key: {s: v.tolist() for s, v in _aggregate([st[key] for st in stats]).items()} for key in stat_features}
-    _write_json(dataset_stats, root / "meta/stats.json")
+    dataset_stats = {key: _aggregate([st[key] for st in stats]) for key in features}
+    _write_json({key: {s: v.tolist() for s, v in st.items()} for key, st in dataset_stats.items()},
+                root / "meta/stats.json")
     info = {
         "codebase_version": "v3.0",
         "robot_type": "synthetic",
@@ -467,10 +423,90 @@ def synth_dataset(
     return root
 
 
+def _data_table(
+    episodes: list[dict[str, Any]],
+    tasks: list[str],
+    features: dict[str, dict[str, Any]],
+    vector_storage: str,
+    metadata: dict[bytes, bytes],
+    fps: float,
+    stats: list[dict[str, Stats]],
+) -> pa.Table:
+    """One data parquet's rows: every column encodes its (episode, frame); fills the episodes' stats."""
+    size = len(JOINT_NAMES) if vector_storage == "fixed_size_list" else -1
+    types = {
+        "float32": pa.float32(),
+        "int64": pa.int64(),
+        "vector": pa.list_(pa.field("element", pa.float32()), size),
+        "image": pa.struct([("bytes", pa.binary()), ("path", pa.string())]),
+    }
+    keys = [k for k, ft in features.items() if ft["dtype"] != "video"]
+    schema = pa.schema(
+        [(k, types["vector" if k in VECTOR_KEYS else features[k]["dtype"]]) for k in keys],
+        metadata=metadata,
+    )
+    num_cameras = sum(ft["dtype"] == "video" for ft in features.values())
+    image_keys = [k for k in keys if features[k]["dtype"] == "image"]
+    columns: dict[str, list[Any]] = {k: [] for k in keys}
+    for ep in episodes:
+        e, f = ep["episode_index"], np.arange(ep["length"])
+        state = identity_vector(e, f)
+        values = {
+            "action": state + np.float32(0.5),
+            "observation.state": state,
+            "timestamp": (f / fps).astype(np.float32),
+            "frame_index": f,
+            "episode_index": np.full_like(f, e),
+            "index": f + ep["dataset_from_index"],
+            "task_index": np.full_like(f, tasks.index(ep["tasks"][0])),
+        }
+        for key, v in values.items():
+            columns[key] += v.tolist()
+            stats[e][key] = _episode_stats(v)
+        for c, key in enumerate(image_keys, start=num_cameras):  # camera_index after the video cameras
+            height, width = features[key]["shape"][:2]
+            sample: list[np.ndarray] = []
+            for i, img in enumerate(_painted(e, len(f), height, width, c, sample)):
+                columns[key].append({"bytes": _png(img), "path": f"frame-{i:06d}.png"})
+            stats[e][key] = _episode_stats(np.stack(sample), image=True)
+    return pa.table({k: pa.array(v, type=schema.field(k).type) for k, v in columns.items()}, schema=schema)
+
+
+def _episodes_table(
+    episodes: list[dict[str, Any]],
+    stats: list[dict[str, Stats]],
+    features: dict[str, dict[str, Any]],
+    cameras: Sequence[str],
+) -> pa.Table:
+    """meta/episodes parquet: one row per episode, columns in LeRobot's order and types."""
+    fields = [
+        pa.field("episode_index", pa.int64()),
+        pa.field("tasks", pa.list_(pa.field("element", pa.string()))),
+        pa.field("length", pa.int64()),
+        pa.field("data/chunk_index", pa.int64()),
+        pa.field("data/file_index", pa.int64()),
+        pa.field("dataset_from_index", pa.int64()),
+        pa.field("dataset_to_index", pa.int64()),
+    ]
+    for camera in cameras:
+        fields += [pa.field(f"videos/{camera}/{k}", pa.int64()) for k in ("chunk_index", "file_index")]
+        fields += [pa.field(f"videos/{camera}/{k}", pa.float64()) for k in ("from_timestamp", "to_timestamp")]
+    stat_names = ("min", "max", "mean", "std", "count", *QUANTILES)
+    for key, ft in features.items():  # features order, as LeRobot writes the stats columns
+        fields += [pa.field(f"stats/{key}/{s}", _stats_type(s, ft["dtype"])) for s in stat_names]
+    fields += [pa.field("meta/episodes/chunk_index", pa.int64()), pa.field("meta/episodes/file_index", pa.int64())]
+    rows = []
+    for ep, st in zip(episodes, stats):
+        row = dict(ep, **{"meta/episodes/chunk_index": 0, "meta/episodes/file_index": 0})
+        row.update({f"stats/{key}/{s}": st[key][s].tolist() for key in features for s in stat_names})
+        rows.append(row)
+    return pa.Table.from_pylist(rows, schema=pa.schema(fields))
+
+
 def _painted(
     episode: int, length: int, height: int, width: int, camera: int, sample: list[np.ndarray]
 ) -> Iterator[np.ndarray]:
-    """Frames of one camera's episode; keeps the stats sample so frames are painted once."""
+    """Frames of one camera's episode; keeps the stats sample so each frame is painted once."""
     keep = _sample_indices(length)
     for i in range(length):
         img = paint_identity(episode, i, height, width, camera)

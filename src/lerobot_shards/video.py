@@ -80,6 +80,10 @@ def _open(src: Source) -> av.container.InputContainer:
     return av.open(src)
 
 
+def _open_output(dst: str | os.PathLike[str] | BinaryIO) -> av.container.OutputContainer:
+    return av.open(str(dst) if isinstance(dst, os.PathLike) else dst, "w", format="mp4", options=_MUXER_OPTIONS)
+
+
 def _video_stream(container: av.container.InputContainer, src: Source) -> av.video.stream.VideoStream:
     if not container.streams.video:
         raise ClipError(f"{_describe(src)}: no video stream")
@@ -128,7 +132,7 @@ def encode_video(
         options["x265-params"] = f"keyint={gop}:min-keyint={gop}:scenecut=0:bframes=0:log-level=none"
     else:
         options["svtav1-params"] = f"keyint={gop}:scd=0"
-    out = av.open(dst if not isinstance(dst, os.PathLike) else str(dst), "w", format="mp4", options=_MUXER_OPTIONS)
+    out = _open_output(dst)
     try:
         stream = None
         for i, img in enumerate(frames):
@@ -143,7 +147,8 @@ def encode_video(
                 stream.codec_context.time_base = 1 / rate
                 stream.time_base = Fraction(1, rate.numerator * TICKS_PER_FRAME)
             elif img.shape[:2] != (stream.height, stream.width):
-                raise ValueError(f"frame {i}: size {img.shape[:2]} differs from frame 0's {(stream.height, stream.width)}")
+                first = (stream.height, stream.width)
+                raise ValueError(f"frame {i}: size {img.shape[:2]} differs from frame 0's {first}")
             frame = av.VideoFrame.from_ndarray(img, format="rgb24")
             frame.pts = i
             out.mux(stream.encode(frame))
@@ -176,7 +181,7 @@ def concat_clips(srcs: Sequence[Source], dst: str | os.PathLike[str] | BinaryIO)
     """
     if not srcs:
         raise ValueError("concat_clips: no source clips")
-    out = av.open(dst if not isinstance(dst, os.PathLike) else str(dst), "w", format="mp4", options=_MUXER_OPTIONS)
+    out = _open_output(dst)
     starts: list[float] = []
     try:
         out_stream = None
@@ -284,7 +289,7 @@ def cut_clip(src: Source, first_frame: int, num_frames: int) -> tuple[bytes, Cli
         if ix.index(packets[0].pts) != first_frame or not packets[0].is_keyframe:
             raise ClipError(f"{where}: frame {first_frame} is not a keyframe; stream copy would not decode")
         buf = io.BytesIO()
-        with av.open(buf, "w", format="mp4", options=_MUXER_OPTIONS) as out:
+        with _open_output(buf) as out:
             out_stream = out.add_stream_from_template(stream, opaque=True)
             out_stream.time_base = stream.time_base
             start = packets[0].pts
@@ -322,7 +327,8 @@ def reencode_clip(
                     count += 1
                     yield frame.to_ndarray(format="rgb24")
             if count < num_frames:
-                raise ClipError(f"{_describe(src)} frames [{first_frame}, {end}): source has only {count} of those frames")
+                where = f"{_describe(src)} frames [{first_frame}, {end})"
+                raise ClipError(f"{where}: source has only {count} of those frames")
 
         buf = io.BytesIO()
         encode_video(images(), buf, fps=fps, codec=codec, gop=gop, crf=crf)
@@ -330,7 +336,9 @@ def reencode_clip(
     return data, probe_clip(data).clip_info(stream_copied=False, source_first_frame=first_frame, fps=fps)
 
 
-def decode_frames(src: str | Path | bytes, indices: Sequence[int], *, frame_mappings: str | None = None) -> torch.Tensor:
+def decode_frames(
+    src: str | Path | bytes, indices: Sequence[int], *, frame_mappings: str | None = None
+) -> torch.Tensor:
     """Frames at ``indices`` as uint8 NCHW, decoded by torchcodec like the loader does."""
     from torchcodec.decoders import VideoDecoder
 

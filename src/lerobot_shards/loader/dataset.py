@@ -428,8 +428,15 @@ class _EpisodeReader:
 
     def _run(self, source: Any, plan: ConsumerPlan, order: Iterator[tuple[int, int]]) -> None:
         try:
+            shard_order = list(dict.fromkeys(shard for shard, _ in plan.episodes))
+            current = None
             for key in order:
                 shard, episode_index = plan.episodes[key[1]]
+                if shard != current:  # entering a shard: fetch the next one in the background
+                    current = shard
+                    following = shard_order.index(shard) + 1
+                    if following < len(shard_order):
+                        source.prefetch(shard_order[following])
                 if not self._put((key, source.read_episode(shard, episode_index))):
                     return
             self._put(self._END)

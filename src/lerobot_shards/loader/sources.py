@@ -12,6 +12,8 @@ import io
 import logging
 import os
 import posixpath
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -138,6 +140,8 @@ class ShardSource:
         self._sidecars: dict[int, fmt.Sidecar] = {}
         self._entries: dict[int, tuple[int, fmt.EpisodeEntry]] = {}  # episode -> (shard, entry)
         self._open: tuple[int, Any] | None = None  # (shard index, file object)
+        self._downloads: dict[str, Future[str]] = {}
+        self._downloader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shard-prefetch")
 
     def _shard_path(self, name: str) -> str:
         return posixpath.join(self.root, fmt.SHARDS_DIR, name)
@@ -158,17 +162,28 @@ class ShardSource:
         return {e.episode_index: e.length for e in self.sidecar(shard).episodes}
 
     def _local_copy(self, name: str) -> str | None:
-        """Path of a shard in the cache dir (downloading it whole, atomically), or None without one."""
+        """Path of a shard in the cache dir (downloaded whole, atomically), or None without one."""
         if self.cache_dir is None or "file" in protocols(self.fs):
             return None
+        if name not in self._downloads:
+            self._downloads[name] = self._downloader.submit(self._download, name)
+        return self._downloads[name].result()
+
+    def _download(self, name: str) -> str:
         sub = hashlib.sha1(self.url.encode()).hexdigest()[:16]
         dst = os.path.join(self.cache_dir, sub, name)
         if not os.path.exists(dst):
             os.makedirs(os.path.dirname(dst), exist_ok=True)
-            tmp = f"{dst}.{os.getpid()}{fmt.TMP_SUFFIX}"
+            tmp = f"{dst}.{os.getpid()}.{threading.get_ident()}{fmt.TMP_SUFFIX}"
             self.fs.get_file(self._shard_path(name), tmp)
             os.replace(tmp, dst)
         return dst
+
+    def prefetch(self, shard: int) -> None:
+        """Start downloading a shard into the cache dir in the background (no-op without one)."""
+        name = self._records[shard].name
+        if self.cache_dir is not None and "file" not in protocols(self.fs) and name not in self._downloads:
+            self._downloads[name] = self._downloader.submit(self._download, name)
 
     def _file(self, shard: int) -> Any:
         if self._open is None or self._open[0] != shard:
@@ -247,6 +262,9 @@ class RawSource:
         return {e: self.info.episode_lengths[e] for e in self.info.shards[shard].episodes}
 
     def close(self) -> None:
+        pass
+
+    def prefetch(self, shard: int) -> None:
         pass
 
     def read_episode(self, shard: int, episode_index: int) -> ResidentEpisode:
