@@ -73,7 +73,7 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
             storage_options={
                 "key": env["AWS_ACCESS_KEY_ID"],
                 "secret": env["AWS_SECRET_ACCESS_KEY"],
-                "client_kwargs": {"endpoint_url": url, "region_name": env["AWS_DEFAULT_REGION"]},
+                "client_kwargs": {"endpoint_url": url},
             },
             env={**env, "AWS_ENDPOINT_URL": url},
         )

@@ -7,6 +7,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -135,3 +136,18 @@ def test_refuses_other_settings_unless_overwrite(mixed_source: Path, tmp_path: P
     convert_dataset(mixed_source, out, episodes_per_shard=3, overwrite=True, progress=False)
     convert_dataset(mixed_source, tmp_path / "ref", episodes_per_shard=3, progress=False)
     assert output_files(out) == output_files(tmp_path / "ref")
+
+
+def test_slurm_array_script(mixed_source: Path, tmp_path: Path) -> None:
+    """slurm/convert.sbatch run as a 1-based array of 3 tasks gives the single-process output."""
+    script = Path(__file__).resolve().parents[1] / "slurm/convert.sbatch"
+    env = {**os.environ, "SOURCE": str(mixed_source), "DEST": str(tmp_path / "array"),
+           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+           "SLURM_ARRAY_TASK_COUNT": "3", "SLURM_ARRAY_TASK_MIN": "1", "SLURM_CPUS_PER_TASK": "1"}
+    for task_id in (1, 2, 3):
+        result = subprocess.run(["bash", str(script), "--episodes-per-shard", "2"], capture_output=True, text=True,
+                                env={**env, "SLURM_ARRAY_TASK_ID": str(task_id)}, timeout=120)
+        assert result.returncode == 0, result.stderr
+        assert f"task {task_id - 1} of 3" in result.stdout
+    convert_dataset(mixed_source, tmp_path / "one", episodes_per_shard=2, progress=False)
+    assert output_files(tmp_path / "array") == output_files(tmp_path / "one")

@@ -51,6 +51,7 @@ def _all_frames(root: Path) -> collections.Counter:
     return collections.Counter((e, f) for e in range(7) for f in range(ds._get_source().info.episode_lengths[e]))
 
 
+@pytest.mark.filterwarnings("ignore:frames per consumer are uneven")
 @pytest.mark.parametrize("world_size", [1, 2, 3])
 @pytest.mark.parametrize("num_workers", [0, 1, 2])
 def test_exactly_once_across_ranks_and_workers(raw: Path, world_size: int, num_workers: int) -> None:
@@ -188,3 +189,11 @@ def test_episode_subset_and_clear_errors(raw: Path) -> None:
         _dataset(raw, cameras=["observation.images.side"])
     with pytest.raises(ValueError, match=r"episodes \[99\] are not in the dataset"):
         _dataset(raw, episodes=[1, 99])
+
+
+def test_warns_when_a_consumer_gets_no_shard(raw: Path) -> None:
+    ds = _dataset(raw, cameras=[], rank=0, world_size=4)
+    with pytest.warns(UserWarning, match=r"1 of 8 consumers .* get no shard: 7 shards for 8 consumers"):
+        ds.plan(rank=0, worker=0, num_workers=2)
+    samples = sum(len(b) for r in range(4) for b in _epoch(_dataset(raw, cameras=[], rank=r, world_size=4), 2))
+    assert samples == sum(_all_frames(raw).values())  # the idle consumer just ends; the others cover all

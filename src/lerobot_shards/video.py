@@ -302,12 +302,13 @@ def cut_clip(src: Source, first_frame: int, num_frames: int) -> tuple[bytes, Cli
 
 
 def reencode_clip(
-    src: Source, first_frame: int, num_frames: int, *, codec: str, gop: int, crf: int
+    src: Source, first_frame: int, num_frames: int, *, codec: str, gop: int, crf: int, threads: int = 0
 ) -> tuple[bytes, ClipInfo]:
     """Decode source frames [first_frame, first_frame+num_frames) and encode them as a fresh clip.
 
     For cuts that do not start on a keyframe, or a codec/GOP the training side needs (e.g. H.264
-    for NVDEC, which cannot decode AV1 on Hopper).
+    for NVDEC, which cannot decode AV1 on Hopper). ``threads=1`` gives the same bytes on every
+    machine and under any load (x264 with automatic threads does not), as in ``encode_video``.
     """
     _check_range(src, first_frame, num_frames)
     end = first_frame + num_frames
@@ -331,7 +332,7 @@ def reencode_clip(
                 raise ClipError(f"{where}: source has only {count} of those frames")
 
         buf = io.BytesIO()
-        encode_video(images(), buf, fps=fps, codec=codec, gop=gop, crf=crf)
+        encode_video(images(), buf, fps=fps, codec=codec, gop=gop, crf=crf, threads=threads)
     data = buf.getvalue()
     return data, probe_clip(data).clip_info(stream_copied=False, source_first_frame=first_frame, fps=fps)
 

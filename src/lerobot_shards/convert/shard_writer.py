@@ -50,6 +50,9 @@ PARQUET_OPTIONS: dict[str, Any] = dict(
     version="2.6", data_page_version="1.0",
 )
 
+# One encoder thread: x264 with automatic threads gives different bytes under load or on another
+# machine, which would break byte-identical shards across runs and tasks. --workers parallelises.
+REENCODE_THREADS = 1
 T = TypeVar("T")
 EpisodeCallback = Callable[[int, int], None]  # (frames, bytes) after each episode
 
@@ -132,10 +135,11 @@ def _clip(source: LeRobotV3Source, ep: EpisodeMeta, cam: str, options: ConvertOp
             try:
                 return _with_video(source, ref.path, lambda src: cut_clip(src, first, n))
             except ClipError as e:
-                log.warning("%s: re-encoding as %s (stream copy impossible: %s)", where, options.codec, e)
+                log.warning("episode %d camera %s: re-encoding as %s (%s)", ep.episode_index, cam, options.codec, e)
         return _with_video(
             source, ref.path,
-            lambda src: reencode_clip(src, first, n, codec=options.codec, gop=options.gop, crf=options.effective_crf),
+            lambda src: reencode_clip(src, first, n, codec=options.codec, gop=options.gop, crf=options.effective_crf,
+                                      threads=REENCODE_THREADS),
         )
     except (ClipError, av.FFmpegError) as e:
         raise ConvertError(f"{where}: {e}") from None
@@ -151,7 +155,8 @@ def episode_members(source: LeRobotV3Source, episode_index: int, options: Conver
         source.check_episode_videos(ep)
         _check_clip_span(source, ep)
     except SourceError as e:
-        raise ConvertError(str(e)) from None
+        message = str(e)
+        raise ConvertError(message if f"episode {episode_index}" in message else f"episode {episode_index}: {message}") from None
     header = EpisodeHeader(
         episode_index=ep.episode_index, length=ep.length, tasks=ep.tasks, fps=source.fps, cameras=cameras,
         dataset_from_index=ep.dataset_from_index,

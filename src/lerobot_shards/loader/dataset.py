@@ -133,6 +133,7 @@ class EpisodePoolDataset(IterableDataset):
             episodes_per_shard=episodes_per_shard,
         )
         self._source = open_source(self.source_url, **self._open_kwargs)
+        self._source_pid = os.getpid()
         info = self._source.info
         self.fps = info.fps
         self.features = info.features
@@ -247,8 +248,10 @@ class EpisodePoolDataset(IterableDataset):
         return consumer_frames(assignment, shard_frames)
 
     def _get_source(self):
-        if self._source is None:
+        # Reopen after a fork too: fsspec's async filesystems (s3fs) are not fork-safe.
+        if self._source is None or self._source_pid != os.getpid():
             self._source = open_source(self.source_url, **self._open_kwargs)
+            self._source_pid = os.getpid()
         return self._source
 
     # -- iteration ------------------------------------------------------------------------------

@@ -1,0 +1,94 @@
+"""Bad input: each fault gets an error naming episode and file; --skip-bad-episodes converts the rest."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import av
+import pytest
+from convert_helpers import edit_episodes, load, run_cli, set_column
+
+from lerobot_shards.convert.run import ConvertError, convert_dataset
+from lerobot_shards.convert.verify import verify_dataset
+from lerobot_shards.lerobot_v3 import SourceError
+from lerobot_shards.video import encode_video
+
+FRONT = "videos/observation.images.front/chunk-000"
+
+
+@pytest.fixture
+def src(small_synth: Path, tmp_path: Path) -> Path:
+    """A private copy of the 4-episode synth dataset (episodes 2 and 3 share file-001 of each kind)."""
+    return Path(shutil.copytree(small_synth, tmp_path / "src"))
+
+
+def _convert(src: Path, tmp_path: Path, **kw):
+    return convert_dataset(src, tmp_path / "out", progress=False, **kw)
+
+
+def test_v2_dataset_is_refused_with_upgrade_hint(src: Path, tmp_path: Path) -> None:
+    info = json.loads((src / "meta/info.json").read_text())
+    (src / "meta/info.json").write_text(json.dumps({**info, "codebase_version": "v2.1"}))
+    result = run_cli("convert", src, tmp_path / "out", "--no-progress")
+    assert result.returncode == 1
+    assert f"{src}/meta/info.json: codebase_version is 'v2.1', expected 'v3.0'" in result.stderr
+    assert "convert_dataset_v21_to_v30" in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_missing_mp4_names_file_and_episode(src: Path, tmp_path: Path) -> None:
+    (src / FRONT / "file-001.mp4").unlink()
+    with pytest.raises(SourceError, match=r"missing file.*file-001\.mp4 \(first needed by episode 2\)"):
+        _convert(src, tmp_path)
+
+
+def test_corrupt_mp4_names_episode_and_file(src: Path, tmp_path: Path) -> None:
+    (src / FRONT / "file-001.mp4").write_bytes(b"\x00\x00\x00\x18ftypisom" + b"garbage" * 100)
+    with pytest.raises(ConvertError, match=rf"episode 2: .*{FRONT}/file-001\.mp4: not a readable mp4"):
+        _convert(src, tmp_path)
+
+
+def test_corrupt_parquet_names_episode_and_file(src: Path, tmp_path: Path) -> None:
+    (src / "data/chunk-000/file-001.parquet").write_bytes(b"PAR1 not really")
+    with pytest.raises(ConvertError, match=r"episode 2: .*data/chunk-000/file-001\.parquet: not a readable parquet"):
+        _convert(src, tmp_path)
+
+
+def test_clip_shorter_than_rows_names_episode_and_file(src: Path, tmp_path: Path) -> None:
+    path = src / FRONT / "file-001.mp4"
+    with av.open(str(path)) as c:
+        frames = [f.to_ndarray(format="rgb24") for f in c.decode(video=0)]
+    encode_video(frames[:-3], path, fps=30, codec="h264", gop=2, crf=30, threads=1)  # episode 3 loses 3 frames
+    with pytest.raises(ConvertError, match=rf"{FRONT}/file-001\.mp4: episode 3 field videos/observation\.images\.front"
+                                           r"/from_timestamp\.\.to_timestamp .* lies outside the video"):
+        _convert(src, tmp_path)
+
+
+def test_clip_span_differing_from_rows_names_episode(src: Path, tmp_path: Path) -> None:
+    key = "videos/observation.images.top/to_timestamp"
+    edit_episodes(src, lambda t: set_column(t, key, [v - (2 / 30 if i == 1 else 0)
+                                                     for i, v in enumerate(t.column(key).to_pylist())]))
+    with pytest.raises(ConvertError, match=r"episode 1 field videos/observation\.images\.top/from_timestamp\.\."
+                                           r"to_timestamp = .* spans \d+ frames but the episode has \d+ rows"):
+        _convert(src, tmp_path)
+
+
+def test_skip_bad_episodes_converts_the_rest_and_records_reasons(src: Path, tmp_path: Path) -> None:
+    (src / FRONT / "file-001.mp4").write_bytes(b"not an mp4")
+    result = run_cli("convert", src, tmp_path / "out", "--episodes-per-shard", "1", "--skip-bad-episodes",
+                     "--no-progress")
+    assert result.returncode == 0, result.stderr
+    assert "2 episodes skipped" in result.stdout
+    manifest, sidecars = load(tmp_path / "out")
+    assert [s.episodes for s in manifest.shards] == [(0,), (1,)]  # shards of skipped-only episodes are left out
+    assert sorted(manifest.skipped_episodes) == [2, 3]
+    assert all(manifest.skipped_episodes[e].startswith(f"episode {e}: ") and
+               f"{FRONT}/file-001.mp4: not a readable mp4" in manifest.skipped_episodes[e] for e in (2, 3))
+    report = verify_dataset(tmp_path / "out", src)
+    assert report.ok, str(report)
+
+    # without the flag, the same command fails again rather than accepting the skips
+    result = run_cli("convert", src, tmp_path / "out", "--episodes-per-shard", "1", "--no-progress")
+    assert result.returncode == 1 and f"episode 2: {src}/{FRONT}/file-001.mp4: not a readable mp4" in result.stderr
