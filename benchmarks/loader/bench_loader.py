@@ -184,6 +184,7 @@ def run_loader(
     delivered = n * per_sample  # camera frames in the samples that reached the loop
     steady = (n - batch_size) / (wall - first) if first is not None and n > batch_size and wall > first else None
     return {
+        "loadavg_1m": rnd(os.getloadavg()[0]),
         "init_s": rnd(init_s, 3),
         "epoch_samples": epoch_samples,
         "samples": n,
@@ -404,18 +405,20 @@ def compare_samples(ours: dict[str, Any], theirs: dict[str, Any]) -> dict[str, A
 # ------------------------------------------------------------------------------------ reporting
 
 
+MEM_FIELDS = ("start_mb", "warm_mb", "mid_mb", "end_mb", "peak_mb", "growth_mb", "growth_2nd_half_mb",
+              "floor_growth_mb", "slope_mb_per_min")
+
+
 def worker_memory_rows(memory: dict[str, Any]) -> list[dict[str, Any]]:
     if not memory.get("available"):
         return []
     rows = []
     if memory.get("main"):
         rows.append({"proc": "main", **{k: memory["main"][k] for k in
-                                        ("start_mb", "warm_mb", "mid_mb", "end_mb", "peak_mb", "growth_mb",
-                                         "growth_2nd_half_mb")}})
+                                        MEM_FIELDS}})
     for w in memory.get("workers", []):
         rows.append({"proc": f"worker {w['worker']}", **{k: w[k] for k in
-                                                         ("start_mb", "warm_mb", "mid_mb", "end_mb", "peak_mb",
-                                                          "growth_mb", "growth_2nd_half_mb")}})
+                                                         MEM_FIELDS}})
     return rows
 
 
@@ -517,7 +520,10 @@ def markdown(report: dict[str, Any], rows: list[dict[str, Any]]) -> str:
             "Pure decode samples/s counts decode only (no parquet, float conversion or collation).", "",
             "## Samples/s", "", "```", bar_chart(rows), "```", ""]
     out += ["## Memory per process over the epoch (RSS, MiB)", "",
-            "growth = end − warm (warm: when the first batch arrived); must stay near 0.", ""]
+            "growth = end − warm (warm: when the first batch arrived); floor growth = min of the last quarter − "
+            "min of the second quarter (decoded batches come and go above a floor, a leak lifts the floor); "
+            "slope: least squares after the first batch. All must stay near 0; a 4-episode dataset keeps every "
+            "episode resident, so only `--synth` with many episodes exercises the pool's admit/evict cycle.", ""]
     for w in report["windows"]:
         for c in w["cases"]:
             for kind in ("converted", "raw", "lerobot"):
@@ -527,11 +533,11 @@ def markdown(report: dict[str, Any], rows: list[dict[str, Any]]) -> str:
                     continue
                 out.append(f"**{w['window']}, workers={c['workers']}, {kind}**")
                 out.append("")
-                out.append("| process | start | warm | mid | end | peak | growth | growth 2nd half |")
-                out.append("|---|---|---|---|---|---|---|---|")
+                out.append("| process | start | warm | mid | end | peak | growth | growth 2nd half | floor growth "
+                           "| slope MiB/min |")
+                out.append("|---|---|---|---|---|---|---|---|---|---|")
                 for m in mrows:
-                    out.append(f"| {m['proc']} | {m['start_mb']} | {m['warm_mb']} | {m['mid_mb']} | {m['end_mb']} | "
-                               f"{m['peak_mb']} | {m['growth_mb']} | {m['growth_2nd_half_mb']} |")
+                    out.append(f"| {m['proc']} | " + " | ".join(fmt(m[k]) for k in MEM_FIELDS) + " |")
                 out.append("")
     cfg = report["config"]
     out += ["## Checks", ""]

@@ -6,7 +6,9 @@ Standalone on purpose (psutil only): ``bench_loader.py`` (our venv) and ``lerobo
 Per process the summary gives, in MiB: ``start`` (first sample), ``warm`` (when the first batch
 reached the training loop), ``mid`` (middle of the epoch after the first batch), ``end`` (last
 sample before the epoch ended), ``peak``, and two growth figures: ``growth`` = end - warm (what a
-leak looks like: it must stay near zero) and ``growth_2nd_half`` = end - mid.
+leak looks like: it must stay near zero), ``growth_2nd_half`` = end - mid, ``floor_growth`` =
+min RSS of the last quarter - min RSS of the second quarter (batch buffers come and go above a
+floor; a leak lifts the floor) and ``slope_mb_per_min`` (least squares after the first batch).
 """
 
 from __future__ import annotations
@@ -117,6 +119,20 @@ def _summarise(series: list[tuple[float, int]], t_warm: float | None, t_end: flo
         return min(inside, key=lambda x: abs(x[0] - t))[1]
 
     warm = at(t_warm)
+    after = [(t, r) for t, r in inside if t >= t_warm]
+    slope = None
+    if len(after) >= 3 and after[-1][0] - after[0][0] > 0.5:  # least squares, MiB per minute
+        ts = [t for t, _ in after]
+        rs = [r / MiB for _, r in after]
+        mt, mr = sum(ts) / len(ts), sum(rs) / len(rs)
+        var = sum((t - mt) ** 2 for t in ts)
+        slope = round(60 * sum((t - mt) * (r - mr) for t, r in zip(ts, rs)) / var, 1) if var else None
+    # the floor (min) of the last quarter vs of the second quarter: transient batch buffers come and
+    # go on top of a floor; a leak raises the floor
+    span = end_limit - t_warm
+    q2 = [r for t, r in after if t_warm + span / 4 <= t <= t_warm + span / 2]
+    q4 = [r for t, r in after if t >= t_warm + 3 * span / 4]
+    floor_growth = (min(q4) - min(q2)) if q2 and q4 else None
     mid = at(t_warm + (end_limit - t_warm) / 2)
     end = inside[-1][1]
     mb = lambda b: round(b / MiB, 1)  # noqa: E731
@@ -130,4 +146,6 @@ def _summarise(series: list[tuple[float, int]], t_warm: float | None, t_end: flo
         "peak_mb": mb(max(r for _, r in inside)),
         "growth_mb": mb(end - warm),
         "growth_2nd_half_mb": mb(end - mid),
+        "floor_growth_mb": mb(floor_growth) if floor_growth is not None else None,
+        "slope_mb_per_min": slope,
     }

@@ -212,3 +212,15 @@ def inspect_cmd(path: str, storage_options: str | None) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+@main.command()
+@click.option("--out", default="out/demo", show_default=True, type=click.Path(file_okay=False),
+              help="Folder for the default dataset, its conversion and nothing else.")
+@click.option("--batches", default=30, show_default=True, help="Batches to stream.")
+@click.option("--workers", default=2, show_default=True, help="Conversion processes and DataLoader workers.")
+def demo(out: str, batches: int, workers: int) -> None:
+    """The main job on the built-in default dataset: synthesize, convert, stream, report throughput."""
+    from .demo import format_result, run_demo
+
+    click.echo(format_result(run_demo(out, batches=batches, num_workers=workers)))
