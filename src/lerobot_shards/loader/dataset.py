@@ -90,6 +90,8 @@ class EpisodePoolDataset(IterableDataset):
         drop_last: must match the DataLoader's ``drop_last`` (used by resume bookkeeping).
         shard_bytes, episodes_per_shard: virtual shard plan for raw sources (the converter's).
         decoder_cache_size: decoders kept per consumer (default pool size x cameras, capped at 64).
+        num_ffmpeg_threads: decoder threads per clip. 1 is fastest for random access (threaded
+            decoders flush on every seek) and keeps many workers from oversubscribing cores.
         prefetch_episodes: episodes read ahead in the background (default the pool size).
     """
 
@@ -115,7 +117,7 @@ class EpisodePoolDataset(IterableDataset):
         shard_bytes: int | None = None,
         episodes_per_shard: int | None = None,
         decoder_cache_size: int | None = None,
-        num_ffmpeg_threads: int | None = None,
+        num_ffmpeg_threads: int = 1,
         prefetch_episodes: int | None = None,
     ) -> None:
         super().__init__()
@@ -284,21 +286,20 @@ class EpisodePoolDataset(IterableDataset):
         sampler.skip(skip)
         stats.add("fast_forward_samples", skip)
         stats.add("fast_forward_seconds", time.perf_counter() - start)
-        return self._stream(plan, sampler, skip, stats, num_workers)
+        return self._stream(plan, sampler, skip, stats)
 
     def _stream(
-        self, plan: ConsumerPlan, sampler: PoolSampler, emitted: int, stats: "_StatSlot", num_workers: int
+        self, plan: ConsumerPlan, sampler: PoolSampler, emitted: int, stats: "_StatSlot"
     ) -> Iterator[dict[str, Any]]:
         per_pass = sum(plan.lengths)
         if sampler.num_samples == emitted:
             return
         reader = _EpisodeReader(self._get_source(), plan, _admission_order(sampler, emitted, per_pass, len(plan.lengths)),
                                 self.prefetch_episodes)
-        threads = self.num_ffmpeg_threads if self.num_ffmpeg_threads is not None else (1 if num_workers else 0)
         decoders = DecoderCache(
             self.decoder_cache_size,
             device=self.video_decode_device,
-            num_ffmpeg_threads=threads,
+            num_ffmpeg_threads=self.num_ffmpeg_threads,
             storage_options=self.storage_options,
         )
         pool: dict[tuple[int, int], ResidentEpisode] = {}
