@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -20,9 +17,8 @@ from lerobot_shards.video import decode_frames, encode_video
 CLI = [sys.executable, "-m", "lerobot_shards.cli"]
 
 
-def run_cli(*args: object, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, timeout=120)
+def run_cli(*args: object) -> subprocess.CompletedProcess:
+    return subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True, timeout=120)
 
 
 def output_files(out: Path) -> dict[str, bytes]:
@@ -79,11 +75,6 @@ def reencode_continuous(root: Path, *, gop: int) -> None:
             fps = float(stream.average_rate)
             frames = [f.to_ndarray(format="rgb24") for f in c.decode(stream)]
         encode_video(frames, path, fps=fps, codec="h264", gop=gop, crf=18, threads=1)
-
-
-def copy_dataset(src: Path, dst: Path) -> Path:
-    shutil.copytree(src, dst)
-    return dst
 
 
 def edit_episodes(root: Path, fn) -> None:

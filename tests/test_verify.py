@@ -44,7 +44,8 @@ def test_clean_conversion_verifies(converted: Path, small_synth: Path) -> None:
     result = run_cli("verify", converted, "--source", small_synth, "--decode-check", "2", "--no-progress")
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.startswith(f"verify {converted}: OK")
-    assert "shards 2, episodes 4" in result.stdout and "16 frames compared with the source, 16 bit-identical" in result.stdout
+    assert "shards 2, episodes 4" in result.stdout
+    assert "16 frames compared with the source, 16 bit-identical" in result.stdout
 
 
 def test_flipped_byte(converted: Path) -> None:
@@ -54,7 +55,8 @@ def test_flipped_byte(converted: Path) -> None:
     path.write_bytes(bytes(data))
     result = run_cli("verify", converted, "--no-progress")
     assert result.returncode == 1
-    assert "FAILED" in result.stdout and f"{path}: sha256" in result.stdout and "does not match the manifest" in result.stdout
+    assert "FAILED" in result.stdout
+    assert f"{path}: sha256" in result.stdout and "does not match the manifest" in result.stdout
     assert "shard-000000.tar" not in result.stdout
 
 

@@ -106,15 +106,24 @@ class ClipInfo:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["time_base"] = list(self.time_base)
-        # Compact frame table: three parallel lists keep sidecars small for long episodes.
-        d["frames"] = {
-            "pts": [f.pts for f in self.frames],
-            "duration": [f.duration for f in self.frames],
-            "key_frame": [int(f.key_frame) for f in self.frames],
+        # Field by field in declaration order: dataclasses.asdict would deep-copy every FrameEntry.
+        return {
+            "codec": self.codec,
+            "width": self.width,
+            "height": self.height,
+            "pix_fmt": self.pix_fmt,
+            "fps": self.fps,
+            "num_frames": self.num_frames,
+            "time_base": list(self.time_base),
+            # Compact frame table: three parallel lists keep sidecars small for long episodes.
+            "frames": {
+                "pts": [f.pts for f in self.frames],
+                "duration": [f.duration for f in self.frames],
+                "key_frame": [int(f.key_frame) for f in self.frames],
+            },
+            "stream_copied": self.stream_copied,
+            "source_first_frame": self.source_first_frame,
         }
-        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "ClipInfo":

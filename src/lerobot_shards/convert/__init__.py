@@ -1,0 +1,25 @@
+"""The converter: LeRobot v3.0 -> episode-aligned tar shards with sidecars and a manifest.
+
+``plan`` (options, shard plan, task shares; pure), ``shard_writer`` (one deterministic tar),
+``destination`` (atomic writes to disk or fsspec), ``run`` (resume, workers, tasks, manifest),
+``verify`` and ``inspect``. The public names below load on first use, so ``inspect`` does not
+pay for the video stack's imports.
+"""
+
+from importlib import import_module
+from typing import Any
+
+_PUBLIC = {
+    "ConvertError": "shard_writer",
+    "VerifyReport": "verify",
+    "convert_dataset": "run",
+    "inspect_path": "inspect",
+    "verify_dataset": "verify",
+}
+__all__ = sorted(_PUBLIC)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _PUBLIC:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module(f".{_PUBLIC[name]}", __name__), name)

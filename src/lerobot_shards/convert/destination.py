@@ -53,6 +53,7 @@ class Destination:
     def entries(self, rel: str = "") -> list[str]:
         """Names directly under ``rel`` (empty when it does not exist)."""
         base = self.path(rel) if rel else self.root
+        self.fs.invalidate_cache(base)  # other processes and tasks write here too
         try:
             return sorted(posixpath.basename(p.rstrip("/")) for p in self.fs.ls(base, detail=False))
         except FileNotFoundError:

@@ -44,8 +44,8 @@ def inspect_source(source: LeRobotV3Source) -> str:
     videos = {v.path for e in source.episodes for v in e.videos.values()}
     lines = [
         f"LeRobot {source.info['codebase_version']} dataset {source.url}",
-        f"  episodes {len(source.episodes)}, frames {source.total_frames}, fps {source.fps:g}, tasks {len(source.tasks)}, "
-        f"robot {source.info.get('robot_type')}",
+        f"  episodes {len(source.episodes)}, frames {source.total_frames}, fps {source.fps:g}, "
+        f"tasks {len(source.tasks)}, robot {source.info.get('robot_type')}",
         f"  data files {len(files)} ({_mb(sum(source.file_size(p) for p in files))} MB), video files {len(videos)} "
         f"({_mb(sum(source.file_size(p) for p in videos))} MB)",
         f"  shards at the default {DEFAULT_SHARD_BYTES // 2**20} MB: {len(plan_shards(sizes))}",

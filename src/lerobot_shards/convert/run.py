@@ -179,22 +179,23 @@ def _run_shards(source: LeRobotV3Source, source_options: dict[str, Any], dest: D
     queue = ctx.Queue()
     initargs = ((source.url, source_options), (dest.url, dest_options), options, skip_bad_episodes, queue,
                 logging.getLogger("lerobot_shards").getEffectiveLevel())
-    with ProcessPoolExecutor(min(workers, len(todo)), mp_context=ctx, initializer=_init_worker,
-                             initargs=initargs) as pool:
-        pending = {pool.submit(_worker_shard, shard) for shard in todo}
-        try:
-            while pending:
-                done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
-                progress.drain(queue)
-                for future in done:
-                    future.result()
-        except BaseException:
-            for future in pending:
-                future.cancel()
-            log.error("stopping: waiting for the shards in progress to finish")
-            raise
-        finally:
-            progress.drain(queue)
+    try:
+        with ProcessPoolExecutor(min(workers, len(todo)), mp_context=ctx, initializer=_init_worker,
+                                 initargs=initargs) as pool:
+            pending = {pool.submit(_worker_shard, shard) for shard in todo}
+            try:
+                while pending:
+                    done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
+                    progress.drain(queue)
+                    for future in done:
+                        future.result()
+            except BaseException:
+                for future in pending:
+                    future.cancel()
+                log.error("stopping: waiting for the shards in progress to finish")
+                raise
+    finally:
+        progress.drain(queue)  # the workers have exited: everything they sent is in the queue now
 
 
 # -- manifest -----------------------------------------------------------------------------------
@@ -210,11 +211,11 @@ def finalize(dest: Destination, source: LeRobotV3Source, plan: Sequence[PlannedS
         if tar not in present or side not in present:
             missing.append(f"{tar} ({'no sidecar' if tar in present else 'no tar'})")
             continue
-        sidecar = Sidecar.from_json(dest.read_bytes(posixpath.join(SHARDS_DIR, side)), where=dest.path(side))
+        where = dest.path(posixpath.join(SHARDS_DIR, side))
+        sidecar = Sidecar.from_json(dest.read_bytes(posixpath.join(SHARDS_DIR, side)), where=where)
         got = sorted([e.episode_index for e in sidecar.episodes] + list(sidecar.skipped))
         if got != sorted(shard.episodes):
-            raise ConvertError(f"{dest.path(posixpath.join(SHARDS_DIR, side))}: holds episodes {got}, the plan "
-                               f"puts {sorted(shard.episodes)} in this shard")
+            raise ConvertError(f"{where}: holds episodes {got}, the plan puts {sorted(shard.episodes)} in this shard")
         size = dest.size(posixpath.join(SHARDS_DIR, tar))
         if size != sidecar.size:
             missing.append(f"{tar} ({size} bytes, sidecar says {sidecar.size})")

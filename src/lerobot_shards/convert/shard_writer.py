@@ -50,9 +50,11 @@ PARQUET_OPTIONS: dict[str, Any] = dict(
     version="2.6", data_page_version="1.0",
 )
 
-# One encoder thread: x264 with automatic threads gives different bytes under load or on another
-# machine, which would break byte-identical shards across runs and tasks. --workers parallelises.
+# One encoder thread: x264 with automatic threads gives different bytes on another machine
+# (and under load), which would break byte-identical shards across tasks. --workers parallelises.
 REENCODE_THREADS = 1
+COPY_CHUNK = 16 * 1024 * 1024  # members go to the tar in one write each (tarfile's default is 16 KiB)
+
 T = TypeVar("T")
 EpisodeCallback = Callable[[int, int], None]  # (frames, bytes) after each episode
 
@@ -155,8 +157,8 @@ def episode_members(source: LeRobotV3Source, episode_index: int, options: Conver
         source.check_episode_videos(ep)
         _check_clip_span(source, ep)
     except SourceError as e:
-        message = str(e)
-        raise ConvertError(message if f"episode {episode_index}" in message else f"episode {episode_index}: {message}") from None
+        message = str(e) if f"episode {episode_index}" in str(e) else f"episode {episode_index}: {e}"
+        raise ConvertError(message) from None
     header = EpisodeHeader(
         episode_index=ep.episode_index, length=ep.length, tasks=ep.tasks, fps=source.fps, cameras=cameras,
         dataset_from_index=ep.dataset_from_index,
@@ -205,6 +207,7 @@ def build_shard(
     entries: list[EpisodeEntry] = []
     skipped: dict[int, str] = {}
     with tarfile.open(fileobj=writer, mode="w", format=TAR_FORMAT) as tar:  # type: ignore[call-overload]
+        tar.copybufsize = COPY_CHUNK
         for episode_index in shard.episodes:
             try:
                 ep = episode_members(source, episode_index, options)
@@ -213,6 +216,8 @@ def build_shard(
                     raise
                 log.warning("skipping episode %d: %s", episode_index, e)
                 skipped[episode_index] = str(e)
+                if on_episode is not None:
+                    on_episode(0, 0)
                 continue
             members = {name: _add(tar, name, data) for name, data in ep.payloads}
             entries.append(EpisodeEntry(ep.key, ep.episode_index, ep.length, members, ep.clips))

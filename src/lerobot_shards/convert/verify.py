@@ -139,14 +139,13 @@ class _Verifier:
         self.source_frames = _SourceFrames(source) if source is not None else None
 
     def shard(self, record: ShardRecord, bar: tqdm) -> list[int]:
-        """Check one shard; returns the episode indices it really holds."""
-        rel = posixpath.join(SHARDS_DIR, record.name)
+        """Check one shard; returns the indices of the sidecar's episodes that the tar really holds."""
+        rel, side = posixpath.join(SHARDS_DIR, record.name), posixpath.join(SHARDS_DIR, record.sidecar)
         where = self.dest.path(rel)
         try:
-            sidecar = Sidecar.from_json(self.dest.read_bytes(posixpath.join(SHARDS_DIR, record.sidecar)),
-                                        where=self.dest.path(posixpath.join(SHARDS_DIR, record.sidecar)))
+            sidecar = Sidecar.from_json(self.dest.read_bytes(side), where=self.dest.path(side))
         except (FileNotFoundError, FormatError, ValueError, KeyError) as e:
-            self.report.problem(f"{self.dest.path(posixpath.join(SHARDS_DIR, record.sidecar))}: unreadable sidecar ({e})")
+            self.report.problem(f"{self.dest.path(side)}: unreadable sidecar ({e})")
             return []
         if (sidecar.sha256, sidecar.size) != (record.sha256, record.bytes):
             self.report.problem(f"{where}: manifest and sidecar disagree on sha256/size")
@@ -161,7 +160,7 @@ class _Verifier:
                 reader = _HashingReader(raw)
                 with tarfile.open(fileobj=reader, mode="r|") as tar:  # type: ignore[call-overload]
                     for info in tar:
-                        key = info.name.split(".", 1)[0]
+                        key = info.name.split(".", 1)[0]  # the WebDataset key
                         offsets[info.name] = (info.offset_data, info.size)
                         data = tar.extractfile(info).read() if info.isfile() else b""
                         if seen and key not in seen:
@@ -179,7 +178,8 @@ class _Verifier:
         if reader.size != record.bytes:
             self.report.problem(f"{where}: {reader.size} bytes, the manifest says {record.bytes}")
         if reader.sha.hexdigest() != record.sha256:
-            self.report.problem(f"{where}: sha256 {reader.sha.hexdigest()} does not match the manifest's {record.sha256}")
+            self.report.problem(f"{where}: sha256 {reader.sha.hexdigest()} does not match the manifest's "
+                                f"{record.sha256}")
         for entry in sidecar.episodes:
             for m in entry.members.values():
                 got = offsets.get(m.name)
@@ -193,7 +193,8 @@ class _Verifier:
             self.report.problem(f"{where}: member {name} is not in the sidecar")
         self.report.shards += 1
         self.report.bytes += reader.size
-        return list(listed)
+        keys = {name.split(".", 1)[0] for name in offsets}
+        return [e.episode_index for e in sidecar.episodes if e.key in keys]
 
     def _finish_episodes(self, where: str, entries: dict[str, EpisodeEntry], seen: dict[str, dict[str, bytes]]) -> None:
         for key, payloads in seen.items():
@@ -210,10 +211,12 @@ class _Verifier:
             header = EpisodeHeader.from_dict(json.loads(payloads[header_member(entry.key)]))
             if (header.episode_index, header.length) != (entry.episode_index, entry.length):
                 self.report.problem(f"{at}: {header_member(entry.key)} says episode {header.episode_index} of "
-                                    f"{header.length} frames, the sidecar episode {entry.episode_index} of {entry.length}")
+                                    f"{header.length} frames, the sidecar episode {entry.episode_index} of "
+                                    f"{entry.length}")
             table = pq.read_table(pa.BufferReader(payloads[table_member(entry.key)]))
             if table.num_rows != entry.length:
-                self.report.problem(f"{at}: {table_member(entry.key)} has {table.num_rows} rows, expected {entry.length}")
+                self.report.problem(f"{at}: {table_member(entry.key)} has {table.num_rows} rows, "
+                                    f"expected {entry.length}")
             elif table.column("episode_index").to_pylist() != [entry.episode_index] * entry.length:
                 self.report.problem(f"{at}: {table_member(entry.key)} holds rows of another episode")
         except KeyError as e:
@@ -223,7 +226,8 @@ class _Verifier:
             self.report.problem(f"{at}: unreadable header or table ({e})")
             return
         if set(entry.clips) != set(self.manifest.cameras):
-            self.report.problem(f"{at}: clips for {sorted(entry.clips)}, manifest cameras {list(self.manifest.cameras)}")
+            self.report.problem(f"{at}: clips for {sorted(entry.clips)}, manifest cameras "
+                                f"{list(self.manifest.cameras)}")
         for cam, clip in sorted(entry.clips.items()):
             name = clip_member(entry.key, cam)
             data = payloads.get(name)
@@ -274,7 +278,8 @@ class _Verifier:
                                         f"source frame {clip.source_first_frame + i} of {ref.path}")
             else:
                 score = psnr(a, b)
-                self.report.min_psnr_db = score if self.report.min_psnr_db is None else min(self.report.min_psnr_db, score)
+                low = self.report.min_psnr_db
+                self.report.min_psnr_db = score if low is None else min(low, score)
                 if score < PSNR_THRESHOLD_DB:
                     self.report.problem(f"{at} camera {cam} frame {i}: re-encoded clip has PSNR {score:.1f} dB "
                                         f"against source frame {clip.source_first_frame + i} of {ref.path} "
