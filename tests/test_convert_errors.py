@@ -92,3 +92,11 @@ def test_skip_bad_episodes_converts_the_rest_and_records_reasons(src: Path, tmp_
     # without the flag, the same command fails again rather than accepting the skips
     result = run_cli("convert", src, tmp_path / "out", "--episodes-per-shard", "1", "--no-progress")
     assert result.returncode == 1 and f"episode 2: {src}/{FRONT}/file-001.mp4: not a readable mp4" in result.stderr
+
+
+def test_skip_bad_episodes_skips_episodes_whose_files_are_missing(src: Path, tmp_path: Path) -> None:
+    (src / "data/chunk-000/file-001.parquet").unlink()
+    manifest = _convert(src, tmp_path, episodes_per_shard=2, skip_bad_episodes=True)
+    assert [s.episodes for s in manifest.shards] == [(0, 1)]
+    assert sorted(manifest.skipped_episodes) == [2, 3]
+    assert "data/chunk-000/file-001.parquet: file not found (needed by episode 2)" in manifest.skipped_episodes[2]

@@ -100,9 +100,13 @@ class LeRobotV3Source:
     Args:
         root: local directory or fsspec URL (``s3://bucket/dataset``).
         storage_options: passed to fsspec for remote roots.
+        allow_missing_files: open a dataset with missing data/video files anyway (logged); an
+            episode that needs one raises SourceError when it is read (so converters can skip it).
     """
 
-    def __init__(self, root: str, *, storage_options: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, root: str, *, storage_options: dict[str, Any] | None = None, allow_missing_files: bool = False
+    ) -> None:
         self.fs, self.root = fsspec.core.url_to_fs(str(root), **(storage_options or {}))
         self.root = self.root.rstrip("/")
         self.url = str(root)
@@ -117,7 +121,7 @@ class LeRobotV3Source:
         self.tasks = self._read_tasks()
         self.episodes, self.episode_stats = self._read_episodes()
         self._by_index = {e.episode_index: e for e in self.episodes}
-        self._file_sizes = self._check_files()
+        self._file_sizes, self.missing_files = self._check_files(allow_missing_files)
         self._data_cache: tuple[str, pa.Table] | None = None
         self._video_durations: dict[str, float] = {}
 
@@ -225,8 +229,11 @@ class LeRobotV3Source:
             videos=videos,
         )
 
-    def _check_files(self) -> dict[str, int]:
-        """List data and video files once; report every missing one together."""
+    def _check_files(self, allow_missing: bool) -> tuple[dict[str, int], dict[str, int]]:
+        """List data and video files once; report every missing one together.
+
+        Returns the sizes of present files and, for missing ones, the first episode needing each.
+        """
         sizes: dict[str, int] = {}
         for sub in ("data", "videos"):
             top = self._abs(sub)
@@ -238,10 +245,18 @@ class LeRobotV3Source:
             needed.setdefault(e.data_path, e.episode_index)
             for v in e.videos.values():
                 needed.setdefault(v.path, e.episode_index)
-        missing = [f"{p} (first needed by episode {ep})" for p, ep in needed.items() if p not in sizes]
+        missing = {p: ep for p, ep in needed.items() if p not in sizes}
         if missing:
-            raise SourceError(f"{self.url}: {len(missing)} missing file(s): " + "; ".join(sorted(missing)))
-        return sizes
+            listing = "; ".join(f"{p} (first needed by episode {ep})" for p, ep in sorted(missing.items()))
+            message = f"{self.url}: {len(missing)} missing file(s): {listing}"
+            if not allow_missing:
+                raise SourceError(message)
+            log.warning(message)
+        return sizes, missing
+
+    def _require_file(self, rel_path: str, episode_index: int) -> None:
+        if rel_path in self.missing_files:
+            raise SourceError(f"{self._abs(rel_path)}: file not found (needed by episode {episode_index})")
 
     # -- public accessors -----------------------------------------------------------------------
 
@@ -276,8 +291,8 @@ class LeRobotV3Source:
                 video_frames[v.path] = video_frames.get(v.path, 0) + e.length
         out = []
         for e in self.episodes:
-            est = self._file_sizes[e.data_path] * e.length / data_rows[e.data_path]
-            est += sum(self._file_sizes[v.path] * e.length / video_frames[v.path] for v in e.videos.values())
+            est = self._file_sizes.get(e.data_path, 0) * e.length / data_rows[e.data_path]
+            est += sum(self._file_sizes.get(v.path, 0) * e.length / video_frames[v.path] for v in e.videos.values())
             out.append(EpisodeSize(e.episode_index, e.length, int(est)))
         return out
 
@@ -310,6 +325,7 @@ class LeRobotV3Source:
         """The episode's rows in ``index`` order, with the source schema."""
         ep = self.episode(episode) if isinstance(episode, int) else episode
         where = self._abs(ep.data_path)
+        self._require_file(ep.data_path, ep.episode_index)
         table = self._data_file(ep.data_path)
         first = table.column("index")[0].as_py() if table.num_rows else 0
         start = ep.dataset_from_index - first
@@ -359,6 +375,7 @@ class LeRobotV3Source:
         ep = self.episode(episode) if isinstance(episode, int) else episode
         slack = DURATION_SLACK_FRAMES / self.fps
         for cam, v in ep.videos.items():
+            self._require_file(v.path, ep.episode_index)
             duration = self.video_duration(v.path)
             if v.from_timestamp < -slack or v.to_timestamp > duration + slack or v.to_timestamp <= v.from_timestamp:
                 raise SourceError(

@@ -126,7 +126,7 @@ def _init_worker(source: tuple[str, dict[str, Any]], dest: tuple[str, dict[str, 
     root.handlers[:] = [logging.handlers.QueueHandler(queue)]
     root.setLevel(log_level)
     _worker.update(
-        source=LeRobotV3Source(source[0], storage_options=source[1]),
+        source=LeRobotV3Source(source[0], storage_options=source[1], allow_missing_files=skip_bad_episodes),
         dest=Destination(dest[0], storage_options=dest[1]),
         options=options, skip_bad_episodes=skip_bad_episodes, queue=queue,
     )
@@ -289,7 +289,7 @@ def convert_dataset(
         shard_bytes=None if episodes_per_shard is not None else parse_size(shard_size or "512MB"),
         episodes_per_shard=episodes_per_shard, shuffle_seed=shuffle_seed, reencode=reencode, gop=gop, crf=crf,
     )
-    src = LeRobotV3Source(str(source), storage_options=source_options)
+    src = LeRobotV3Source(str(source), storage_options=source_options, allow_missing_files=skip_bad_episodes)
     plan = make_plan(src, options)
     share = task_share(plan, num_tasks, task_index)
     out = Destination(str(dest), storage_options=dest_options)
