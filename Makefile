@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 DEMO   ?= out/demo
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test bench lerobot-venv clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	@command -v ffmpeg >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -qq ffmpeg; }
@@ -25,8 +25,14 @@ demo: setup
 test: setup
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
+## Benchmarks (figures land in benchmarks/*/results/). The LeRobot baseline needs `make lerobot-venv`.
 bench: setup
-	$(PY) benchmarks/run_all.py
+	$(PY) benchmarks/convert/bench_convert.py
+	$(PY) benchmarks/loader/bench_loader.py
+
+## A separate venv with LeRobot 0.4.4 for the loader benchmark's baseline (never a dependency).
+lerobot-venv:
+	bash benchmarks/loader/setup_lerobot_venv.sh
 
 clean:
 	rm -rf out .pytest_cache

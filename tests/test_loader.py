@@ -191,6 +191,7 @@ def test_episode_subset_and_clear_errors(raw: Path) -> None:
         _dataset(raw, episodes=[1, 99])
 
 
+@pytest.mark.filterwarnings("ignore:frames per consumer are uneven")
 def test_warns_when_a_consumer_gets_no_shard(raw: Path) -> None:
     ds = _dataset(raw, cameras=[], rank=0, world_size=4)
     with pytest.warns(UserWarning, match=r"1 of 8 consumers .* get no shard: 7 shards for 8 consumers"):

@@ -357,13 +357,16 @@ def run_pure_decode(root: str, emitted: list[tuple[int, int]], cameras: list[str
 
 
 def run_lerobot(python: str, root: str, delta: dict | None, workers: list[int], batch_size: int, seed: int,
-                max_samples: int, sample0_out: str, hf_home: str, timeout: int, repeat: int = 1) -> dict[str, Any]:
+                max_samples: int, sample0_out: str, hf_home: str, timeout: int, repeat: int = 1,
+                torch_threads: int | None = None) -> dict[str, Any]:
     env = dict(os.environ)
     env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", HF_HOME=hf_home, TOKENIZERS_PARALLELISM="false")
     env.pop("PYTHONPATH", None)
     cmd = [python, str(HERE / "lerobot_baseline.py"), "--root", root, "--delta-timestamps", json.dumps(delta),
            "--workers", ",".join(map(str, workers)), "--batch-size", str(batch_size), "--seed", str(seed),
            "--max-samples", str(max_samples), "--sample0-out", sample0_out, "--repeat", str(repeat)]
+    if torch_threads:
+        cmd += ["--torch-threads", str(torch_threads)]
     t = time.perf_counter()
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
@@ -517,7 +520,8 @@ def markdown(report: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     out.append(f"Dataset: `{cfg['dataset']}` ({cfg['dataset_summary']}); converted with "
                f"{cfg['episodes_per_shard']} episode(s)/shard into {report['conversion']['shards']} shards "
                f"in {report['conversion']['seconds']} s. Batch size {cfg['batch_size']}, pool size "
-               f"{cfg['pool_size']}, image dtype {cfg['image_dtype']}, seed {cfg['seed']}, ffmpeg threads "
+               f"{cfg['pool_size']}, image dtype {cfg['image_dtype']}, seed {cfg['seed']}, main-process torch "
+               f"threads {cfg.get('torch_threads')}, ffmpeg threads "
                f"{cfg['ffmpeg_threads']}, "
                f"{'max ' + str(cfg['max_samples']) + ' samples per run' if cfg['max_samples'] else 'one full epoch per run'}"
                f"{', fastest of ' + str(cfg['repeat']) + ' repeats' if cfg.get('repeat', 1) > 1 else ''}.")
@@ -618,6 +622,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="default: so that every worker gets at least 2 shards")
     ap.add_argument("--image-dtype", default="float32", choices=("float32", "uint8"))
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--torch-threads", type=int, default=None,
+                    help="torch.set_num_threads in the main process, ours and LeRobot's (matters for workers=0; "
+                         "DataLoader workers always use 1); default: torch's default")
     ap.add_argument("--repeat", type=int, default=1,
                     help="run every measurement N times and keep the fastest (the machine is shared)")
     ap.add_argument("--ffmpeg-threads", type=int, default=None,
@@ -648,6 +655,8 @@ def main(argv: list[str] | None = None) -> int:
     import torchcodec
 
     started = time.time()
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)
     workers = [int(w) for w in args.workers.split(",") if w.strip()]
     windows = [w.strip() for w in args.window.split(",") if w.strip()]
     image_dtype = torch.float32 if args.image_dtype == "float32" else torch.uint8
@@ -695,6 +704,7 @@ def main(argv: list[str] | None = None) -> int:
             "windows": windows, "batch_size": args.batch_size, "pool_size": args.pool_size,
             "episodes_per_shard": eps, "image_dtype": args.image_dtype, "seed": args.seed,
             "max_samples": args.max_samples, "quick": args.quick, "repeat": args.repeat,
+            "torch_threads": torch.get_num_threads(),
             "ffmpeg_threads": args.ffmpeg_threads if args.ffmpeg_threads is not None else
             f"loader default ({loader_ffmpeg_threads(1)} per worker, {loader_ffmpeg_threads(0)} without workers)",
         }
@@ -793,7 +803,8 @@ def main(argv: list[str] | None = None) -> int:
                 log(f"[{window}] LeRobot baseline, workers {workers}")
                 s0 = work / f"lerobot_sample0_{window}.pt"
                 lr = run_lerobot(lerobot_python, str(dataset), delta, workers, args.batch_size, args.seed,
-                                 args.max_samples, str(s0), str(work / "hf"), timeout=1800, repeat=args.repeat)
+                                 args.max_samples, str(s0), str(work / "hf"), timeout=1800, repeat=args.repeat,
+                                 torch_threads=args.torch_threads)
                 wrep["lerobot"] = {k: v for k, v in lr.items() if k != "runs"}
                 if lr.get("ok"):
                     report["lerobot"]["versions"] = lr.get("versions")

@@ -100,6 +100,7 @@ def main() -> int:
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--max-samples", type=int, default=0, help="stop each run after this many samples (0: epoch)")
+    ap.add_argument("--torch-threads", type=int, default=None, help="torch.set_num_threads in this process")
     ap.add_argument("--repeat", type=int, default=1, help="runs per worker count; the fastest is reported")
     ap.add_argument("--sample0-out", default=None, help="torch.save dataset[0] here (compatibility check)")
     args = ap.parse_args()
@@ -121,6 +122,9 @@ def main() -> int:
             from importlib.metadata import version
 
             result["versions"]["lerobot"] = version("lerobot")
+        if args.torch_threads:
+            torch.set_num_threads(args.torch_threads)
+        result["torch_threads"] = torch.get_num_threads()
         delta = json.loads(args.delta_timestamps)
         t = time.perf_counter()
         ds = LeRobotDataset(repo_id="local/bench", root=args.root, delta_timestamps=delta)
