@@ -198,3 +198,15 @@ def test_warns_when_a_consumer_gets_no_shard(raw: Path) -> None:
         ds.plan(rank=0, worker=0, num_workers=2)
     samples = sum(len(b) for r in range(4) for b in _epoch(_dataset(raw, cameras=[], rank=r, world_size=4), 2))
     assert samples == sum(_all_frames(raw).values())  # the idle consumer just ends; the others cover all
+
+
+def test_image_features_decode_like_lerobot(tmp_path: Path) -> None:
+    key = "observation.images.wrist"
+    root = synth_dataset(tmp_path / "img", num_episodes=2, cameras=(), image_keys=(key,), length_range=(6, 9))
+    ds = _dataset(root, delta_timestamps={key: [-1 / FPS, 0.0]})
+    for sample in ds:
+        ep, frame = int(sample["episode_index"]), int(sample["frame_index"])
+        image = sample[key]
+        assert image.shape == (2, 3, 64, 160) and image.dtype == torch.float32
+        assert [read_identity(f) for f in image] == [(ep, max(frame - 1, 0)), (ep, frame)]
+        assert sample[f"{key}_is_pad"].tolist() == [frame == 0, False]
