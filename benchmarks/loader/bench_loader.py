@@ -18,14 +18,18 @@ For every window preset and DataLoader worker count it measures:
    DataLoader, run by a separate venv's python (lerobot_baseline.py), never imported here;
    our samples/s as a ratio to it (target >= 2x), plus a key/dtype/shape/value comparison of
    LeRobot's sample 0 with ours;
-5. optionally the converted loader with CUDA decoding (skipped without CUDA).
+5. the DataLoader ceiling: samples shaped exactly like ours (same keys, dtypes, shapes) made
+   without any I/O or decoding, through the same DataLoader: the most any DataLoader-based loader
+   can deliver on this machine (float32 640x480 images make collation and worker-to-main
+   transfer the bottleneck, not decoding);
+6. optionally the converted loader with CUDA decoding (skipped without CUDA).
 
 Writes ``<out>/<tag>.json``, ``<out>/<tag>.csv`` and ``<out>/<tag>.md`` (tag: ``latest`` or
 ``quick``). Speed and memory live here, never in the tests.
 
     .venv/bin/python benchmarks/loader/bench_loader.py --quick
     .venv/bin/python benchmarks/loader/bench_loader.py                      # real fixture
-    .venv/bin/python benchmarks/loader/bench_loader.py --synth --synth-episodes 24
+    .venv/bin/python benchmarks/loader/bench_loader.py --synth --synth-episodes 32 --pool-size 4 --tag synth
 """
 
 from __future__ import annotations
@@ -220,6 +224,52 @@ def our_sample0(source: str, delta: dict[str, list[float]] | None, image_dtype: 
     sample = next(it)
     del it
     return sample
+
+
+# ------------------------------------------------------------------------------------ DataLoader ceiling
+
+
+class TemplateDataset(torch.utils.data.IterableDataset):
+    """Samples shaped exactly like ours, made without I/O or decoding: what the DataLoader alone allows.
+
+    Float images are kept as uint8 and converted per sample as the loader does (``float().div_(255)``),
+    every other tensor is cloned; workers split the samples round-robin.
+    """
+
+    def __init__(self, template: dict[str, Any], num_samples: int) -> None:
+        super().__init__()
+        self.num_samples = num_samples
+        self.template = {}
+        for k, v in template.items():
+            if isinstance(v, torch.Tensor) and v.is_floating_point() and v.dim() >= 3:
+                self.template[k] = ("image", (v * 255).round().to(torch.uint8))
+            elif isinstance(v, torch.Tensor):
+                self.template[k] = ("tensor", v)
+            else:
+                self.template[k] = ("value", v)
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
+        for _ in range(worker, self.num_samples, workers):
+            item = {}
+            for k, (kind, v) in self.template.items():
+                item[k] = v.float().div_(255) if kind == "image" else v.clone() if kind == "tensor" else v
+            yield item
+
+
+def run_ceiling(template: dict[str, Any], num_samples: int, workers: int, batch_size: int) -> dict[str, Any]:
+    loader = DataLoader(TemplateDataset(template, num_samples), batch_size=batch_size, num_workers=workers)
+    t0 = time.perf_counter()
+    n, first = 0, None
+    for batch in loader:
+        if first is None:
+            first = time.perf_counter() - t0
+        n += len(batch["index"])
+    wall = time.perf_counter() - t0
+    steady = (n - batch_size) / (wall - first) if first is not None and n > batch_size and wall > first else None
+    return {"samples": n, "wall_s": rnd(wall, 3), "first_batch_s": rnd(first, 3), "samples_per_s": rnd(n / wall),
+            "steady_samples_per_s": rnd(steady)}
 
 
 # ------------------------------------------------------------------------------------ pure decode
@@ -462,7 +512,7 @@ def peak_worker_mb(memory: dict[str, Any] | None) -> float | None:
 
 
 CSV_FIELDS = ("window", "workers", "kind", "samples", "frames", "wall_s", "first_batch_s", "samples_per_s",
-              "steady_samples_per_s", "frames_per_s", "ratio_to_pure_decode", "ratio_to_lerobot",
+              "steady_samples_per_s", "frames_per_s", "ratio_to_pure_decode", "ratio_to_lerobot", "ratio_to_ceiling",
               "worker_peak_rss_mb", "worker_max_growth_mb", "note")
 
 
@@ -470,7 +520,7 @@ def flat_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
     rows = []
     for w in report["windows"]:
         for c in w["cases"]:
-            for kind in ("converted", "raw", "pure_decode", "lerobot", "converted_cuda"):
+            for kind in ("converted", "raw", "pure_decode", "dataloader_ceiling", "lerobot", "converted_cuda"):
                 r = c.get(kind)
                 if not r:
                     continue
@@ -486,6 +536,7 @@ def flat_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
                     "frames_per_s": r.get("frames_per_s"),
                     "ratio_to_pure_decode": r.get("ratio_to_pure_decode"),
                     "ratio_to_lerobot": r.get("ratio_to_lerobot"),
+                    "ratio_to_ceiling": r.get("ratio_to_ceiling"),
                     "worker_peak_rss_mb": peak_worker_mb(r.get("memory")),
                     "worker_max_growth_mb": max_worker_growth(r.get("memory")),
                     "note": r.get("note", ""),
@@ -494,7 +545,7 @@ def flat_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def bar_chart(rows: list[dict[str, Any]], width: int = 44) -> str:
-    data = [(f"{r['window']:<9} w={r['workers']} {r['kind']:<12}", r["samples_per_s"]) for r in rows
+    data = [(f"{r['window']:<9} w={r['workers']} {r['kind']:<18}", r["samples_per_s"]) for r in rows
             if r.get("samples_per_s")]
     if not data:
         return "(no data)"
@@ -532,19 +583,23 @@ def markdown(report: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     out.append(f"LeRobot baseline: {lr.get('status')}.")
     out += ["", "## Throughput", "",
             "| window | workers | kind | samples/s | steady samples/s | frames/s | first batch s | "
-            "vs pure decode | vs LeRobot | worker peak RSS MiB | worker RSS growth MiB |",
-            "|---|---|---|---|---|---|---|---|---|---|---|"]
+            "vs pure decode | vs LeRobot | vs DataLoader ceiling | worker peak RSS MiB | worker RSS growth MiB |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if r.get("note") and not r.get("samples_per_s"):
-            out.append(f"| {r['window']} | {r['workers']} | {r['kind']} | {r['note']} | | | | | | | |")
+            out.append(f"| {r['window']} | {r['workers']} | {r['kind']} | {r['note']} | | | | | | | | |")
             continue
         out.append(f"| {r['window']} | {r['workers']} | {r['kind']} | {fmt(r['samples_per_s'])} | "
                    f"{fmt(r['steady_samples_per_s'])} | {fmt(r['frames_per_s'])} | {fmt(r['first_batch_s'])} | "
                    f"{fmt(r['ratio_to_pure_decode'], 'x')} | {fmt(r['ratio_to_lerobot'], 'x')} | "
+                   f"{fmt(r.get('ratio_to_ceiling'), 'x')} | "
                    f"{fmt(r['worker_peak_rss_mb'])} | {fmt(r['worker_max_growth_mb'])} |")
     out += ["", "Targets (reported, not asserted): converted loader frames/s >= "
             f"{PURE_TARGET}x pure decode; converted loader samples/s >= {LEROBOT_TARGET}x LeRobot.",
-            "Pure decode samples/s counts decode only (no parquet, float conversion or collation).", "",
+            "Pure decode samples/s counts decode only (no parquet, float conversion or collation). "
+            "The DataLoader ceiling pushes samples shaped exactly like ours (same keys, dtypes, shapes; float "
+            "images converted from uint8 per sample as the loader does) through the same DataLoader without "
+            "any I/O or decoding: no DataLoader-based loader can beat it on this machine.", "",
             "## Samples/s", "", "```", bar_chart(rows), "```", ""]
     out += ["## Memory per process over the epoch (RSS, MiB)", "",
             "growth = end − warm (warm: when the first batch arrived); floor growth = min of the last quarter − "
@@ -570,8 +625,10 @@ def markdown(report: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     out += ["## Checks", ""]
     for w in report["windows"]:
         for c in w["cases"]:
-            out.append(f"- {w['window']}, workers={c['workers']}: raw source emitted the same samples as the "
-                       f"converted shards: **{c.get('same_samples_raw_vs_converted')}**; pure decode decoded "
+            same = c.get("same_samples_raw_vs_converted")
+            raw_text = "" if same is None else (f"raw source emitted the same samples as the converted shards: "
+                                                f"**{same}**; ")
+            out.append(f"- {w['window']}, workers={c['workers']}: {raw_text}pure decode decoded "
                        f"{(c.get('pure_decode') or {}).get('frames')} frames, the loader "
                        f"{(c.get('converted') or {}).get('frames_delivered')} (its decoder counter: "
                        f"{(c.get('converted') or {}).get('frames_decoded')}"
@@ -634,9 +691,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="python of the LeRobot 0.4.4 venv (default ./.venv-lerobot or /work/lerobot-venv)")
     ap.add_argument("--no-lerobot", action="store_true", help="skip the LeRobot baseline")
     ap.add_argument("--no-raw", action="store_true", help="skip the raw-source loader runs")
+    ap.add_argument("--no-ceiling", action="store_true", help="skip the DataLoader-ceiling runs")
     ap.add_argument("--cuda", choices=("auto", "on", "off"), default="auto", help="CUDA decode column")
     ap.add_argument("--out", default=str(HERE / "results"))
     ap.add_argument("--tag", default=None, help="result file name stem (default: latest, or quick with --quick)")
+    ap.add_argument("--render", default=None, metavar="JSON",
+                    help="measure nothing: rewrite the .md and .csv next to a result .json")
     ap.add_argument("--work-dir", default=None, help="where the converted copy goes (default: a temp dir, removed)")
     args = ap.parse_args(argv)
     if args.quick:
@@ -651,6 +711,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.render:
+        path = Path(args.render)
+        write_report(json.loads(path.read_text()), path.parent, path.stem, echo=False)
+        log(f"rewrote {path.with_suffix('.md')} and {path.with_suffix('.csv')}")
+        return 0
     from lerobot_shards.convert.run import convert_dataset
     import torchcodec
 
@@ -751,12 +816,13 @@ def main(argv: list[str] | None = None) -> int:
             delta = window_preset(window, fps, cameras, info["features"])
             offsets = camera_offsets(delta, cameras, fps)
             wrep: dict[str, Any] = {"window": window, "delta_timestamps": delta, "cases": []}
+            template = None if args.no_ceiling else our_sample0(str(converted), delta, image_dtype)
             for w in workers:
                 case: dict[str, Any] = {"workers": w}
                 common = dict(delta=delta, workers=w, batch_size=args.batch_size, seed=args.seed,
                               pool_size=args.pool_size, image_dtype=image_dtype, max_samples=args.max_samples,
                               ffmpeg_threads=args.ffmpeg_threads)
-                convs, raws, pures = [], [], []
+                convs, raws, pures, ceils = [], [], [], []
                 for r in range(args.repeat):
                     rep = f" (repeat {r + 1}/{args.repeat})" if args.repeat > 1 else ""
                     log(f"[{window} w={w}] converted shards{rep}")
@@ -773,6 +839,10 @@ def main(argv: list[str] | None = None) -> int:
                                                  args.pool_size, args.ffmpeg_threads))
                     log(f"  {pures[-1].get('frames')} frames, {pures[-1].get('frames_per_s')} frames/s "
                         f"{pures[-1].get('error', '')}")
+                    if not args.no_ceiling:
+                        log(f"[{window} w={w}] DataLoader ceiling (same samples, no I/O, no decode){rep}")
+                        ceils.append(run_ceiling(template, convs[0]["samples"], w, args.batch_size))
+                        log(f"  {ceils[-1]['samples_per_s']} samples/s")
                 case["same_samples_across_repeats"] = all(c["emitted"] == convs[0]["emitted"] for c in convs)
                 conv, pure = best_of(convs, "samples_per_s"), best_of(pures, "frames_per_s")
                 if not args.no_raw:
@@ -788,6 +858,13 @@ def main(argv: list[str] | None = None) -> int:
                 if not args.no_raw:
                     case["raw"]["ratio_to_pure_decode"] = ratio(case["raw"]["frames_per_s"], pure.get("frames_per_s"))
                 case["converted"], case["pure_decode"] = conv, pure
+                if ceils:
+                    ceil = best_of(ceils, "samples_per_s")
+                    ceil["frames_per_s"] = rnd(ceil["samples_per_s"] * sum(len(v) for v in offsets.values()))
+                    case["dataloader_ceiling"] = ceil
+                    conv["ratio_to_ceiling"] = ratio(conv["samples_per_s"], ceil["samples_per_s"])
+                    if "raw" in case:
+                        case["raw"]["ratio_to_ceiling"] = ratio(case["raw"]["samples_per_s"], ceil["samples_per_s"])
                 if cuda:
                     log(f"[{window} w={w}] converted shards, CUDA decode")
                     try:
@@ -840,24 +917,31 @@ def main(argv: list[str] | None = None) -> int:
         if own_work:
             shutil.rmtree(work, ignore_errors=True)
 
+    if args.image_dtype == "uint8" and not args.no_lerobot:
+        notes.append("--image-dtype uint8: our loader returns uint8 images while LeRobot always returns float32, "
+                     "so the LeRobot ratio is not like for like (it shows what skipping the float conversion buys)")
     report["environment"]["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
     report["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
     report["total_seconds"] = rnd(time.time() - started, 1)
     report["notes"] = notes
+    write_report(report, Path(args.out), args.tag)
+    log(f"wrote {args.out}/{args.tag}.json, .csv, .md in {report['total_seconds']} s")
+    return 0
+
+
+def write_report(report: dict[str, Any], out: Path, tag: str, *, echo: bool = True) -> None:
     rows = flat_rows(report)
-    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{args.tag}.json").write_text(json.dumps(report, indent=1, default=str))
-    with open(out / f"{args.tag}.csv", "w", newline="") as f:
+    (out / f"{tag}.json").write_text(json.dumps(report, indent=1, default=str))
+    with open(out / f"{tag}.csv", "w", newline="") as f:
         wr = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
         wr.writeheader()
         wr.writerows(rows)
     md = markdown(report, rows)
-    (out / f"{args.tag}.md").write_text(md)
-    print()
-    print(md)
-    log(f"wrote {out}/{args.tag}.json, .csv, .md in {report['total_seconds']} s")
-    return 0
+    (out / f"{tag}.md").write_text(md)
+    if echo:
+        print()
+        print(md)
 
 
 if __name__ == "__main__":

@@ -9,17 +9,23 @@ writes; torchcodec (the system FFmpeg, as the loader uses it) decodes.
 from __future__ import annotations
 
 import io
+import logging
 import os
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
-from typing import BinaryIO, Iterable, Iterator, Sequence, Union
+from typing import TYPE_CHECKING, BinaryIO, Iterable, Iterator, Sequence, Union
 
 import av
 import numpy as np
-import torch
 
 from .format import ClipInfo, FrameEntry
+from .mp4cut import Mp4CutUnsupported, Mp4File, Mp4Track
+
+if TYPE_CHECKING:  # torch costs 1-2 s and ~180 MB per process: only decode_frames imports it
+    import torch
+
+log = logging.getLogger(__name__)
 
 Source = Union[str, "os.PathLike[str]", bytes, bytearray, memoryview, BinaryIO]
 
@@ -243,19 +249,31 @@ def probe_clip(src: Source) -> ProbeResult:
         )
 
 
+def _round_div(n: int, d: int) -> int:
+    """round(n / d) for d > 0, exactly, with round()'s ties to even (as round(Fraction) does)."""
+    q, r = divmod(n, d)
+    return q + (2 * r > d or (2 * r == d and q & 1))
+
+
 class _Indexer:
-    """Frame index of a pts: rounding absorbs real files' sub-millisecond drift from k/fps."""
+    """Frame index of a pts: rounding absorbs real files' sub-millisecond drift from k/fps.
+
+    Integer arithmetic only: this runs once or twice per packet, and Fraction arithmetic there
+    cost more than the demuxing itself. Results equal round(pts * time_base * fps) exactly.
+    """
 
     def __init__(self, stream: av.video.stream.VideoStream) -> None:
-        self.fps = _stream_fps(stream)
-        self.tb = stream.time_base
+        fps, tb = _stream_fps(stream), stream.time_base
+        self.fps = fps
         self.start = stream.start_time or 0
+        self._num = tb.numerator * fps.numerator  # index = (ts - start) * _num / _den
+        self._den = tb.denominator * fps.denominator
 
     def index(self, ts: int) -> int:
-        return round((ts - self.start) * self.tb * self.fps)
+        return _round_div((ts - self.start) * self._num, self._den)
 
     def pts(self, index: int) -> int:
-        return self.start + round(index / self.fps / self.tb)
+        return self.start + _round_div(index * self._den, self._num)
 
 
 def _check_range(src: Source, first_frame: int, num_frames: int) -> None:
@@ -266,12 +284,85 @@ def _check_range(src: Source, first_frame: int, num_frames: int) -> None:
 def cut_clip(src: Source, first_frame: int, num_frames: int) -> tuple[bytes, ClipInfo]:
     """Stream-copy source frames [first_frame, first_frame+num_frames) into a new mp4 starting at pts 0.
 
-    Seeks to the keyframe at or before ``first_frame`` instead of demuxing from the start. Raises
-    ClipError when the range does not start on a keyframe or runs past the end: callers re-encode.
+    Plain mp4s are cut by bytes (``mp4cut``: sample tables rewritten, each contiguous run of
+    sample data copied at once); anything that cutter refuses goes through PyAV packet by packet. Both take the same
+    frames and give the same packets and ClipInfo. Raises ClipError when the range does not
+    start on a keyframe or runs past the end: callers re-encode.
     """
     _check_range(src, first_frame, num_frames)
+    where = f"{_describe(src)} frames [{first_frame}, {first_frame + num_frames})"
+    try:
+        return _cut_clip_mp4(src, first_frame, num_frames, where)
+    except Mp4CutUnsupported as e:
+        log.debug("%s: cutting with PyAV (%s)", where, e)
+    return _cut_clip_pyav(src, first_frame, num_frames, where)
+
+
+_FACTS_CACHE: dict[bytes, tuple[str, int, int, str]] = {}
+_FACTS_CACHE_SIZE = 64
+# Sample entries whose parameter sets are all in stsd: the stream facts depend on stsd alone.
+_OUT_OF_BAND = {b"avc1", b"hvc1", b"av01"}
+
+
+def _stream_facts(track: Mp4Track, clip: bytes) -> tuple[str, int, int, str]:
+    """(codec, width, height, pix_fmt) as probe_clip reports them, from PyAV's header parse.
+
+    Cached by the stsd bytes, which hold the codec configuration, so a source's episodes pay
+    for one header parse per process (not when parameter sets may change in-band: avc3, hev1).
+    """
+    cacheable = track.sample_entry in _OUT_OF_BAND
+    facts = _FACTS_CACHE.get(track.stsd) if cacheable else None
+    if facts is None:
+        with av.open(io.BytesIO(clip)) as container:
+            ctx = _video_stream(container, clip).codec_context
+            facts = (ctx.codec.canonical_name, ctx.width, ctx.height, ctx.pix_fmt or "")
+        if cacheable:
+            if len(_FACTS_CACHE) >= _FACTS_CACHE_SIZE:
+                _FACTS_CACHE.clear()
+            _FACTS_CACHE[track.stsd] = facts
+    return facts
+
+
+def _frame_indices(dts: np.ndarray, timescale: int, fps: tuple[int, int]) -> np.ndarray:
+    """_Indexer.index of each dts (time base 1/timescale, start 0), vectorised."""
+    num, den = fps[0], timescale * fps[1]
+    if dts.size and int(dts.max()) * num >= 2**62:
+        raise Mp4CutUnsupported("timestamps too large for int64 frame indexing")
+    n = dts * num
+    q, r = np.divmod(n, den)
+    return q + ((2 * r > den) | ((2 * r == den) & (q % 2 == 1)))
+
+
+def _cut_clip_mp4(src: Source, first_frame: int, num_frames: int, where: str) -> tuple[bytes, ClipInfo]:
+    """The byte-level cut; Mp4CutUnsupported where the PyAV cut could select other frames."""
     end = first_frame + num_frames
-    where = f"{_describe(src)} frames [{first_frame}, {end})"
+    with Mp4File(src) as mp4:
+        track = mp4.track
+        count = track.num_samples
+        fps = track.average_rate()
+        # The PyAV cut takes the packets whose rounded frame index is in range. Sample k is frame k
+        # here; insist that rounding agrees around the range, else leave the choice to PyAV.
+        lo, hi = min(max(first_frame - 1, 0), count - 1), min(end + 1, count)
+        if not np.array_equal(_frame_indices(track.dts[lo:hi], track.timescale, fps), np.arange(lo, hi)):
+            raise Mp4CutUnsupported("timestamps drift more than half a frame from the sample count")
+        available = max(0, min(end, count) - first_frame)
+        if available < num_frames:
+            raise ClipError(f"{where}: source has only {available} of those frames")
+        if not track.sync[first_frame]:
+            raise ClipError(f"{where}: frame {first_frame} is not a keyframe; stream copy would not decode")
+        clip = mp4.cut(first_frame, num_frames)
+    codec, width, height, pix_fmt = _stream_facts(track, clip.data)
+    frames = tuple(map(FrameEntry, clip.pts.tolist(), clip.durations.tolist(), clip.sync.tolist()))
+    info = ClipInfo(
+        codec=codec, width=width, height=height, pix_fmt=pix_fmt, fps=fps[0] / fps[1], num_frames=num_frames,
+        time_base=(1, track.timescale), frames=frames, stream_copied=True, source_first_frame=first_frame,
+    )
+    return clip.data, info
+
+
+def _cut_clip_pyav(src: Source, first_frame: int, num_frames: int, where: str) -> tuple[bytes, ClipInfo]:
+    """The packet-by-packet cut: seeks to the keyframe at or before ``first_frame``, demuxes, muxes."""
+    end = first_frame + num_frames
     with _open(src) as container:
         stream = _video_stream(container, src)
         ix = _Indexer(stream)
@@ -339,8 +430,12 @@ def reencode_clip(
 
 def decode_frames(
     src: str | Path | bytes, indices: Sequence[int], *, frame_mappings: str | None = None
-) -> torch.Tensor:
-    """Frames at ``indices`` as uint8 NCHW, decoded by torchcodec like the loader does."""
+) -> "torch.Tensor":
+    """Frames at ``indices`` as uint8 NCHW, decoded by torchcodec like the loader does.
+
+    torchcodec (and with it torch) is imported here, not at module level: the converter never
+    decodes, and each of its spawned workers would pay 1-2 s and ~180 MB for the import.
+    """
     from torchcodec.decoders import VideoDecoder
 
     source = str(src) if isinstance(src, (str, os.PathLike)) else bytes(src)
