@@ -75,7 +75,7 @@ def _read_json(fs: fsspec.AbstractFileSystem, path: str) -> dict[str, Any]:
 def _read_parquet(fs: fsspec.AbstractFileSystem, path: str) -> pa.Table:
     try:
         with fs.open(path, "rb") as f:
-            return pq.read_table(f)
+            return pq.ParquetFile(f).read()  # read_table would import pyarrow.dataset (and pandas)
     except FileNotFoundError:
         raise SourceError(f"{path}: file not found") from None
     except (pa.ArrowInvalid, OSError) as e:

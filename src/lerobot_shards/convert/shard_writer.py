@@ -16,6 +16,7 @@ import logging
 import posixpath
 import tarfile
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, BinaryIO, TypeVar
 
@@ -75,20 +76,36 @@ class EpisodeMembers:
 
 
 class _HashingWriter:
-    """File wrapper that hashes and counts what passes through, so the tar is read once."""
+    """File wrapper that hashes and counts what passes through, so the tar is read once.
+
+    Hashing runs on a helper thread (hashlib releases the GIL), one write behind the disk
+    write, so sha256 overlaps the I/O instead of adding to it; at most one buffer is pending.
+    """
 
     def __init__(self, raw: BinaryIO) -> None:
         self.raw = raw
-        self.sha = hashlib.sha256()
+        self._sha = hashlib.sha256()
         self.size = 0
+        self._hasher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sha256")
+        self._pending: Future[None] | None = None
 
     def write(self, data: bytes) -> int:
-        self.sha.update(data)
+        data = bytes(data)  # the hasher must see these bytes even if the caller reuses its buffer
+        if self._pending is not None:
+            self._pending.result()
+        self._pending = self._hasher.submit(self._sha.update, data)
         self.size += len(data)
         return self.raw.write(data)
 
     def tell(self) -> int:
         return self.size
+
+    def hexdigest(self) -> str:
+        if self._pending is not None:
+            self._pending.result()
+            self._pending = None
+        self._hasher.shutdown()
+        return self._sha.hexdigest()
 
 
 def header_bytes(header: EpisodeHeader) -> bytes:
@@ -224,6 +241,6 @@ def build_shard(
             if on_episode is not None:
                 on_episode(ep.length, sum(len(d) for _, d in ep.payloads))
     return Sidecar(
-        shard=shard_name(shard.index), size=writer.size, sha256=writer.sha.hexdigest(), episodes=tuple(entries),
+        shard=shard_name(shard.index), size=writer.size, sha256=writer.hexdigest(), episodes=tuple(entries),
         skipped=skipped,
     )

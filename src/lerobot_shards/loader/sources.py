@@ -216,7 +216,7 @@ class ShardSource:
                 raise ValueError(f"{where}: member {name!r} missing from the sidecar")
             return blob[m.offset - start : m.offset - start + m.size]
 
-        table = pq.read_table(io.BytesIO(member(fmt.table_member(entry.key))))
+        table = pq.ParquetFile(io.BytesIO(member(fmt.table_member(entry.key)))).read()
         columns = table_to_columns(table, self.info.features, where)
         clips = {
             cam: ClipRef(
