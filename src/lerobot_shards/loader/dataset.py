@@ -123,6 +123,8 @@ class EpisodePoolDataset(IterableDataset):
         super().__init__()
         if episode_pool_size < 1:
             raise ValueError(f"episode_pool_size must be at least 1, got {episode_pool_size}")
+        if not isinstance(num_ffmpeg_threads, int) or num_ffmpeg_threads < 0:
+            raise ValueError(f"num_ffmpeg_threads must be an int >= 0 (0 = FFmpeg's choice), got {num_ffmpeg_threads!r}")
         if image_dtype not in (torch.float32, torch.uint8):
             raise ValueError(f"image_dtype must be torch.float32 or torch.uint8, got {image_dtype}")
         if video_decode_device not in ("cpu", "cuda") and not str(video_decode_device).startswith("cuda:"):
