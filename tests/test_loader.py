@@ -189,6 +189,11 @@ def test_episode_subset_and_clear_errors(raw: Path) -> None:
         _dataset(raw, cameras=["observation.images.side"])
     with pytest.raises(ValueError, match=r"episodes \[99\] are not in the dataset"):
         _dataset(raw, episodes=[1, 99])
+    state = _dataset(raw, seed=1).state_dict(batches_consumed=2, batch_size=4)
+    with pytest.raises(ValueError, match=r"saved with seed=1 but this dataset has seed=2"):
+        _dataset(raw, seed=2).load_state_dict(state)
+    with pytest.raises(ValueError, match=r"resume state lacks \['batch_size'\]"):
+        _dataset(raw).load_state_dict({"epoch": 0, "batches_consumed": 1})
 
 
 @pytest.mark.filterwarnings("ignore:frames per consumer are uneven")

@@ -193,14 +193,30 @@ class EpisodePoolDataset(IterableDataset):
         self.epoch = int(epoch)
 
     def state_dict(self, batches_consumed: int, batch_size: int) -> dict[str, int]:
-        """The resume state, built by the training loop from the batches it has consumed."""
-        return {"epoch": self.epoch, "batches_consumed": int(batches_consumed), "batch_size": int(batch_size)}
+        """The resume state, built by the training loop from the batches it has consumed.
+
+        ``seed`` and ``world_size`` ride along so that resuming under other settings fails loudly
+        instead of replaying a different order.
+        """
+        return {
+            "epoch": self.epoch,
+            "batches_consumed": int(batches_consumed),
+            "batch_size": int(batch_size),
+            "seed": self.seed,
+            "world_size": self.world_size,
+        }
 
     def load_state_dict(self, state: Mapping[str, int]) -> None:
         """Resume: the next iterator of ``state['epoch']`` starts after ``batches_consumed`` batches."""
         missing = {"epoch", "batches_consumed", "batch_size"} - set(state)
         if missing:
             raise ValueError(f"resume state lacks {sorted(missing)}: {dict(state)}")
+        for key in ("seed", "world_size"):
+            if key in state and int(state[key]) != getattr(self, key):
+                raise ValueError(
+                    f"resume state was saved with {key}={state[key]} but this dataset has {key}={getattr(self, key)}: "
+                    f"the sample order would differ"
+                )
         self.epoch = int(state["epoch"])
         self._resume = {k: int(state[k]) for k in ("epoch", "batches_consumed", "batch_size")}
 
