@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from lerobot_shards.loader.partition import (
+    SIZE_BUCKETS,
     Consumer,
     assign_shards,
     assignment_warnings,
@@ -131,3 +132,14 @@ def test_equal_sample_count_rejects_idle_consumers():
     frames = [100, 100]
     with pytest.raises(ValueError, match="1 of 3"):
         equal_sample_count(assign_shards(frames, 3, seed=0, epoch=0), frames)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_balance_is_within_the_smallest_shard(seed: int) -> None:
+    """Largest-first greedy: consumer totals differ by at most about the smallest shard."""
+    rng = np.random.default_rng(seed)
+    frames = [int(x) for x in rng.integers(100, 250, size=24)]
+    for consumers in (2, 3, 4):
+        totals = consumer_frames(assign_shards(frames, consumers, seed=seed, epoch=1), frames)
+        slack = max(frames) / SIZE_BUCKETS
+        assert max(totals) - min(totals) <= min(frames) + slack, (consumers, totals)

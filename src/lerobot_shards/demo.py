@@ -61,7 +61,7 @@ def run_demo(
             seed=0,
         )
     converted = out / "converted"
-    manifest = convert_dataset(source, converted, episodes_per_shard=4, workers=num_workers, progress=progress)
+    manifest = convert_dataset(source, converted, episodes_per_shard=2, workers=num_workers, progress=progress)
     if manifest is None:
         raise RuntimeError(f"{converted}: conversion did not finish")
     fps = manifest.fps

@@ -426,6 +426,27 @@ class Mp4Clip:
     sync: np.ndarray
 
 
+@dataclass(frozen=True)
+class Mp4Layout:
+    """A cut described, not copied: ``prefix`` (ftyp, moov, mdat header) then source byte ranges.
+
+    The clip's bytes are ``prefix`` followed by the bytes at each (source offset, size) of
+    ``ranges``, in order; ``size`` is known before any sample byte is read, so a writer can copy
+    the ranges file to file (``os.copy_file_range``) without the clip ever being in memory.
+    Frame table as in Mp4Clip.
+    """
+
+    prefix: bytes
+    ranges: tuple[tuple[int, int], ...]
+    pts: np.ndarray
+    durations: np.ndarray
+    sync: np.ndarray
+
+    @property
+    def size(self) -> int:
+        return len(self.prefix) + sum(size for _, size in self.ranges)
+
+
 class Mp4File:
     """An open source mp4 with its parsed track; ``cut`` copies sample ranges out of it.
 
@@ -447,8 +468,12 @@ class Mp4File:
             self._reader.close()
             raise
 
-    def cut(self, first: int, count: int) -> Mp4Clip:
-        """Samples [first, first+count) as a new faststart mp4, one read per contiguous byte run."""
+    def layout(self, first: int, count: int) -> Mp4Layout:
+        """Samples [first, first+count) as a new faststart mp4, described as prefix + source ranges.
+
+        One range per run of samples that lie back to back in the source (usually one for the
+        whole clip). No sample byte is read; ranges are checked against the source's size.
+        """
         track = self.track
         if first < 0 or count < 1 or first + count > track.num_samples:
             raise ValueError(f"samples [{first}, {first + count}) not in [0, {track.num_samples})")
@@ -464,22 +489,36 @@ class Mp4File:
             mdat_header = struct.pack(">I4s", 8 + payload, b"mdat")
         else:
             mdat_header = struct.pack(">I4sQ", 1, b"mdat", 16 + payload)
-        parts = [ftyp, _moov(track, sizes, durations, sync, len(ftyp) + moov_size + len(mdat_header)), mdat_header]
-        # One read per run of samples that lie back to back in the source (usually the whole clip).
+        prefix = b"".join(
+            [ftyp, _moov(track, sizes, durations, sync, len(ftyp) + moov_size + len(mdat_header)), mdat_header]
+        )
         breaks = np.flatnonzero(offsets[1:] != offsets[:-1] + sizes[:-1]) + 1
         bounds = np.concatenate(([0], breaks, [count])).tolist()
+        ranges = []
+        for a, b in zip(bounds[:-1], bounds[1:]):
+            start = int(offsets[a])
+            size = int(offsets[b - 1] + sizes[b - 1]) - start
+            if start < 0 or start + size > self._reader.size:
+                raise Mp4CutUnsupported(
+                    f"read of {size} bytes at {start} runs past the end ({self._reader.size} bytes)"
+                )
+            ranges.append((start, size))
+        pts = np.concatenate(([0], np.cumsum(durations)[:-1]))
+        return Mp4Layout(prefix=prefix, ranges=tuple(ranges), pts=pts, durations=durations, sync=sync)
+
+    def cut(self, first: int, count: int) -> Mp4Clip:
+        """Samples [first, first+count) as a new faststart mp4, one read per contiguous byte run."""
+        layout = self.layout(first, count)
         views: list[bytes | memoryview] = []
         try:
-            for a, b in zip(bounds[:-1], bounds[1:]):
-                start = int(offsets[a])
-                views.append(self._reader.view(start, int(offsets[b - 1] + sizes[b - 1]) - start))
-            data = b"".join(parts + views)  # the only copy of the sample bytes
+            for start, size in layout.ranges:
+                views.append(self._reader.view(start, size))
+            data = b"".join([layout.prefix, *views])  # the only copy of the sample bytes
         finally:  # a memory map cannot close while slices of it are alive
             for v in views:
                 if isinstance(v, memoryview):
                     v.release()
-        pts = np.concatenate(([0], np.cumsum(durations)[:-1]))
-        return Mp4Clip(data=data, pts=pts, durations=durations, sync=sync)
+        return Mp4Clip(data=data, pts=layout.pts, durations=layout.durations, sync=layout.sync)
 
     def close(self) -> None:
         self._reader.close()

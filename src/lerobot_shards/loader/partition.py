@@ -44,6 +44,9 @@ class Consumer:
         return self.world_size * self.num_workers
 
 
+SIZE_BUCKETS = 20  # shards within 5% of the largest shard's size count as equal for balancing
+
+
 def assign_shards(
     shard_frames: Sequence[int],
     num_consumers: int,
@@ -54,13 +57,13 @@ def assign_shards(
 ) -> list[list[int]]:
     """Disjoint whole shards per consumer, every shard exactly once, balanced by frames.
 
-    Greedy list scheduling: shards, in a (seed, epoch)-permuted order, each go to the consumer
-    with the fewest frames so far (ties by a permuted consumer priority, so no consumer always
-    gets the extra shard). Consumer totals end within one shard's frames of each other. Sorting
-    largest-first (LPT) would balance a little tighter, but shards of distinct sizes would then
-    fall into the same groups every epoch, only relabelled; the permuted order regroups them,
-    so a pool mixes different episodes each epoch. Each consumer then reads its shards in a
-    (seed, epoch)-shuffled order. ``shuffle=False`` uses source order throughout.
+    Greedy largest-first (LPT) list scheduling: each shard goes to the consumer with the fewest
+    frames so far (ties by a permuted consumer priority, so no consumer always gets the extra
+    shard). Sizes are compared in buckets of 1/``SIZE_BUCKETS`` of the largest shard, and shards
+    within a bucket come in a (seed, epoch)-permuted order: balance stays close to exact LPT,
+    while the near-equal shards a converter writes regroup every epoch, so a pool mixes
+    different episodes each epoch. Each consumer then reads its shards in a (seed, epoch)-
+    shuffled order. ``shuffle=False`` uses source order for ties and reading.
     """
     if num_consumers < 1:
         raise ValueError(f"num_consumers must be at least 1, got {num_consumers}")
@@ -69,6 +72,8 @@ def assign_shards(
     rng = keyed_rng(PARTITION_STREAM, seed, epoch)
     n = len(shard_frames)
     order = [int(i) for i in rng.permutation(n)] if shuffle else list(range(n))
+    bucket = max(1, max(shard_frames, default=0)) / SIZE_BUCKETS
+    order.sort(key=lambda s: -int(shard_frames[s] / bucket))  # stable: a bucket keeps the permuted order
     consumers = range(num_consumers)
     priority = [int(p) for p in rng.permutation(num_consumers)] if shuffle else list(consumers)
     heap = [(0, priority[c], c) for c in consumers]
