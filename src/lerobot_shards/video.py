@@ -107,6 +107,65 @@ def _fps_fraction(fps: float) -> Fraction:
     return Fraction(fps).limit_denominator(1001)
 
 
+def _encoder_options(codec: str, gop: int, crf: int, threads: int) -> dict[str, str]:
+    if codec not in CODECS:
+        raise ValueError(f"codec {codec!r} is not one of {sorted(CODECS)}")
+    if gop < 1:
+        raise ValueError(f"gop must be >= 1, got {gop}")
+    options = {"crf": str(crf), "g": str(gop)}
+    if codec == "h264":
+        options["x264-params"] = f"keyint={gop}:min-keyint={gop}:scenecut=0:bframes=0"
+        if threads == 1:  # no lookahead or sliced threads either: the bytes must not depend on scheduling
+            options["x264-params"] += ":threads=1:lookahead-threads=1:sliced-threads=0"
+    elif codec == "hevc":
+        options["x265-params"] = f"keyint={gop}:min-keyint={gop}:scenecut=0:bframes=0:log-level=none"
+        if threads == 1:  # no thread pool at all: x265's output depends on its pool size
+            options["x265-params"] += ":pools=none:frame-threads=1"
+    else:
+        options["svtav1-params"] = f"keyint={gop}:scd=0"
+    return options
+
+
+class _Encoder:
+    """One mp4 video stream fed frame by frame (pts 0, 1, 2, ... in frames), see ``encode_video``."""
+
+    def __init__(
+        self, dst: str | os.PathLike[str] | BinaryIO, *, fps: float, codec: str, gop: int, crf: int, pix_fmt: str,
+        threads: int,
+    ) -> None:
+        self._options = _encoder_options(codec, gop, crf, threads)
+        if codec == "av1":
+            os.environ.setdefault("SVT_LOG", "1")  # SVT-AV1 prints a banner per encoder unless told
+        self._codec, self._pix_fmt, self._threads = codec, pix_fmt, threads
+        self._rate = _fps_fraction(fps)
+        self._dst = dst
+        self._out = _open_output(dst)
+        self.stream: av.video.stream.VideoStream | None = None
+        self.count = 0
+
+    def open(self, width: int, height: int) -> None:
+        stream = self._out.add_stream(CODECS[self._codec], rate=self._rate, options=self._options)
+        stream.height, stream.width = height, width
+        stream.pix_fmt = self._pix_fmt
+        stream.codec_context.thread_count = self._threads
+        stream.codec_context.time_base = 1 / self._rate
+        stream.time_base = Fraction(1, self._rate.numerator * TICKS_PER_FRAME)
+        self.stream = stream
+
+    def encode(self, frame: av.VideoFrame) -> None:
+        frame.pts = self.count
+        self.count += 1
+        self._out.mux(self.stream.encode(frame))
+
+    def finish(self) -> None:
+        if self.stream is None:
+            raise ValueError(f"{_describe(self._dst)}: no frames to encode")
+        self._out.mux(self.stream.encode(None))
+
+    def close(self) -> None:
+        self._out.close()
+
+
 def encode_video(
     frames: Iterable[np.ndarray],
     dst: str | os.PathLike[str] | BinaryIO,
@@ -124,45 +183,21 @@ def encode_video(
     copy. ``threads=1`` makes the bytes independent of the machine's core count (x265 output
     depends on it); 0 lets the encoder choose.
     """
-    if codec not in CODECS:
-        raise ValueError(f"codec {codec!r} is not one of {sorted(CODECS)}")
-    if gop < 1:
-        raise ValueError(f"gop must be >= 1, got {gop}")
-    if codec == "av1":
-        os.environ.setdefault("SVT_LOG", "1")  # SVT-AV1 prints a banner per encoder unless told
-    rate = _fps_fraction(fps)
-    options = {"crf": str(crf), "g": str(gop)}
-    if codec == "h264":
-        options["x264-params"] = f"keyint={gop}:min-keyint={gop}:scenecut=0:bframes=0"
-    elif codec == "hevc":
-        options["x265-params"] = f"keyint={gop}:min-keyint={gop}:scenecut=0:bframes=0:log-level=none"
-    else:
-        options["svtav1-params"] = f"keyint={gop}:scd=0"
-    out = _open_output(dst)
+    enc = _Encoder(dst, fps=fps, codec=codec, gop=gop, crf=crf, pix_fmt=pix_fmt, threads=threads)
     try:
-        stream = None
         for i, img in enumerate(frames):
             img = np.ascontiguousarray(img)
             if img.dtype != np.uint8 or img.ndim != 3 or img.shape[2] != 3:
                 raise ValueError(f"frame {i}: expected HxWx3 uint8 RGB, got {img.dtype} {img.shape}")
-            if stream is None:
-                stream = out.add_stream(CODECS[codec], rate=rate, options=options)
-                stream.height, stream.width = img.shape[:2]
-                stream.pix_fmt = pix_fmt
-                stream.codec_context.thread_count = threads
-                stream.codec_context.time_base = 1 / rate
-                stream.time_base = Fraction(1, rate.numerator * TICKS_PER_FRAME)
-            elif img.shape[:2] != (stream.height, stream.width):
-                first = (stream.height, stream.width)
+            if enc.stream is None:
+                enc.open(img.shape[1], img.shape[0])
+            elif img.shape[:2] != (enc.stream.height, enc.stream.width):
+                first = (enc.stream.height, enc.stream.width)
                 raise ValueError(f"frame {i}: size {img.shape[:2]} differs from frame 0's {first}")
-            frame = av.VideoFrame.from_ndarray(img, format="rgb24")
-            frame.pts = i
-            out.mux(stream.encode(frame))
-        if stream is None:
-            raise ValueError(f"{_describe(dst)}: no frames to encode")
-        out.mux(stream.encode(None))
+            enc.encode(av.VideoFrame.from_ndarray(img, format="rgb24"))
+        enc.finish()
     finally:
-        out.close()
+        enc.close()
 
 
 def _packets(container: av.container.InputContainer, stream: av.video.stream.VideoStream) -> Iterator[av.Packet]:
@@ -392,6 +427,22 @@ def _cut_clip_pyav(src: Source, first_frame: int, num_frames: int, where: str) -
     return data, probe_clip(data).clip_info(stream_copied=True, source_first_frame=first_frame, fps=fps)
 
 
+_REENCODE_PIX_FMT = "yuv420p"
+
+
+def _fresh_frame(frame: av.VideoFrame, pix_fmt: str) -> av.VideoFrame:
+    """A new frame holding only ``frame``'s pixels in ``pix_fmt``: no side data, timestamps or flags.
+
+    Decoded frames come from the decoder's buffer pool with padded line sizes and carry the
+    source's side data (its encoder's SEI, for one); none of that may reach the encoder. Pixels
+    stay in the decoded YUV (reformatted only when the format differs), so no RGB round trip
+    costs accuracy.
+    """
+    if frame.format.name != pix_fmt:
+        frame = frame.reformat(format=pix_fmt)
+    return av.VideoFrame.from_ndarray(frame.to_ndarray(), format=pix_fmt)
+
+
 def reencode_clip(
     src: Source, first_frame: int, num_frames: int, *, codec: str, gop: int, crf: int, threads: int = 0
 ) -> tuple[bytes, ClipInfo]:
@@ -400,30 +451,39 @@ def reencode_clip(
     For cuts that do not start on a keyframe, or a codec/GOP the training side needs (e.g. H.264
     for NVDEC, which cannot decode AV1 on Hopper). ``threads=1`` gives the same bytes on every
     machine and under any load (x264 with automatic threads does not), as in ``encode_video``.
+    The decoder always runs single-threaded, in this thread: no decoder threads run alongside
+    the encoder. Frames go from decoder to encoder in YUV (yuv420p), copied into fresh frames.
     """
     _check_range(src, first_frame, num_frames)
     end = first_frame + num_frames
+    where = f"{_describe(src)} frames [{first_frame}, {end})"
+    buf = io.BytesIO()
     with _open(src) as container:
         stream = _video_stream(container, src)
+        ctx = stream.codec_context
+        ctx.thread_type = "NONE"
+        ctx.thread_count = 1
         ix = _Indexer(stream)
         fps = float(ix.fps)
-
-        def images() -> Iterator[np.ndarray]:
-            count = 0
+        enc = _Encoder(buf, fps=fps, codec=codec, gop=gop, crf=crf, pix_fmt=_REENCODE_PIX_FMT, threads=threads)
+        try:
             container.seek(ix.pts(first_frame), stream=stream, backward=True, any_frame=False)
             for frame in container.decode(stream):
                 i = ix.index(frame.pts)
                 if i >= end:
                     break
-                if i >= first_frame:
-                    count += 1
-                    yield frame.to_ndarray(format="rgb24")
-            if count < num_frames:
-                where = f"{_describe(src)} frames [{first_frame}, {end})"
-                raise ClipError(f"{where}: source has only {count} of those frames")
-
-        buf = io.BytesIO()
-        encode_video(images(), buf, fps=fps, codec=codec, gop=gop, crf=crf, threads=threads)
+                if i < first_frame:
+                    continue
+                if enc.stream is None:
+                    enc.open(frame.width, frame.height)
+                elif (frame.height, frame.width) != (enc.stream.height, enc.stream.width):
+                    raise ClipError(f"{where}: frame {i} changes size to {frame.width}x{frame.height}")
+                enc.encode(_fresh_frame(frame, _REENCODE_PIX_FMT))
+            if enc.count < num_frames:
+                raise ClipError(f"{where}: source has only {enc.count} of those frames")
+            enc.finish()
+        finally:
+            enc.close()
     data = buf.getvalue()
     return data, probe_clip(data).clip_info(stream_copied=False, source_first_frame=first_frame, fps=fps)
 
