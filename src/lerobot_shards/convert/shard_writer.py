@@ -3,31 +3,44 @@
 Same source + same options = same bytes, whichever process, task or run builds the shard:
 tar headers carry no time, owner or permissions of the machine, members come in plan order
 (``key.json``, ``key.parquet``, then cameras sorted), parquet and JSON are written with fixed
-options. Each episode's members are built in memory before any is written, so a bad episode
-can be skipped whole; the memory high-water mark is one episode's clips.
+options. Each episode's members are prepared before any is written, so a bad episode can be
+skipped whole. A stream-copied clip of a local source is prepared as a layout (its new mp4
+header plus byte ranges of the source file) and written file to file with
+``os.copy_file_range`` while a helper thread hashes the same bytes from the page cache; other
+members (rows, header, re-encoded, PyAV-cut or remote clips) are held in memory, so the memory
+high-water mark is at most one episode's in-memory members. Tar headers and end-of-archive
+blocks are written here, byte for byte as ``tarfile`` writes them.
 """
 
 from __future__ import annotations
 
+import collections
+import errno
 import hashlib
 import io
 import json
 import logging
+import mmap
+import os
 import posixpath
+import stat
 import tarfile
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, BinaryIO, TypeVar
+from typing import Any, BinaryIO, TypeVar, Union
 
 import av
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from .. import video as _video
 from ..format import (
     ClipInfo,
     EpisodeEntry,
     EpisodeHeader,
+    FrameEntry,
     Member,
     Sidecar,
     clip_member,
@@ -37,6 +50,7 @@ from ..format import (
     table_member,
 )
 from ..lerobot_v3 import EpisodeMeta, LeRobotV3Source, SourceError
+from ..mp4cut import Mp4CutUnsupported, Mp4File
 from ..shard_plan import PlannedShard
 from ..video import ClipError, cut_clip, reencode_clip
 from .plan import ConvertOptions
@@ -54,7 +68,10 @@ PARQUET_OPTIONS: dict[str, Any] = dict(
 # One encoder thread: x264 with automatic threads gives different bytes on another machine
 # (and under load), which would break byte-identical shards across tasks. --workers parallelises.
 REENCODE_THREADS = 1
-COPY_CHUNK = 16 * 1024 * 1024  # members go to the tar in one write each (tarfile's default is 16 KiB)
+COPY_CHUNK = 16 * 1024 * 1024  # read+write fallback chunk when a range cannot be copied in the kernel
+SMALL_WRITE = 1024 * 1024  # headers, padding and small members are gathered up to this before a write
+HASH_BACKLOG = 64 * 1024 * 1024  # in-memory bytes the hasher may lag behind the writer
+_NO_KERNEL_COPY = {errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.EBADF, errno.EPERM, errno.ENOTSUP}
 
 T = TypeVar("T")
 EpisodeCallback = Callable[[int, int], None]  # (frames, bytes) after each episode
@@ -65,47 +82,269 @@ class ConvertError(RuntimeError):
 
 
 @dataclass(frozen=True)
+class FileRanges:
+    """A member's bytes without holding them: ``prefix``, then byte ranges of the local file ``path``.
+
+    ``stat`` (inode, size, mtime) is the file's when the ranges were taken; the writer refuses a
+    file that has changed since.
+    """
+
+    path: str
+    prefix: bytes
+    ranges: tuple[tuple[int, int], ...]
+    stat: tuple[int, int, int]
+
+    @property
+    def size(self) -> int:
+        return len(self.prefix) + sum(n for _, n in self.ranges)
+
+    def read(self) -> bytes:
+        """The member's bytes in memory (tests, and the rare uncached stream-facts probe)."""
+        with open(self.path, "rb") as f:
+            parts = [self.prefix]
+            for offset, n in self.ranges:
+                parts.append(os.pread(f.fileno(), n, offset))
+        data = b"".join(parts)
+        if len(data) != self.size:
+            raise ConvertError(f"{self.path}: file ended before the clip's bytes")
+        return data
+
+
+Payload = Union[bytes, FileRanges]
+
+
+def payload_size(payload: Payload) -> int:
+    return payload.size if isinstance(payload, FileRanges) else len(payload)
+
+
+@dataclass(frozen=True)
 class EpisodeMembers:
     """One episode ready to go into a tar: member payloads in tar order, plus clip facts."""
 
     key: str
     episode_index: int
     length: int
-    payloads: tuple[tuple[str, bytes], ...]
+    payloads: tuple[tuple[str, Payload], ...]
     clips: dict[str, ClipInfo]
 
 
-class _HashingWriter:
-    """File wrapper that hashes and counts what passes through, so the tar is read once.
+def _file_stat(st: os.stat_result) -> tuple[int, int, int]:
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
 
-    Hashing runs on a helper thread (hashlib releases the GIL), one write behind the disk
-    write, so sha256 overlaps the I/O instead of adding to it; at most one buffer is pending.
+
+def _fd_of(out: BinaryIO) -> int | None:
+    """``out``'s file descriptor when it is a regular file the kernel can copy into, else None."""
+    try:
+        fd = out.fileno()
+    except (AttributeError, OSError, io.UnsupportedOperation):
+        return None
+    try:
+        return fd if stat.S_ISREG(os.fstat(fd).st_mode) else None
+    except OSError:
+        return None
+
+
+class _TarSink:
+    """Writes the tar's bytes and hashes and counts them, reading nothing back.
+
+    Small pieces (tar headers, padding, small members) are gathered and written together.
+    Ranges of a local file go file to file: ``os.copy_file_range`` (then ``os.sendfile``, then
+    read+write, where the kernel refuses) while the helper thread hashes the same range through
+    a read-only memory map of the source (page cache, no copy). Hashing runs in order on one
+    helper thread (hashlib releases the GIL); in-memory data waiting for it is bounded by
+    HASH_BACKLOG. When ``out`` has no regular-file descriptor, everything goes through
+    ``out.write`` in chunks.
     """
 
-    def __init__(self, raw: BinaryIO) -> None:
-        self.raw = raw
+    def __init__(self, out: BinaryIO) -> None:
+        self.out = out
+        self.offset = 0  # bytes of the tar so far, gathered ones included
+        self._buf = bytearray()
         self._sha = hashlib.sha256()
-        self.size = 0
         self._hasher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sha256")
-        self._pending: Future[None] | None = None
+        self._pending: collections.deque[tuple[Future[None], int]] = collections.deque()
+        self._held = 0
+        self._sources: dict[str, int] = {}  # open source file descriptors by path
+        self._fd = _fd_of(out)
+        self._copy = "copy_file_range" if hasattr(os, "copy_file_range") else "sendfile"
+        self._base = 0  # where the tar starts in the file
+        self._fadvise = self._fd is not None and hasattr(os, "posix_fadvise")
+        if self._fd is not None:
+            out.flush()  # from here on the descriptor is written directly
+            self._base = os.lseek(self._fd, 0, os.SEEK_CUR)
 
-    def write(self, data: bytes) -> int:
-        data = bytes(data)  # the hasher must see these bytes even if the caller reuses its buffer
-        if self._pending is not None:
-            self._pending.result()
-        self._pending = self._hasher.submit(self._sha.update, data)
-        self.size += len(data)
-        return self.raw.write(data)
+    # -- hashing --------------------------------------------------------------------------
 
-    def tell(self) -> int:
-        return self.size
+    def _hash(self, fn: Callable[..., None], *args: Any, held: int = 0) -> None:
+        self._pending.append((self._hasher.submit(fn, *args), held))
+        self._held += held
+        while self._pending and (self._held > HASH_BACKLOG or self._pending[0][0].done()):
+            future, n = self._pending.popleft()
+            future.result()  # re-raises a hashing error
+            self._held -= n
 
-    def hexdigest(self) -> str:
-        if self._pending is not None:
-            self._pending.result()
-            self._pending = None
-        self._hasher.shutdown()
+    def _hash_range(self, fd: int, offset: int, size: int) -> None:
+        start = offset - offset % mmap.ALLOCATIONGRANULARITY
+        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+        with mmap.mmap(fd, offset + size - start, flags=flags, prot=mmap.PROT_READ, offset=start) as m:
+            with memoryview(m) as view, view[offset - start :] as data:
+                self._sha.update(data)
+
+    # -- writing --------------------------------------------------------------------------
+
+    def _write_out(self, data: bytes | memoryview) -> None:
+        if self._fd is None:
+            self.out.write(data)
+            return
+        with memoryview(data) as view:
+            while view:
+                n = os.write(self._fd, view)
+                view = view[n:]
+
+    def _emit(self, data: bytes) -> None:
+        """Hash (behind) and write an immutable buffer."""
+        self._hash(self._sha.update, data, held=len(data))
+        self._write_out(data)
+
+    def flush(self) -> None:
+        if self._buf:
+            data = bytes(self._buf)
+            self._buf.clear()
+            self._emit(data)
+
+    def write(self, data: bytes) -> None:
+        if len(data) < SMALL_WRITE:
+            self._buf += data
+            if len(self._buf) >= SMALL_WRITE:
+                self.flush()
+        else:
+            self.flush()
+            self._emit(bytes(data))  # no copy for bytes; the hasher needs an immutable buffer
+        self.offset += len(data)
+
+    def _source(self, path: str, expect: tuple[int, int, int]) -> int:
+        fd = self._sources.get(path)
+        if fd is None:
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            self._sources[path] = fd
+        if _file_stat(os.fstat(fd)) != expect:
+            raise ConvertError(f"{path}: the file changed while it was being converted")
+        return fd
+
+    def copy_range(self, path: str, offset: int, size: int, expect: tuple[int, int, int]) -> None:
+        """Append ``size`` bytes of ``path`` at ``offset``: hashed on the helper thread while copied."""
+        src = self._source(path, expect)
+        self.flush()
+        self._hash(self._hash_range, src, offset, size)
+        if self._fd is None:
+            self._copy_chunks(src, offset, size)
+        else:
+            self._copy_kernel(src, offset, size)
+            self._start_writeback(self.offset, size)
+        self.offset += size
+
+    def _start_writeback(self, offset: int, size: int) -> None:
+        """Start writing a copied range back to disk now, so the final fsync has little left to do.
+
+        POSIX_FADV_DONTNEED on dirty pages starts their writeback without waiting for it; pages
+        still dirty or under writeback stay cached (only already clean ones may be dropped).
+        """
+        if self._fadvise:
+            try:
+                os.posix_fadvise(self._fd, self._base + offset, size, os.POSIX_FADV_DONTNEED)  # type: ignore[arg-type]
+            except OSError:
+                self._fadvise = False
+
+    def _copy_kernel(self, src: int, offset: int, size: int) -> None:
+        assert self._fd is not None
+        done = 0
+        while done < size:
+            try:
+                if self._copy == "copy_file_range":
+                    n = os.copy_file_range(src, self._fd, size - done, offset + done)
+                elif self._copy == "sendfile":
+                    n = os.sendfile(self._fd, src, offset + done, size - done)
+                else:
+                    self._copy_chunks(src, offset + done, size - done)
+                    return
+            except OSError as e:
+                if e.errno not in _NO_KERNEL_COPY:
+                    raise
+                # This kernel or file system cannot do it: the next method, from where we are.
+                # (A failed call copies nothing, so the file position is still right.)
+                self._copy = "sendfile" if self._copy == "copy_file_range" else "read"
+                continue
+            if n == 0:
+                raise ConvertError(f"source file ended {size - done} bytes early while copying")
+            done += n
+
+    def _copy_chunks(self, src: int, offset: int, size: int) -> None:
+        end = offset + size
+        while offset < end:
+            data = os.pread(src, min(COPY_CHUNK, end - offset), offset)
+            if not data:
+                raise ConvertError(f"source file ended {end - offset} bytes early while copying")
+            self._write_out(data)
+            offset += len(data)
+
+    # -- tar ------------------------------------------------------------------------------
+
+    def add(self, name: str, payload: Payload) -> Member:
+        """One tar member, as tarfile.addfile writes it: header, data, zero padding to a block."""
+        size = payload_size(payload)
+        info = tarfile.TarInfo(name)
+        info.size = size
+        info.mtime = 0
+        info.mode = MEMBER_MODE
+        info.uid = info.gid = 0
+        info.uname = info.gname = ""
+        self.write(info.tobuf(TAR_FORMAT, tarfile.ENCODING, "surrogateescape"))
+        start = self.offset
+        if isinstance(payload, FileRanges):
+            self.write(payload.prefix)
+            for offset, n in payload.ranges:
+                self.copy_range(payload.path, offset, n, payload.stat)
+        else:
+            self.write(payload)
+        if self.offset - start != size:
+            raise ConvertError(f"{name}: wrote {self.offset - start} bytes, expected {size}")
+        remainder = size % tarfile.BLOCKSIZE
+        if remainder:
+            self.write(tarfile.NUL * (tarfile.BLOCKSIZE - remainder))
+        return Member(name, start, size)
+
+    def finish(self) -> str:
+        """End of archive as tarfile.close writes it (two zero blocks, zeros to a whole record); the sha256."""
+        self.write(tarfile.NUL * (2 * tarfile.BLOCKSIZE))
+        remainder = self.offset % tarfile.RECORDSIZE
+        if remainder:
+            self.write(tarfile.NUL * (tarfile.RECORDSIZE - remainder))
+        self.flush()
+        if self._fd is not None:
+            # Write back while the hasher catches up (fsync releases the GIL): the destination's
+            # fsync before its rename then finds nothing dirty. Local staging of a remote upload
+            # pays a little writeback for nothing; local output would pay it anyway.
+            os.fsync(self._fd)
+        self._drain()
         return self._sha.hexdigest()
+
+    def _drain(self) -> None:
+        while self._pending:
+            future, n = self._pending.popleft()
+            future.result()
+            self._held -= n
+
+    def close(self) -> None:
+        """Wait for the hasher and release threads and source files (also after an error)."""
+        try:
+            for future, _ in self._pending:
+                future.exception()  # wait; an error here is secondary to the one being raised
+            self._pending.clear()
+        finally:
+            self._hasher.shutdown()
+            for fd in self._sources.values():
+                os.close(fd)
+            self._sources.clear()
 
 
 def header_bytes(header: EpisodeHeader) -> bytes:
@@ -144,7 +383,56 @@ def _with_video(source: LeRobotV3Source, rel_path: str, fn: Callable[[Any], T]) 
         return fn(f)
 
 
-def _clip(source: LeRobotV3Source, ep: EpisodeMeta, cam: str, options: ConvertOptions) -> tuple[bytes, ClipInfo]:
+def _cut_ranges(path: str, first_frame: int, num_frames: int) -> tuple[FileRanges, ClipInfo]:
+    """``video.cut_clip``'s byte-level cut of a local file, as file ranges instead of bytes.
+
+    The same checks in the same order, the same clip bytes and the same ClipInfo as
+    ``video._cut_clip_mp4`` (tests compare them); Mp4CutUnsupported where cut_clip would go on
+    to PyAV, ClipError where it would refuse.
+    """
+    _video._check_range(path, first_frame, num_frames)
+    where = f"{_video._describe(path)} frames [{first_frame}, {first_frame + num_frames})"
+    end = first_frame + num_frames
+    try:
+        st = _file_stat(os.stat(path))
+    except OSError as e:
+        raise Mp4CutUnsupported(f"cannot open the source: {e}") from e
+    with Mp4File(path) as mp4:
+        track = mp4.track
+        count = track.num_samples
+        fps = track.average_rate()
+        lo, hi = min(max(first_frame - 1, 0), count - 1), min(end + 1, count)
+        if not np.array_equal(_video._frame_indices(track.dts[lo:hi], track.timescale, fps), np.arange(lo, hi)):
+            raise Mp4CutUnsupported("timestamps drift more than half a frame from the sample count")
+        available = max(0, min(end, count) - first_frame)
+        if available < num_frames:
+            raise ClipError(f"{where}: source has only {available} of those frames")
+        if not track.sync[first_frame]:
+            raise ClipError(f"{where}: frame {first_frame} is not a keyframe; stream copy would not decode")
+        layout = mp4.layout(first_frame, num_frames)
+        clip = FileRanges(path, layout.prefix, layout.ranges, st)
+        cached = _video._FACTS_CACHE.get(track.stsd) if track.sample_entry in _video._OUT_OF_BAND else None
+        codec, width, height, pix_fmt = cached or _video._stream_facts(track, mp4.cut(first_frame, num_frames).data)
+    frames = tuple(map(FrameEntry, layout.pts.tolist(), layout.durations.tolist(), layout.sync.tolist()))
+    info = ClipInfo(
+        codec=codec, width=width, height=height, pix_fmt=pix_fmt, fps=fps[0] / fps[1], num_frames=num_frames,
+        time_base=(1, track.timescale), frames=frames, stream_copied=True, source_first_frame=first_frame,
+    )
+    return clip, info
+
+
+def _stream_copy(source: LeRobotV3Source, rel_path: str, first: int, n: int) -> tuple[Payload, ClipInfo]:
+    """A local mp4 the byte cutter takes becomes file ranges; anything else goes through cut_clip."""
+    local = source.local_path(rel_path)
+    if local is not None:
+        try:
+            return _cut_ranges(local, first, n)
+        except Mp4CutUnsupported as e:
+            log.debug("%s: cutting through cut_clip (%s)", local, e)
+    return _with_video(source, rel_path, lambda src: cut_clip(src, first, n))
+
+
+def _clip(source: LeRobotV3Source, ep: EpisodeMeta, cam: str, options: ConvertOptions) -> tuple[Payload, ClipInfo]:
     """Stream copy when asked and possible, else re-encode; errors name the episode and the file."""
     ref = ep.videos[cam]
     first, n = ref.first_frame(source.fps), ep.length
@@ -152,7 +440,7 @@ def _clip(source: LeRobotV3Source, ep: EpisodeMeta, cam: str, options: ConvertOp
     try:
         if options.reencode is None:
             try:
-                return _with_video(source, ref.path, lambda src: cut_clip(src, first, n))
+                return _stream_copy(source, ref.path, first, n)
             except ClipError as e:
                 log.warning("episode %d camera %s: re-encoding as %s (%s)", ep.episode_index, cam, options.codec, e)
         return _with_video(
@@ -180,7 +468,9 @@ def episode_members(source: LeRobotV3Source, episode_index: int, options: Conver
         episode_index=ep.episode_index, length=ep.length, tasks=ep.tasks, fps=source.fps, cameras=cameras,
         dataset_from_index=ep.dataset_from_index,
     )
-    payloads = [(header_member(key), header_bytes(header)), (table_member(key), parquet_bytes(table))]
+    payloads: list[tuple[str, Payload]] = [
+        (header_member(key), header_bytes(header)), (table_member(key), parquet_bytes(table)),
+    ]
     clips: dict[str, ClipInfo] = {}
     for cam in cameras:
         data, info = _clip(source, ep, cam, options)
@@ -192,18 +482,6 @@ def episode_members(source: LeRobotV3Source, episode_index: int, options: Conver
         payloads.append((clip_member(key, cam), data))
         clips[cam] = info
     return EpisodeMembers(key, ep.episode_index, ep.length, tuple(payloads), clips)
-
-
-def _add(tar: tarfile.TarFile, name: str, data: bytes) -> Member:
-    info = tarfile.TarInfo(name)
-    info.size = len(data)
-    info.mtime = 0
-    info.mode = MEMBER_MODE
-    info.uid = info.gid = 0
-    info.uname = info.gname = ""
-    tar.addfile(info, io.BytesIO(data))
-    padded = -(-len(data) // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
-    return Member(name, tar.offset - padded, len(data))
 
 
 def build_shard(
@@ -220,11 +498,10 @@ def build_shard(
     A bad episode raises ConvertError, or with ``skip_bad_episodes`` is left out and recorded
     in the sidecar's ``skipped`` with the reason.
     """
-    writer = _HashingWriter(out)
+    sink = _TarSink(out)
     entries: list[EpisodeEntry] = []
     skipped: dict[int, str] = {}
-    with tarfile.open(fileobj=writer, mode="w", format=TAR_FORMAT) as tar:  # type: ignore[call-overload]
-        tar.copybufsize = COPY_CHUNK
+    try:
         for episode_index in shard.episodes:
             try:
                 ep = episode_members(source, episode_index, options)
@@ -236,11 +513,13 @@ def build_shard(
                 if on_episode is not None:
                     on_episode(0, 0)
                 continue
-            members = {name: _add(tar, name, data) for name, data in ep.payloads}
+            members = {name: sink.add(name, data) for name, data in ep.payloads}
             entries.append(EpisodeEntry(ep.key, ep.episode_index, ep.length, members, ep.clips))
             if on_episode is not None:
-                on_episode(ep.length, sum(len(d) for _, d in ep.payloads))
+                on_episode(ep.length, sum(payload_size(d) for _, d in ep.payloads))
+        sha256 = sink.finish()
+    finally:
+        sink.close()
     return Sidecar(
-        shard=shard_name(shard.index), size=writer.size, sha256=writer.hexdigest(), episodes=tuple(entries),
-        skipped=skipped,
+        shard=shard_name(shard.index), size=sink.offset, sha256=sha256, episodes=tuple(entries), skipped=skipped,
     )
