@@ -14,13 +14,13 @@ import os
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO, Iterable, Iterator, Sequence, Union
+from typing import TYPE_CHECKING, BinaryIO, Callable, Iterable, Iterator, Sequence, Union
 
 import av
 import numpy as np
 
 from .format import ClipInfo, FrameEntry
-from .mp4cut import Mp4CutUnsupported, Mp4File, Mp4Track
+from .mp4cut import Mp4CutUnsupported, Mp4File, Mp4Layout, Mp4Track
 
 if TYPE_CHECKING:  # torch costs 1-2 s and ~180 MB per process: only decode_frames imports it
     import torch
@@ -339,17 +339,19 @@ _FACTS_CACHE_SIZE = 64
 _OUT_OF_BAND = {b"avc1", b"hvc1", b"av01"}
 
 
-def _stream_facts(track: Mp4Track, clip: bytes) -> tuple[str, int, int, str]:
+def _stream_facts(track: Mp4Track, clip: Callable[[], bytes]) -> tuple[str, int, int, str]:
     """(codec, width, height, pix_fmt) as probe_clip reports them, from PyAV's header parse.
 
     Cached by the stsd bytes, which hold the codec configuration, so a source's episodes pay
     for one header parse per process (not when parameter sets may change in-band: avc3, hev1).
+    ``clip`` makes the clip's bytes, only on a cache miss.
     """
     cacheable = track.sample_entry in _OUT_OF_BAND
     facts = _FACTS_CACHE.get(track.stsd) if cacheable else None
     if facts is None:
-        with av.open(io.BytesIO(clip)) as container:
-            ctx = _video_stream(container, clip).codec_context
+        data = clip()
+        with av.open(io.BytesIO(data)) as container:
+            ctx = _video_stream(container, data).codec_context
             facts = (ctx.codec.canonical_name, ctx.width, ctx.height, ctx.pix_fmt or "")
         if cacheable:
             if len(_FACTS_CACHE) >= _FACTS_CACHE_SIZE:
@@ -368,31 +370,55 @@ def _frame_indices(dts: np.ndarray, timescale: int, fps: tuple[int, int]) -> np.
     return q + ((2 * r > den) | ((2 * r == den) & (q % 2 == 1)))
 
 
-def _cut_clip_mp4(src: Source, first_frame: int, num_frames: int, where: str) -> tuple[bytes, ClipInfo]:
-    """The byte-level cut; Mp4CutUnsupported where the PyAV cut could select other frames."""
+def _checked_layout(mp4: Mp4File, first_frame: int, num_frames: int, where: str) -> Mp4Layout:
+    """The byte-level cut's checks; Mp4CutUnsupported where the PyAV cut could select other frames."""
     end = first_frame + num_frames
-    with Mp4File(src) as mp4:
-        track = mp4.track
-        count = track.num_samples
-        fps = track.average_rate()
-        # The PyAV cut takes the packets whose rounded frame index is in range. Sample k is frame k
-        # here; insist that rounding agrees around the range, else leave the choice to PyAV.
-        lo, hi = min(max(first_frame - 1, 0), count - 1), min(end + 1, count)
-        if not np.array_equal(_frame_indices(track.dts[lo:hi], track.timescale, fps), np.arange(lo, hi)):
-            raise Mp4CutUnsupported("timestamps drift more than half a frame from the sample count")
-        available = max(0, min(end, count) - first_frame)
-        if available < num_frames:
-            raise ClipError(f"{where}: source has only {available} of those frames")
-        if not track.sync[first_frame]:
-            raise ClipError(f"{where}: frame {first_frame} is not a keyframe; stream copy would not decode")
-        clip = mp4.cut(first_frame, num_frames)
-    codec, width, height, pix_fmt = _stream_facts(track, clip.data)
-    frames = tuple(map(FrameEntry, clip.pts.tolist(), clip.durations.tolist(), clip.sync.tolist()))
-    info = ClipInfo(
-        codec=codec, width=width, height=height, pix_fmt=pix_fmt, fps=fps[0] / fps[1], num_frames=num_frames,
+    track = mp4.track
+    count = track.num_samples
+    # The PyAV cut takes the packets whose rounded frame index is in range. Sample k is frame k
+    # here; insist that rounding agrees around the range, else leave the choice to PyAV.
+    lo, hi = min(max(first_frame - 1, 0), count - 1), min(end + 1, count)
+    if not np.array_equal(_frame_indices(track.dts[lo:hi], track.timescale, track.average_rate()), np.arange(lo, hi)):
+        raise Mp4CutUnsupported("timestamps drift more than half a frame from the sample count")
+    available = max(0, min(end, count) - first_frame)
+    if available < num_frames:
+        raise ClipError(f"{where}: source has only {available} of those frames")
+    if not track.sync[first_frame]:
+        raise ClipError(f"{where}: frame {first_frame} is not a keyframe; stream copy would not decode")
+    return mp4.layout(first_frame, num_frames)
+
+
+def _layout_info(track: Mp4Track, layout: Mp4Layout, facts: tuple[str, int, int, str], first_frame: int) -> ClipInfo:
+    codec, width, height, pix_fmt = facts
+    fps = track.average_rate()
+    frames = tuple(map(FrameEntry, layout.pts.tolist(), layout.durations.tolist(), layout.sync.tolist()))
+    return ClipInfo(
+        codec=codec, width=width, height=height, pix_fmt=pix_fmt, fps=fps[0] / fps[1], num_frames=len(frames),
         time_base=(1, track.timescale), frames=frames, stream_copied=True, source_first_frame=first_frame,
     )
-    return clip.data, info
+
+
+def cut_clip_layout(src: Source, first_frame: int, num_frames: int) -> tuple[Mp4Layout, ClipInfo]:
+    """``cut_clip``'s byte-level cut as a layout: the new clip's prefix plus source byte ranges.
+
+    For writers that copy the ranges file to file (``os.copy_file_range``) so the clip never
+    sits in memory. Raises Mp4CutUnsupported where ``cut_clip`` would go on to PyAV, and
+    ClipError where it would refuse.
+    """
+    _check_range(src, first_frame, num_frames)
+    where = f"{_describe(src)} frames [{first_frame}, {first_frame + num_frames})"
+    with Mp4File(src) as mp4:
+        layout = _checked_layout(mp4, first_frame, num_frames, where)
+        facts = _stream_facts(mp4.track, lambda: mp4.cut(first_frame, num_frames).data)
+        return layout, _layout_info(mp4.track, layout, facts, first_frame)
+
+
+def _cut_clip_mp4(src: Source, first_frame: int, num_frames: int, where: str) -> tuple[bytes, ClipInfo]:
+    """The byte-level cut, materialised."""
+    with Mp4File(src) as mp4:
+        layout = _checked_layout(mp4, first_frame, num_frames, where)
+        data = mp4.cut(first_frame, num_frames).data
+        return data, _layout_info(mp4.track, layout, _stream_facts(mp4.track, lambda: data), first_frame)
 
 
 def _cut_clip_pyav(src: Source, first_frame: int, num_frames: int, where: str) -> tuple[bytes, ClipInfo]:

@@ -31,16 +31,13 @@ from dataclasses import dataclass
 from typing import Any, BinaryIO, TypeVar, Union
 
 import av
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .. import video as _video
 from ..format import (
     ClipInfo,
     EpisodeEntry,
     EpisodeHeader,
-    FrameEntry,
     Member,
     Sidecar,
     clip_member,
@@ -50,9 +47,9 @@ from ..format import (
     table_member,
 )
 from ..lerobot_v3 import EpisodeMeta, LeRobotV3Source, SourceError
-from ..mp4cut import Mp4CutUnsupported, Mp4File
+from ..mp4cut import Mp4CutUnsupported
 from ..shard_plan import PlannedShard
-from ..video import ClipError, cut_clip, reencode_clip
+from ..video import ClipError, cut_clip, cut_clip_layout, reencode_clip
 from .plan import ConvertOptions
 
 log = logging.getLogger(__name__)
@@ -384,41 +381,13 @@ def _with_video(source: LeRobotV3Source, rel_path: str, fn: Callable[[Any], T]) 
 
 
 def _cut_ranges(path: str, first_frame: int, num_frames: int) -> tuple[FileRanges, ClipInfo]:
-    """``video.cut_clip``'s byte-level cut of a local file, as file ranges instead of bytes.
-
-    The same checks in the same order, the same clip bytes and the same ClipInfo as
-    ``video._cut_clip_mp4`` (tests compare them); Mp4CutUnsupported where cut_clip would go on
-    to PyAV, ClipError where it would refuse.
-    """
-    _video._check_range(path, first_frame, num_frames)
-    where = f"{_video._describe(path)} frames [{first_frame}, {first_frame + num_frames})"
-    end = first_frame + num_frames
+    """``cut_clip``'s byte-level cut of a local file, as file ranges instead of bytes."""
     try:
-        st = _file_stat(os.stat(path))
+        st = _file_stat(os.stat(path))  # before the layout: a file changed later is caught at copy time
     except OSError as e:
         raise Mp4CutUnsupported(f"cannot open the source: {e}") from e
-    with Mp4File(path) as mp4:
-        track = mp4.track
-        count = track.num_samples
-        fps = track.average_rate()
-        lo, hi = min(max(first_frame - 1, 0), count - 1), min(end + 1, count)
-        if not np.array_equal(_video._frame_indices(track.dts[lo:hi], track.timescale, fps), np.arange(lo, hi)):
-            raise Mp4CutUnsupported("timestamps drift more than half a frame from the sample count")
-        available = max(0, min(end, count) - first_frame)
-        if available < num_frames:
-            raise ClipError(f"{where}: source has only {available} of those frames")
-        if not track.sync[first_frame]:
-            raise ClipError(f"{where}: frame {first_frame} is not a keyframe; stream copy would not decode")
-        layout = mp4.layout(first_frame, num_frames)
-        clip = FileRanges(path, layout.prefix, layout.ranges, st)
-        cached = _video._FACTS_CACHE.get(track.stsd) if track.sample_entry in _video._OUT_OF_BAND else None
-        codec, width, height, pix_fmt = cached or _video._stream_facts(track, mp4.cut(first_frame, num_frames).data)
-    frames = tuple(map(FrameEntry, layout.pts.tolist(), layout.durations.tolist(), layout.sync.tolist()))
-    info = ClipInfo(
-        codec=codec, width=width, height=height, pix_fmt=pix_fmt, fps=fps[0] / fps[1], num_frames=num_frames,
-        time_base=(1, track.timescale), frames=frames, stream_copied=True, source_first_frame=first_frame,
-    )
-    return clip, info
+    layout, info = cut_clip_layout(path, first_frame, num_frames)
+    return FileRanges(path, layout.prefix, layout.ranges, st), info
 
 
 def _stream_copy(source: LeRobotV3Source, rel_path: str, first: int, n: int) -> tuple[Payload, ClipInfo]:
