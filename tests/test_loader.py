@@ -185,6 +185,11 @@ def test_episode_subset_and_clear_errors(raw: Path) -> None:
         _dataset(raw, delta_timestamps={"action": [0.01]})
     with pytest.raises(ValueError, match=r"unknown keys \['nope'\]"):
         _dataset(raw, delta_timestamps={"nope": [0.0]})
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match=r"video_decode_device='cuda' but torch sees no CUDA device"):
+            _dataset(raw, video_decode_device="cuda")
+    with pytest.raises(ValueError, match=r"video_decode_device must be 'cpu' or 'cuda'"):
+        _dataset(raw, video_decode_device="tpu")
     with pytest.raises(ValueError, match=r"unknown cameras \['observation.images.side'\]"):
         _dataset(raw, cameras=["observation.images.side"])
     with pytest.raises(ValueError, match=r"episodes \[99\] are not in the dataset"):

@@ -129,6 +129,8 @@ class EpisodePoolDataset(IterableDataset):
             raise ValueError(f"image_dtype must be torch.float32 or torch.uint8, got {image_dtype}")
         if video_decode_device not in ("cpu", "cuda") and not str(video_decode_device).startswith("cuda:"):
             raise ValueError(f"video_decode_device must be 'cpu' or 'cuda', got {video_decode_device!r}")
+        if str(video_decode_device).startswith("cuda") and not torch.cuda.is_available():
+            raise ValueError(f"video_decode_device={video_decode_device!r} but torch sees no CUDA device")
         self.source_url = str(source)
         self._open_kwargs = dict(
             storage_options=storage_options,

@@ -64,7 +64,15 @@ class DecoderCache:
             kwargs["custom_frame_mappings"] = clip.frame_mappings
         else:
             kwargs["seek_mode"] = "exact"
-        decoder = VideoDecoder(source, **kwargs)
+        try:
+            decoder = VideoDecoder(source, **kwargs)
+        except RuntimeError as e:
+            if "fork" in str(e) and self.device != "cpu":
+                raise RuntimeError(
+                    "CUDA cannot start in a forked DataLoader worker: build the DataLoader with "
+                    "multiprocessing_context='spawn' for video_decode_device='cuda'"
+                ) from e
+            raise
         self._decoders[clip.cache_key] = (decoder, handle)
         while len(self._decoders) > self.capacity:
             _, (_, old_handle) = self._decoders.popitem(last=False)
