@@ -105,3 +105,19 @@ def test_loads_from_a_bucket_with_and_without_cache(pair, s3_server, tmp_path: P
     _assert_same_batches(_stream(converted, cameras=[CAMS[0]], num_workers=2), cached)
     assert len(list((tmp_path / "cache").rglob("shard-*.tar"))) == 3  # every shard downloaded whole, once
     assert not list((tmp_path / "cache").rglob("*.tmp"))
+
+
+def test_planning_reads_no_sidecar(pair) -> None:
+    """The manifest carries per-episode lengths: workers plan without fetching every sidecar."""
+    from lerobot_shards.format import Manifest
+    from lerobot_shards.loader.sources import ShardSource
+
+    _, converted = pair
+    manifest = Manifest.from_json((converted / "manifest.json").read_text())
+    source = ShardSource(str(converted))
+    for rec in manifest.shards:
+        assert source.episode_lengths(rec.index) == {e.episode_index: e.length for e in source.sidecar(rec.index).episodes}
+    fresh = ShardSource(str(converted))
+    lengths = [fresh.episode_lengths(rec.index) for rec in manifest.shards]
+    assert sum(sum(d.values()) for d in lengths) == manifest.total_frames
+    assert not fresh._sidecars

@@ -265,10 +265,12 @@ class ShardRecord:
     frames: int
     bytes: int
     sha256: str
+    episode_lengths: tuple[int, ...] = ()  # frames per episode, same order (loaders plan without sidecars)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["episodes"] = list(self.episodes)
+        d["episode_lengths"] = list(self.episode_lengths)
         return d
 
     @classmethod
@@ -281,6 +283,7 @@ class ShardRecord:
             frames=int(d["frames"]),
             bytes=int(d["bytes"]),
             sha256=d["sha256"],
+            episode_lengths=tuple(int(n) for n in d.get("episode_lengths", ())),
         )
 
 

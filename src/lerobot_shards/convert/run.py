@@ -243,7 +243,7 @@ def finalize(dest: Destination, source: LeRobotV3Source, plan: Sequence[PlannedS
         shards=tuple(
             ShardRecord(index=shard.index, name=s.shard, sidecar=sidecar_name(shard.index),
                         episodes=tuple(e.episode_index for e in s.episodes), frames=s.num_frames, bytes=s.size,
-                        sha256=s.sha256)
+                        sha256=s.sha256, episode_lengths=tuple(e.length for e in s.episodes))
             for shard, s in zip(plan, sidecars) if s.episodes
         ),
         skipped_episodes=skipped,

@@ -159,6 +159,9 @@ class ShardSource:
         return self._sidecars[shard]
 
     def episode_lengths(self, shard: int) -> dict[int, int]:
+        rec = self._records[shard]
+        if len(rec.episode_lengths) == len(rec.episodes):  # in the manifest: no sidecar read to plan
+            return dict(zip(rec.episodes, rec.episode_lengths))
         return {e.episode_index: e.length for e in self.sidecar(shard).episodes}
 
     def _local_copy(self, name: str) -> str | None:
