@@ -60,6 +60,7 @@ import torch  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
 from memwatch import RssMonitor  # noqa: E402
+from sample_shape import describe  # noqa: E402
 
 DEFAULT_DATASET = "/work/shared/fixtures/so101_record_test"
 STATE, ACTION = "observation.state", "action"
@@ -430,16 +431,6 @@ def run_lerobot(python: str, root: str, delta: dict | None, workers: list[int], 
     if not result.get("ok"):
         result["stderr_tail"] = proc.stderr[-2000:]
     return result
-
-
-def describe(sample: dict[str, Any]) -> dict[str, Any]:
-    out = {}
-    for k, v in sample.items():
-        if isinstance(v, torch.Tensor):
-            out[k] = {"type": "tensor", "dtype": str(v.dtype).replace("torch.", ""), "shape": list(v.shape)}
-        else:
-            out[k] = {"type": type(v).__name__}
-    return out
 
 
 def compare_samples(ours: dict[str, Any], theirs: dict[str, Any]) -> dict[str, Any]:

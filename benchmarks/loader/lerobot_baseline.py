@@ -28,18 +28,7 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from memwatch import RssMonitor  # noqa: E402
-
-
-def describe(sample: dict) -> dict:
-    import torch
-
-    out = {}
-    for k, v in sample.items():
-        if isinstance(v, torch.Tensor):
-            out[k] = {"type": "tensor", "dtype": str(v.dtype).replace("torch.", ""), "shape": list(v.shape)}
-        else:
-            out[k] = {"type": type(v).__name__}
-    return out
+from sample_shape import describe  # noqa: E402
 
 
 def _clear_decoder_cache() -> None:
