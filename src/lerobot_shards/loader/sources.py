@@ -15,7 +15,7 @@ import posixpath
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import fsspec
@@ -68,7 +68,6 @@ class SourceInfo:
     cameras: tuple[str, ...]
     tasks: tuple[str, ...]
     shards: list[ShardSpec]
-    episode_lengths: dict[int, int] = field(default_factory=dict)  # filled lazily where known
 
 
 def table_to_columns(table: pa.Table, features: dict[str, dict[str, Any]], where: str) -> dict[str, np.ndarray]:
@@ -155,7 +154,6 @@ class ShardSource:
             self._sidecars[shard] = sc
             for e in sc.episodes:
                 self._entries[e.episode_index] = (shard, e)
-                self.info.episode_lengths[e.episode_index] = e.length
         return self._sidecars[shard]
 
     def episode_lengths(self, shard: int) -> dict[int, int]:
@@ -246,23 +244,20 @@ class RawSource:
         episodes_per_shard: int | None = None,
     ):
         self.url = url.rstrip("/")
-        self.storage_options = storage_options or {}
         self.src = LeRobotV3Source(self.url, storage_options=storage_options)
         if episodes_per_shard is None and shard_bytes is None:
             shard_bytes = DEFAULT_SHARD_BYTES
         plan = plan_shards(self.src.episode_sizes(), target_bytes=shard_bytes, episodes_per_shard=episodes_per_shard)
-        features = {k: v for k, v in self.src.features.items()}
         self.info = SourceInfo(
             fps=self.src.fps,
-            features=features,
+            features=self.src.features,
             cameras=self.src.camera_keys,
             tasks=self.src.tasks,
             shards=[ShardSpec(p.index, p.episodes, p.frames) for p in plan],
-            episode_lengths={e.episode_index: e.length for e in self.src.episodes},
         )
 
     def episode_lengths(self, shard: int) -> dict[int, int]:
-        return {e: self.info.episode_lengths[e] for e in self.info.shards[shard].episodes}
+        return {e: self.src.episode(e).length for e in self.info.shards[shard].episodes}
 
     def close(self) -> None:
         pass
