@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 DEMO   ?= out/demo
 
-.PHONY: setup demo test bench lerobot-venv clean
+.PHONY: setup demo test lint bench lerobot-venv clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	@command -v ffmpeg >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -qq ffmpeg; }
@@ -21,9 +21,13 @@ setup: $(VENV)/.installed
 demo: setup
 	$(VENV)/bin/lerobot-shards demo --out $(DEMO)
 
-## The test suite.
-test: setup
+## Lint (ruff) and the test suite.
+test: setup lint
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+lint: setup
+	$(VENV)/bin/ruff check src tests benchmarks examples
+	$(VENV)/bin/ruff format --check src tests benchmarks examples
 
 ## Benchmarks (figures land in benchmarks/*/results/). The LeRobot baseline needs `make lerobot-venv`.
 bench: setup

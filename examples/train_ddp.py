@@ -75,8 +75,12 @@ def main() -> None:
             if int(os.environ.get("RANK", 0)) == 0 and step % 20 == 0:
                 print(f"epoch {epoch} step {step} loss {loss.item():.3f}", flush=True)
                 torch.save(
-                    {"model": model.state_dict(), "opt": opt.state_dict(), "step": step,
-                     "data": ds.state_dict(batches_consumed=consumed, batch_size=args.batch_size)},
+                    {
+                        "model": model.state_dict(),
+                        "opt": opt.state_dict(),
+                        "step": step,
+                        "data": ds.state_dict(batches_consumed=consumed, batch_size=args.batch_size),
+                    },
                     args.ckpt,
                 )
             if args.max_steps and step >= args.max_steps:

@@ -86,5 +86,3 @@ def edit_episodes(root: Path, fn) -> None:
 def set_column(table: pa.Table, name: str, values) -> pa.Table:
     i = table.column_names.index(name)
     return table.set_column(i, name, pa.array(values, type=table.schema.field(name).type))
-
-

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import av
 import pytest
-from convert_helpers import edit_episodes, load, run_cli, set_column
 
+from convert_helpers import edit_episodes, load, run_cli, set_column
 from lerobot_shards.convert.run import ConvertError, convert_dataset
 from lerobot_shards.convert.verify import verify_dataset
 from lerobot_shards.lerobot_v3 import SourceError
@@ -61,31 +61,43 @@ def test_clip_shorter_than_rows_names_episode_and_file(src: Path, tmp_path: Path
     with av.open(str(path)) as c:
         frames = [f.to_ndarray(format="rgb24") for f in c.decode(video=0)]
     encode_video(frames[:-3], path, fps=30, codec="h264", gop=2, crf=30, threads=1)  # episode 3 loses 3 frames
-    with pytest.raises(ConvertError, match=rf"{FRONT}/file-001\.mp4: episode 3 field videos/observation\.images\.front"
-                                           r"/from_timestamp\.\.to_timestamp .* lies outside the video"):
+    with pytest.raises(
+        ConvertError,
+        match=rf"{FRONT}/file-001\.mp4: episode 3 field videos/observation\.images\.front"
+        r"/from_timestamp\.\.to_timestamp .* lies outside the video",
+    ):
         _convert(src, tmp_path)
 
 
 def test_clip_span_differing_from_rows_names_episode(src: Path, tmp_path: Path) -> None:
     key = "videos/observation.images.top/to_timestamp"
-    edit_episodes(src, lambda t: set_column(t, key, [v - (2 / 30 if i == 1 else 0)
-                                                     for i, v in enumerate(t.column(key).to_pylist())]))
-    with pytest.raises(ConvertError, match=r"episode 1 field videos/observation\.images\.top/from_timestamp\.\."
-                                           r"to_timestamp = .* spans \d+ frames but the episode has \d+ rows"):
+    edit_episodes(
+        src,
+        lambda t: set_column(t, key, [v - (2 / 30 if i == 1 else 0) for i, v in enumerate(t.column(key).to_pylist())]),
+    )
+    with pytest.raises(
+        ConvertError,
+        match=r"episode 1 field videos/observation\.images\.top/from_timestamp\.\."
+        r"to_timestamp = .* spans \d+ frames but the episode has \d+ rows",
+    ):
         _convert(src, tmp_path)
 
 
 def test_skip_bad_episodes_converts_the_rest_and_records_reasons(src: Path, tmp_path: Path) -> None:
     (src / FRONT / "file-001.mp4").write_bytes(b"not an mp4")
-    result = run_cli("convert", src, tmp_path / "out", "--episodes-per-shard", "1", "--skip-bad-episodes",
-                     "--no-progress")
+    result = run_cli(
+        "convert", src, tmp_path / "out", "--episodes-per-shard", "1", "--skip-bad-episodes", "--no-progress"
+    )
     assert result.returncode == 0, result.stderr
     assert "2 episodes skipped" in result.stdout
     manifest, sidecars = load(tmp_path / "out")
     assert [s.episodes for s in manifest.shards] == [(0,), (1,)]  # shards of skipped-only episodes are left out
     assert sorted(manifest.skipped_episodes) == [2, 3]
-    assert all(manifest.skipped_episodes[e].startswith(f"episode {e}: ") and
-               f"{FRONT}/file-001.mp4: not a readable mp4" in manifest.skipped_episodes[e] for e in (2, 3))
+    assert all(
+        manifest.skipped_episodes[e].startswith(f"episode {e}: ")
+        and f"{FRONT}/file-001.mp4: not a readable mp4" in manifest.skipped_episodes[e]
+        for e in (2, 3)
+    )
     report = verify_dataset(tmp_path / "out", src)
     assert report.ok, str(report)
 

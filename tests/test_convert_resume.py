@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
-from convert_helpers import CLI, output_files, run_cli
 
+from convert_helpers import CLI, output_files, run_cli
 from lerobot_shards.convert.run import ConvertError, convert_dataset
 from lerobot_shards.format import MANIFEST_NAME, SHARDS_DIR
 
@@ -66,8 +66,11 @@ def test_resume_after_kill(synth_factory, tmp_path: Path) -> None:
     root = synth_factory(num_episodes=24, cameras=("cam",), length_range=(30, 40))
     args = [root, "--episodes-per-shard", "1", "--no-progress"]
     out = tmp_path / "killed"
-    proc = subprocess.Popen([*CLI, "convert", str(root), str(out), *map(str, args[1:])],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [*CLI, "convert", str(root), str(out), *map(str, args[1:])],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     first = out / SHARDS_DIR / "shard-000000.idx.json"
     deadline = time.monotonic() + 60
     while not first.exists() and proc.poll() is None and time.monotonic() < deadline:
@@ -136,12 +139,23 @@ def test_refuses_other_settings_unless_overwrite(source: Path, tmp_path: Path) -
 def test_slurm_array_script(source: Path, tmp_path: Path) -> None:
     """slurm/convert.sbatch run as a 1-based array of 2 tasks gives the single-process output."""
     script = Path(__file__).resolve().parents[1] / "slurm/convert.sbatch"
-    env = {**os.environ, "SOURCE": str(source), "DEST": str(tmp_path / "array"),
-           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-           "SLURM_ARRAY_TASK_COUNT": "2", "SLURM_ARRAY_TASK_MIN": "1", "SLURM_CPUS_PER_TASK": "1"}
+    env = {
+        **os.environ,
+        "SOURCE": str(source),
+        "DEST": str(tmp_path / "array"),
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+        "SLURM_ARRAY_TASK_COUNT": "2",
+        "SLURM_ARRAY_TASK_MIN": "1",
+        "SLURM_CPUS_PER_TASK": "1",
+    }
     for task_id in (1, 2):
-        result = subprocess.run(["bash", str(script), "--episodes-per-shard", "2"], capture_output=True, text=True,
-                                env={**env, "SLURM_ARRAY_TASK_ID": str(task_id)}, timeout=120)
+        result = subprocess.run(
+            ["bash", str(script), "--episodes-per-shard", "2"],
+            capture_output=True,
+            text=True,
+            env={**env, "SLURM_ARRAY_TASK_ID": str(task_id)},
+            timeout=120,
+        )
         assert result.returncode == 0, result.stderr
         assert f"task {task_id - 1} of 2" in result.stdout
     convert_dataset(source, tmp_path / "one", episodes_per_shard=2, progress=False)

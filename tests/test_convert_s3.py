@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 from convert_helpers import output_files, run_cli
-
 from lerobot_shards.convert.run import convert_dataset
 from lerobot_shards.convert.verify import verify_dataset
 
@@ -15,12 +14,19 @@ def test_convert_to_bucket_and_verify_there(s3_server, small_synth: Path, tmp_pa
     fs = s3_server.filesystem()
     fs.mkdir("convert-out")
     opts = s3_server.storage_options
-    manifest = convert_dataset(small_synth, "s3://convert-out/ds", episodes_per_shard=2, dest_options=opts,
-                               progress=False)
+    manifest = convert_dataset(
+        small_synth, "s3://convert-out/ds", episodes_per_shard=2, dest_options=opts, progress=False
+    )
     assert [s.episodes for s in manifest.shards] == [(0, 1), (2, 3)]
     keys = sorted(p.split("/", 2)[2] for p in fs.find("convert-out/ds"))
-    assert keys == ["convert.json", "manifest.json", "shards/shard-000000.idx.json", "shards/shard-000000.tar",
-                    "shards/shard-000001.idx.json", "shards/shard-000001.tar"]  # no temporary objects
+    assert keys == [
+        "convert.json",
+        "manifest.json",
+        "shards/shard-000000.idx.json",
+        "shards/shard-000000.tar",
+        "shards/shard-000001.idx.json",
+        "shards/shard-000001.tar",
+    ]  # no temporary objects
 
     convert_dataset(small_synth, tmp_path / "local", episodes_per_shard=2, progress=False)
     local = output_files(tmp_path / "local")
@@ -43,8 +49,13 @@ def test_convert_from_bucket(s3_server, small_synth: Path, tmp_path: Path) -> No
     fs = s3_server.filesystem()
     fs.mkdir("convert-src")
     fs.put(str(small_synth), "convert-src/ds", recursive=True)
-    convert_dataset("s3://convert-src/ds", tmp_path / "from-s3", episodes_per_shard=2,
-                    source_options=s3_server.storage_options, progress=False)
+    convert_dataset(
+        "s3://convert-src/ds",
+        tmp_path / "from-s3",
+        episodes_per_shard=2,
+        source_options=s3_server.storage_options,
+        progress=False,
+    )
     convert_dataset(small_synth, tmp_path / "from-disk", episodes_per_shard=2, progress=False)
     a, b = output_files(tmp_path / "from-s3"), output_files(tmp_path / "from-disk")
     shards = [k for k in b if k.startswith("shards/")]

@@ -140,8 +140,11 @@ def test_timestamps_outside_video(fixture_copy: Path) -> None:
     _edit_parquet(fixture_copy / EPISODES, lambda t: _set_column(t, col, [12.4333, 24.9, 37.3, 60.0]))
     src = LeRobotV3Source(str(fixture_copy))
     src.check_episode_videos(0)
-    with pytest.raises(SourceError, match=r"file-000\.mp4: episode 3 field videos/observation\.images\.front/"
-                                          r"from_timestamp\.\.to_timestamp .* outside the video"):
+    with pytest.raises(
+        SourceError,
+        match=r"file-000\.mp4: episode 3 field videos/observation\.images\.front/"
+        r"from_timestamp\.\.to_timestamp .* outside the video",
+    ):
         src.check_episode_videos(3)
 
 
@@ -155,7 +158,9 @@ def test_unknown_feature_dtype(fixture_copy: Path) -> None:
 
 def test_missing_metadata_field_is_not_a_bare_key_error(fixture_copy: Path) -> None:
     _edit_parquet(fixture_copy / EPISODES, lambda t: t.drop_columns(["videos/observation.images.top/from_timestamp"]))
-    with pytest.raises(SourceError, match=r"episode 0: missing field\(s\) videos/observation\.images\.top/from_timestamp"):
+    with pytest.raises(
+        SourceError, match=r"episode 0: missing field\(s\) videos/observation\.images\.top/from_timestamp"
+    ):
         LeRobotV3Source(str(fixture_copy))
 
 

@@ -80,7 +80,10 @@ def test_fixture_end_to_end(fixture_root: Path, tmp_path: Path) -> None:
             got = read_identity(batch["observation.images.front"][i], frame_bits=frame_bits, episode_bits=episode_bits)
             assert got == (ep, frame)
             window = [min(max(frame + d, 0), lengths[ep] - 1) for d in (-2, 0, 2)]
-            top = [read_identity(f, frame_bits=frame_bits, episode_bits=episode_bits) for f in batch["observation.images.top"][i]]
+            top = [
+                read_identity(f, frame_bits=frame_bits, episode_bits=episode_bits)
+                for f in batch["observation.images.top"][i]
+            ]
             assert top == [(ep, w) for w in window]
             assert batch["task"][i] == "Pick the orange cube and place it in the box"
         seen += len(batch["index"])
@@ -116,7 +119,9 @@ def test_planning_reads_no_sidecar(pair) -> None:
     manifest = Manifest.from_json((converted / "manifest.json").read_text())
     source = ShardSource(str(converted))
     for rec in manifest.shards:
-        assert source.episode_lengths(rec.index) == {e.episode_index: e.length for e in source.sidecar(rec.index).episodes}
+        assert source.episode_lengths(rec.index) == {
+            e.episode_index: e.length for e in source.sidecar(rec.index).episodes
+        }
     fresh = ShardSource(str(converted))
     lengths = [fresh.episode_lengths(rec.index) for rec in manifest.shards]
     assert sum(sum(d.values()) for d in lengths) == manifest.total_frames

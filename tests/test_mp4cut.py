@@ -268,7 +268,8 @@ def _rebuild(src: bytes, chunk_sizes: list[int], *, co64: bool, elst: tuple[int,
     keys = np.flatnonzero(track.sync) + 1
     offsets = np.array(chunk_offsets, dtype=">u8" if co64 else ">u4").tobytes()
     stbl = _box(
-        b"stbl", track.stsd,
+        b"stbl",
+        track.stsd,
         _full(b"stts", 0, 0, struct.pack(">I", len(stts)), stts.astype(">u4").tobytes()),
         _full(b"stss", 0, 0, struct.pack(">I", len(keys)), keys.astype(">u4").tobytes()),
         _full(b"stsz", 0, 0, struct.pack(">II", 0, track.num_samples), track.sizes.astype(">u4").tobytes()),
@@ -278,16 +279,27 @@ def _rebuild(src: bytes, chunk_sizes: list[int], *, co64: bool, elst: tuple[int,
     media = int(track.durations.sum())
     mdhd = _full(b"mdhd", 0, 0, struct.pack(">IIIIHH", 0, 0, track.timescale, media, track.language, 0))
     hdlr = _full(b"hdlr", 0, 0, struct.pack(">I4s12x", 0, b"vide"), b"VideoHandler\0")
-    minf = _box(b"minf", _full(b"vmhd", 0, 1, bytes(8)),
-                _box(b"dinf", _full(b"dref", 0, 0, struct.pack(">I", 1), _full(b"url ", 0, 1))), stbl)
+    minf = _box(
+        b"minf",
+        _full(b"vmhd", 0, 1, bytes(8)),
+        _box(b"dinf", _full(b"dref", 0, 0, struct.pack(">I", 1), _full(b"url ", 0, 1))),
+        stbl,
+    )
     movie = -(-media * 1000 // track.timescale)
     tkhd = _full(b"tkhd", 0, 3, struct.pack(">IIIII8xhhhH", 0, 0, 1, 0, movie, 0, 0, 0, 0), track.display)
     edts = []
     if elst is not None:
         media_time, segment = elst
         edts.append(_box(b"edts", _full(b"elst", 0, 0, struct.pack(">IIiI", 1, segment, media_time, 0x10000))))
-    mvhd = _full(b"mvhd", 0, 0, struct.pack(">IIIIIH10x", 0, 0, 1000, movie, 0x10000, 0x100),
-                 struct.pack(">9I", 0x10000, 0, 0, 0, 0x10000, 0, 0, 0, 0x40000000), bytes(24), struct.pack(">I", 2))
+    mvhd = _full(
+        b"mvhd",
+        0,
+        0,
+        struct.pack(">IIIIIH10x", 0, 0, 1000, movie, 0x10000, 0x100),
+        struct.pack(">9I", 0x10000, 0, 0, 0, 0x10000, 0, 0, 0, 0x40000000),
+        bytes(24),
+        struct.pack(">I", 2),
+    )
     moov = _box(b"moov", mvhd, _box(b"trak", tkhd, *edts, _box(b"mdia", mdhd, hdlr, minf)), _box(b"udta"))
     return ftyp + struct.pack(">I4s", 8 + len(mdat), b"mdat") + bytes(mdat) + moov
 
@@ -324,7 +336,10 @@ def test_edit_lists(joined: Path) -> None:
         for first, count in [(7, 4), (8, 2)]:  # whatever PyAV makes of the edit list, cut_clip does the same
             where = f"{video._describe(edited)} frames [{first}, {first + count})"
             assert _outcome(cut_clip, edited, first, count) == _outcome(
-                lambda *a: PYAV_CUT(*a, where), edited, first, count
+                lambda *a, where=where: PYAV_CUT(*a, where),
+                edited,
+                first,
+                count,
             )
 
 

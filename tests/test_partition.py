@@ -54,9 +54,7 @@ def test_balanced_within_one_shard(num_consumers):
 
 
 def test_equal_shards_split_evenly_and_the_extra_shard_moves():
-    shards_per_consumer = [
-        [len(s) for s in assign_shards([10] * 5, 4, seed=0, epoch=e)] for e in range(12)
-    ]
+    shards_per_consumer = [[len(s) for s in assign_shards([10] * 5, 4, seed=0, epoch=e)] for e in range(12)]
     assert all(sorted(c) == [1, 1, 1, 2] for c in shards_per_consumer)
     assert len({c.index(2) for c in shards_per_consumer}) > 1
 
@@ -122,9 +120,7 @@ def test_equal_sample_count_gives_every_rank_the_same_batches():
     n = equal_sample_count(assignment, FRAMES)
     assert n == sum(FRAMES) // (world_size * num_workers)
     assert sum(FRAMES) - n * world_size * num_workers < world_size * num_workers
-    rank_batches = {
-        sum(num_batches(n, batch_size) for _ in range(num_workers)) for _ in range(world_size)
-    }
+    rank_batches = {sum(num_batches(n, batch_size) for _ in range(num_workers)) for _ in range(world_size)}
     assert len(rank_batches) == 1
 
 

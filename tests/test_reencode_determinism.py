@@ -66,8 +66,10 @@ def _rgb_round_trip_reencode(src: Path, codec: str, crf: int) -> bytes:
 def test_same_bytes_in_process_and_across_concurrent_processes(source: Path) -> None:
     expected = {}
     for codec in CODECS:
-        hashes = {_sha(reencode_clip(source, FIRST, COUNT, codec=codec, gop=GOP, crf=25, threads=1)[0])
-                  for _ in range(REPEATS)}
+        hashes = {
+            _sha(reencode_clip(source, FIRST, COUNT, codec=codec, gop=GOP, crf=25, threads=1)[0])
+            for _ in range(REPEATS)
+        }
         assert len(hashes) == 1, f"{codec}: {len(hashes)} different outputs from {REPEATS} in-process runs"
         expected[codec] = hashes.pop()
 

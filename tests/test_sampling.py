@@ -28,9 +28,7 @@ def test_every_frame_exactly_once_and_last_marks_the_final_emission(pool_size, s
 
 
 def test_unshuffled_is_source_order():
-    assert [(p, f) for p, f, _ in emissions(shuffle=False)] == [
-        (p, f) for p, n in enumerate(LENGTHS) for f in range(n)
-    ]
+    assert [(p, f) for p, f, _ in emissions(shuffle=False)] == [(p, f) for p, n in enumerate(LENGTHS) for f in range(n)]
 
 
 @pytest.mark.parametrize("pool_size", [1, 2, 4])

@@ -11,8 +11,8 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from convert_helpers import reencode_continuous, run_cli
 
+from convert_helpers import reencode_continuous, run_cli
 from lerobot_shards.convert.run import convert_dataset
 from lerobot_shards.convert.verify import verify_dataset
 from lerobot_shards.format import MANIFEST_NAME, SHARDS_DIR

@@ -42,11 +42,20 @@ def build_source(root: Path, *, episodes: int, frames: int, per_file: int, heigh
     from lerobot_shards.video import TICKS_PER_FRAME, concat_clips, probe_clip
 
     fps = 30
-    synth_dataset(root, num_episodes=episodes, length_range=(frames, frames), height=8, width=40,
-                  episodes_per_video_file=per_file, episodes_per_data_file=episodes)
+    synth_dataset(
+        root,
+        num_episodes=episodes,
+        length_range=(frames, frames),
+        height=8,
+        width=40,
+        episodes_per_video_file=per_file,
+        episodes_per_data_file=episodes,
+    )
     clip = root.parent / "clip.mp4"
-    subprocess.run(FFMPEG_CLIP.format(w=width, h=height, fps=fps, n=frames, timescale=fps * TICKS_PER_FRAME,
-                                      out=clip).split(), check=True)
+    subprocess.run(
+        FFMPEG_CLIP.format(w=width, h=height, fps=fps, n=frames, timescale=fps * TICKS_PER_FRAME, out=clip).split(),
+        check=True,
+    )
     data = clip.read_bytes()
     for path in sorted((root / "videos").rglob("*.mp4")):
         concat_clips([data] * (probe_clip(path).num_frames // frames), path)  # same episodes, real bitrate
@@ -86,16 +95,20 @@ def run_child(source: Path, dest: Path, workers: int, reencode: str | None, shar
     out = proc.stdout.read()
     if proc.returncode:
         raise RuntimeError(f"conversion failed ({proc.returncode}): {out}")
-    return {"seconds": json.loads(out)["seconds"], "peak_rss_mb": peak_one / 2**20,
-            "peak_rss_tree_mb": peak_tree / 2**20}
+    return {
+        "seconds": json.loads(out)["seconds"],
+        "peak_rss_mb": peak_one / 2**20,
+        "peak_rss_tree_mb": peak_tree / 2**20,
+    }
 
 
 def child(source: str, dest: str, workers: str, reencode: str, shard_size: str) -> None:
     from lerobot_shards.convert.run import convert_dataset
 
     start = time.perf_counter()
-    convert_dataset(source, dest, workers=int(workers), reencode=reencode or None, shard_size=shard_size,
-                    progress=False)
+    convert_dataset(
+        source, dest, workers=int(workers), reencode=reencode or None, shard_size=shard_size, progress=False
+    )
     os.sync()
     print(json.dumps({"seconds": time.perf_counter() - start}))
 
@@ -121,8 +134,14 @@ def main() -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="bench-convert-") as tmp:
         tmp_path = Path(tmp)
-        source = args.source or build_source(tmp_path / "src", episodes=args.episodes, frames=args.frames,
-                                             per_file=args.episodes_per_file, height=args.height, width=args.width)
+        source = args.source or build_source(
+            tmp_path / "src",
+            episodes=args.episodes,
+            frames=args.frames,
+            per_file=args.episodes_per_file,
+            height=args.height,
+            width=args.width,
+        )
         src_bytes = tree_bytes(source)
         print(f"source {source}: {src_bytes / 1e6:.1f} MB", flush=True)
         copies = []
@@ -145,21 +164,27 @@ def main() -> None:
             mine = [r for r in runs if (r["mode"], r["workers"]) == (mode, workers)]
             seconds = statistics.median(r["seconds"] for r in mine)
             mb_s = src_bytes / 1e6 / seconds
-            rows.append({
-                "mode": "stream copy" if mode == "copy" else f"re-encode {mode}",
-                "workers": workers,
-                "seconds": round(seconds, 3),
-                "mb_per_s": round(mb_s, 1),
-                "ratio_to_plain_copy": round(mb_s / copy_mb_s, 3),
-                "out_mb": round(mine[0]["out_bytes"] / 1e6, 1),
-                "peak_rss_mb": round(max(r["peak_rss_mb"] for r in mine), 1),
-                "peak_rss_tree_mb": round(max(r["peak_rss_tree_mb"] for r in mine), 1),
-            })
+            rows.append(
+                {
+                    "mode": "stream copy" if mode == "copy" else f"re-encode {mode}",
+                    "workers": workers,
+                    "seconds": round(seconds, 3),
+                    "mb_per_s": round(mb_s, 1),
+                    "ratio_to_plain_copy": round(mb_s / copy_mb_s, 3),
+                    "out_mb": round(mine[0]["out_bytes"] / 1e6, 1),
+                    "peak_rss_mb": round(max(r["peak_rss_mb"] for r in mine), 1),
+                    "peak_rss_tree_mb": round(max(r["peak_rss_tree_mb"] for r in mine), 1),
+                }
+            )
         result = {
             "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
-            "source": {"path": str(args.source or "built: see bench_convert.py"), "mb": round(src_bytes / 1e6, 1),
-                       "episodes": args.episodes if not args.source else None, "frames_per_episode": args.frames,
-                       "size": f"{args.width}x{args.height}"},
+            "source": {
+                "path": str(args.source or "built: see bench_convert.py"),
+                "mb": round(src_bytes / 1e6, 1),
+                "episodes": args.episodes if not args.source else None,
+                "frames_per_episode": args.frames,
+                "size": f"{args.width}x{args.height}",
+            },
             "shard_size": args.shard_size,
             "plain_copy": {"seconds": round(copy_s, 3), "mb_per_s": round(copy_mb_s, 1), "repeats": len(copies)},
             "runs": rows,
@@ -179,7 +204,8 @@ def main() -> None:
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ] + [
         f"| {r['mode']} | {r['workers']} | {r['seconds']} | {r['mb_per_s']} | {r['ratio_to_plain_copy']} | "
-        f"{r['out_mb']} | {r['peak_rss_mb']} | {r['peak_rss_tree_mb']} |" for r in rows
+        f"{r['out_mb']} | {r['peak_rss_mb']} | {r['peak_rss_tree_mb']} |"
+        for r in rows
     ]
     (RESULTS / "bench_convert.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

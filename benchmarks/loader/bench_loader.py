@@ -57,10 +57,9 @@ REPO = HERE.parent.parent
 sys.path.insert(0, str(HERE))
 
 import torch  # noqa: E402
-from torch.utils.data import DataLoader  # noqa: E402
-
 from memwatch import RssMonitor  # noqa: E402
 from sample_shape import describe  # noqa: E402
+from torch.utils.data import DataLoader  # noqa: E402
 
 DEFAULT_DATASET = "/work/shared/fixtures/so101_record_test"
 STATE, ACTION = "observation.state", "action"
@@ -120,10 +119,12 @@ def default_lerobot_python() -> str | None:
 
 def git_state() -> dict[str, Any]:
     try:
-        head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--", "src"], capture_output=True,
-                               text=True, timeout=10).stdout.strip()
+        head = subprocess.run(
+            ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(REPO), "status", "--porcelain", "--", "src"], capture_output=True, text=True, timeout=10
+        ).stdout.strip()
         return {"commit": head or None, "src_dirty": bool(dirty)}
     except Exception:  # noqa: BLE001
         return {"commit": None}
@@ -150,8 +151,13 @@ def run_loader(
     from lerobot_shards.loader import EpisodePoolDataset
 
     t = time.perf_counter()
-    kwargs: dict[str, Any] = dict(delta_timestamps=delta, episode_pool_size=pool_size, seed=seed,
-                                  image_dtype=image_dtype, video_decode_device=device)
+    kwargs: dict[str, Any] = dict(
+        delta_timestamps=delta,
+        episode_pool_size=pool_size,
+        seed=seed,
+        image_dtype=image_dtype,
+        video_decode_device=device,
+    )
     if ffmpeg_threads is not None:
         kwargs["num_ffmpeg_threads"] = ffmpeg_threads
     if episodes_per_shard is not None:
@@ -207,8 +213,9 @@ def run_loader(
         "bytes_read": int(total["bytes_read"]),
         "decoder_misses": int(total["decoder_misses"]),
         "decoder_evictions": int(total["decoder_evictions"]),
-        "per_worker_stats": [{k: (rnd(v, 3) if isinstance(v, float) else v) for k, v in w.items()}
-                             for w in stats["workers"]],
+        "per_worker_stats": [
+            {k: (rnd(v, 3) if isinstance(v, float) else v) for k, v in w.items()} for w in stats["workers"]
+        ],
         "memory": memory,
         "warnings": sorted({str(w.message) for w in caught}),
         "emitted": emitted,  # (episode, frame) in arrival order; dropped from the JSON report
@@ -219,8 +226,9 @@ def our_sample0(source: str, delta: dict[str, list[float]] | None, image_dtype: 
     """Our sample for (episode 0, frame 0): an unshuffled stream over episode 0 starts there."""
     from lerobot_shards.loader import EpisodePoolDataset
 
-    ds = EpisodePoolDataset(source, delta_timestamps=delta, episode_pool_size=1, shuffle=False, episodes=[0],
-                            image_dtype=image_dtype)
+    ds = EpisodePoolDataset(
+        source, delta_timestamps=delta, episode_pool_size=1, shuffle=False, episodes=[0], image_dtype=image_dtype
+    )
     it = iter(ds)
     sample = next(it)
     del it
@@ -269,8 +277,13 @@ def run_ceiling(template: dict[str, Any], num_samples: int, workers: int, batch_
         n += len(batch["index"])
     wall = time.perf_counter() - t0
     steady = (n - batch_size) / (wall - first) if first is not None and n > batch_size and wall > first else None
-    return {"samples": n, "wall_s": rnd(wall, 3), "first_batch_s": rnd(first, 3), "samples_per_s": rnd(n / wall),
-            "steady_samples_per_s": rnd(steady)}
+    return {
+        "samples": n,
+        "wall_s": rnd(wall, 3),
+        "first_batch_s": rnd(first, 3),
+        "samples_per_s": rnd(n / wall),
+        "steady_samples_per_s": rnd(steady),
+    }
 
 
 # ------------------------------------------------------------------------------------ pure decode
@@ -369,8 +382,15 @@ def loader_ffmpeg_threads(workers: int) -> int:
     return 1 if workers else 0  # older loaders: 1 per worker, auto (0) without workers
 
 
-def run_pure_decode(root: str, emitted: list[tuple[int, int]], cameras: list[str], offsets: dict[str, list[int]],
-                    workers: int, pool_size: int, ffmpeg_threads: int | None = None) -> dict[str, Any]:
+def run_pure_decode(
+    root: str,
+    emitted: list[tuple[int, int]],
+    cameras: list[str],
+    offsets: dict[str, list[int]],
+    workers: int,
+    pool_size: int,
+    ffmpeg_threads: int | None = None,
+) -> dict[str, Any]:
     procs_n = max(1, workers)
     parts = split_by_episode(emitted, procs_n)
     ctx = mp.get_context("fork")
@@ -378,9 +398,14 @@ def run_pure_decode(root: str, emitted: list[tuple[int, int]], cameras: list[str
     results = ctx.Queue()
     threads = ffmpeg_threads if ffmpeg_threads is not None else loader_ffmpeg_threads(workers)
     cache_cap = min(64, pool_size * max(1, len(cameras)))
-    procs = [ctx.Process(target=_pure_decode_proc,
-                         args=(root, part, cameras, offsets, threads, cache_cap, barrier, results), daemon=True)
-             for part in parts]
+    procs = [
+        ctx.Process(
+            target=_pure_decode_proc,
+            args=(root, part, cameras, offsets, threads, cache_cap, barrier, results),
+            daemon=True,
+        )
+        for part in parts
+    ]
     for p in procs:
         p.start()
     got = [results.get(timeout=1800) for _ in procs]
@@ -407,15 +432,43 @@ def run_pure_decode(root: str, emitted: list[tuple[int, int]], cameras: list[str
 # ------------------------------------------------------------------------------------ LeRobot
 
 
-def run_lerobot(python: str, root: str, delta: dict | None, workers: list[int], batch_size: int, seed: int,
-                max_samples: int, sample0_out: str, hf_home: str, timeout: int, repeat: int = 1,
-                torch_threads: int | None = None) -> dict[str, Any]:
+def run_lerobot(
+    python: str,
+    root: str,
+    delta: dict | None,
+    workers: list[int],
+    batch_size: int,
+    seed: int,
+    max_samples: int,
+    sample0_out: str,
+    hf_home: str,
+    timeout: int,
+    repeat: int = 1,
+    torch_threads: int | None = None,
+) -> dict[str, Any]:
     env = dict(os.environ)
     env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", HF_HOME=hf_home, TOKENIZERS_PARALLELISM="false")
     env.pop("PYTHONPATH", None)
-    cmd = [python, str(HERE / "lerobot_baseline.py"), "--root", root, "--delta-timestamps", json.dumps(delta),
-           "--workers", ",".join(map(str, workers)), "--batch-size", str(batch_size), "--seed", str(seed),
-           "--max-samples", str(max_samples), "--sample0-out", sample0_out, "--repeat", str(repeat)]
+    cmd = [
+        python,
+        str(HERE / "lerobot_baseline.py"),
+        "--root",
+        root,
+        "--delta-timestamps",
+        json.dumps(delta),
+        "--workers",
+        ",".join(map(str, workers)),
+        "--batch-size",
+        str(batch_size),
+        "--seed",
+        str(seed),
+        "--max-samples",
+        str(max_samples),
+        "--sample0-out",
+        sample0_out,
+        "--repeat",
+        str(repeat),
+    ]
     if torch_threads:
         cmd += ["--torch-threads", str(torch_threads)]
     t = time.perf_counter()
@@ -471,8 +524,17 @@ def compare_samples(ours: dict[str, Any], theirs: dict[str, Any]) -> dict[str, A
 # ------------------------------------------------------------------------------------ reporting
 
 
-MEM_FIELDS = ("start_mb", "warm_mb", "mid_mb", "end_mb", "peak_mb", "growth_mb", "growth_2nd_half_mb",
-              "floor_growth_mb", "slope_mb_per_min")
+MEM_FIELDS = (
+    "start_mb",
+    "warm_mb",
+    "mid_mb",
+    "end_mb",
+    "peak_mb",
+    "growth_mb",
+    "growth_2nd_half_mb",
+    "floor_growth_mb",
+    "slope_mb_per_min",
+)
 
 
 def worker_memory_rows(memory: dict[str, Any]) -> list[dict[str, Any]]:
@@ -480,11 +542,9 @@ def worker_memory_rows(memory: dict[str, Any]) -> list[dict[str, Any]]:
         return []
     rows = []
     if memory.get("main"):
-        rows.append({"proc": "main", **{k: memory["main"][k] for k in
-                                        MEM_FIELDS}})
+        rows.append({"proc": "main", **{k: memory["main"][k] for k in MEM_FIELDS}})
     for w in memory.get("workers", []):
-        rows.append({"proc": f"worker {w['worker']}", **{k: w[k] for k in
-                                                         MEM_FIELDS}})
+        rows.append({"proc": f"worker {w['worker']}", **{k: w[k] for k in MEM_FIELDS}})
     return rows
 
 
@@ -502,9 +562,24 @@ def peak_worker_mb(memory: dict[str, Any] | None) -> float | None:
     return max((w["peak_mb"] for w in ws), default=None)
 
 
-CSV_FIELDS = ("window", "workers", "kind", "samples", "frames", "wall_s", "first_batch_s", "samples_per_s",
-              "steady_samples_per_s", "frames_per_s", "ratio_to_pure_decode", "ratio_to_lerobot", "ratio_to_ceiling",
-              "worker_peak_rss_mb", "worker_max_growth_mb", "note")
+CSV_FIELDS = (
+    "window",
+    "workers",
+    "kind",
+    "samples",
+    "frames",
+    "wall_s",
+    "first_batch_s",
+    "samples_per_s",
+    "steady_samples_per_s",
+    "frames_per_s",
+    "ratio_to_pure_decode",
+    "ratio_to_lerobot",
+    "ratio_to_ceiling",
+    "worker_peak_rss_mb",
+    "worker_max_growth_mb",
+    "note",
+)
 
 
 def flat_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
@@ -516,28 +591,44 @@ def flat_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
                 if not r:
                     continue
                 if r.get("skipped") or r.get("error"):
-                    rows.append({"window": w["window"], "workers": c["workers"], "kind": kind,
-                                 "note": r.get("skipped") or r.get("error")})
+                    rows.append(
+                        {
+                            "window": w["window"],
+                            "workers": c["workers"],
+                            "kind": kind,
+                            "note": r.get("skipped") or r.get("error"),
+                        }
+                    )
                     continue
-                rows.append({
-                    "window": w["window"], "workers": c["workers"], "kind": kind,
-                    "samples": r.get("samples"), "frames": r.get("frames_delivered", r.get("frames")),
-                    "wall_s": r.get("wall_s"), "first_batch_s": r.get("first_batch_s"),
-                    "samples_per_s": r.get("samples_per_s"), "steady_samples_per_s": r.get("steady_samples_per_s"),
-                    "frames_per_s": r.get("frames_per_s"),
-                    "ratio_to_pure_decode": r.get("ratio_to_pure_decode"),
-                    "ratio_to_lerobot": r.get("ratio_to_lerobot"),
-                    "ratio_to_ceiling": r.get("ratio_to_ceiling"),
-                    "worker_peak_rss_mb": peak_worker_mb(r.get("memory")),
-                    "worker_max_growth_mb": max_worker_growth(r.get("memory")),
-                    "note": r.get("note", ""),
-                })
+                rows.append(
+                    {
+                        "window": w["window"],
+                        "workers": c["workers"],
+                        "kind": kind,
+                        "samples": r.get("samples"),
+                        "frames": r.get("frames_delivered", r.get("frames")),
+                        "wall_s": r.get("wall_s"),
+                        "first_batch_s": r.get("first_batch_s"),
+                        "samples_per_s": r.get("samples_per_s"),
+                        "steady_samples_per_s": r.get("steady_samples_per_s"),
+                        "frames_per_s": r.get("frames_per_s"),
+                        "ratio_to_pure_decode": r.get("ratio_to_pure_decode"),
+                        "ratio_to_lerobot": r.get("ratio_to_lerobot"),
+                        "ratio_to_ceiling": r.get("ratio_to_ceiling"),
+                        "worker_peak_rss_mb": peak_worker_mb(r.get("memory")),
+                        "worker_max_growth_mb": max_worker_growth(r.get("memory")),
+                        "note": r.get("note", ""),
+                    }
+                )
     return rows
 
 
 def bar_chart(rows: list[dict[str, Any]], width: int = 44) -> str:
-    data = [(f"{r['window']:<9} w={r['workers']} {r['kind']:<18}", r["samples_per_s"]) for r in rows
-            if r.get("samples_per_s")]
+    data = [
+        (f"{r['window']:<9} w={r['workers']} {r['kind']:<18}", r["samples_per_s"])
+        for r in rows
+        if r.get("samples_per_s")
+    ]
     if not data:
         return "(no data)"
     top = max(v for _, v in data)
@@ -559,44 +650,67 @@ def fmt(v: Any, suffix: str = "") -> str:
 def markdown(report: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     env, cfg = report["environment"], report["config"]
     out = [f"# Loader benchmark — {report['tag']} ({report['finished']})", ""]
-    out.append(f"Dataset: `{cfg['dataset']}` ({cfg['dataset_summary']}); converted with "
-               f"{cfg['episodes_per_shard']} episode(s)/shard into {report['conversion']['shards']} shards "
-               f"in {report['conversion']['seconds']} s. Batch size {cfg['batch_size']}, pool size "
-               f"{cfg['pool_size']}, image dtype {cfg['image_dtype']}, seed {cfg['seed']}, main-process torch "
-               f"threads {cfg.get('torch_threads')}, ffmpeg threads "
-               f"{cfg['ffmpeg_threads']}, "
-               f"{'max ' + str(cfg['max_samples']) + ' samples per run' if cfg['max_samples'] else 'one full epoch per run'}"
-               f"{', fastest of ' + str(cfg['repeat']) + ' repeats' if cfg.get('repeat', 1) > 1 else ''}.")
-    out.append(f"Machine: {env['cpus']} CPUs (load average at start {env['loadavg_start']}, end "
-               f"{env.get('loadavg_end')}), torch {env['torch']}, torchcodec {env['torchcodec']}, "
-               f"commit {env['git'].get('commit')}{' + uncommitted src changes' if env['git'].get('src_dirty') else ''}.")
+    out.append(
+        f"Dataset: `{cfg['dataset']}` ({cfg['dataset_summary']}); converted with "
+        f"{cfg['episodes_per_shard']} episode(s)/shard into {report['conversion']['shards']} shards "
+        f"in {report['conversion']['seconds']} s. Batch size {cfg['batch_size']}, pool size "
+        f"{cfg['pool_size']}, image dtype {cfg['image_dtype']}, seed {cfg['seed']}, main-process torch "
+        f"threads {cfg.get('torch_threads')}, ffmpeg threads "
+        f"{cfg['ffmpeg_threads']}, "
+        f"{'max ' + str(cfg['max_samples']) + ' samples per run' if cfg['max_samples'] else 'one full epoch per run'}"
+        f"{', fastest of ' + str(cfg['repeat']) + ' repeats' if cfg.get('repeat', 1) > 1 else ''}."
+    )
+    out.append(
+        f"Machine: {env['cpus']} CPUs (load average at start {env['loadavg_start']}, end "
+        f"{env.get('loadavg_end')}), torch {env['torch']}, torchcodec {env['torchcodec']}, "
+        f"commit {env['git'].get('commit')}{' + uncommitted src changes' if env['git'].get('src_dirty') else ''}."
+    )
     lr = report.get("lerobot", {})
     out.append(f"LeRobot baseline: {lr.get('status')}.")
-    out += ["", "## Throughput", "",
-            "| window | workers | kind | samples/s | steady samples/s | frames/s | first batch s | "
-            "vs pure decode | vs LeRobot | vs DataLoader ceiling | worker peak RSS MiB | worker RSS growth MiB |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    out += [
+        "",
+        "## Throughput",
+        "",
+        "| window | workers | kind | samples/s | steady samples/s | frames/s | first batch s | "
+        "vs pure decode | vs LeRobot | vs DataLoader ceiling | worker peak RSS MiB | worker RSS growth MiB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         if r.get("note") and not r.get("samples_per_s"):
             out.append(f"| {r['window']} | {r['workers']} | {r['kind']} | {r['note']} | | | | | | | | |")
             continue
-        out.append(f"| {r['window']} | {r['workers']} | {r['kind']} | {fmt(r['samples_per_s'])} | "
-                   f"{fmt(r['steady_samples_per_s'])} | {fmt(r['frames_per_s'])} | {fmt(r['first_batch_s'])} | "
-                   f"{fmt(r['ratio_to_pure_decode'], 'x')} | {fmt(r['ratio_to_lerobot'], 'x')} | "
-                   f"{fmt(r.get('ratio_to_ceiling'), 'x')} | "
-                   f"{fmt(r['worker_peak_rss_mb'])} | {fmt(r['worker_max_growth_mb'])} |")
-    out += ["", "Targets (reported, not asserted): converted loader frames/s >= "
-            f"{PURE_TARGET}x pure decode; converted loader samples/s >= {LEROBOT_TARGET}x LeRobot.",
-            "Pure decode samples/s counts decode only (no parquet, float conversion or collation). "
-            "The DataLoader ceiling pushes samples shaped exactly like ours (same keys, dtypes, shapes; float "
-            "images converted from uint8 per sample as the loader does) through the same DataLoader without "
-            "any I/O or decoding: no DataLoader-based loader can beat it on this machine.", "",
-            "## Samples/s", "", "```", bar_chart(rows), "```", ""]
-    out += ["## Memory per process over the epoch (RSS, MiB)", "",
-            "growth = end − warm (warm: when the first batch arrived); floor growth = min of the last quarter − "
-            "min of the second quarter (decoded batches come and go above a floor, a leak lifts the floor); "
-            "slope: least squares after the first batch. All must stay near 0; a 4-episode dataset keeps every "
-            "episode resident, so only `--synth` with many episodes exercises the pool's admit/evict cycle.", ""]
+        out.append(
+            f"| {r['window']} | {r['workers']} | {r['kind']} | {fmt(r['samples_per_s'])} | "
+            f"{fmt(r['steady_samples_per_s'])} | {fmt(r['frames_per_s'])} | {fmt(r['first_batch_s'])} | "
+            f"{fmt(r['ratio_to_pure_decode'], 'x')} | {fmt(r['ratio_to_lerobot'], 'x')} | "
+            f"{fmt(r.get('ratio_to_ceiling'), 'x')} | "
+            f"{fmt(r['worker_peak_rss_mb'])} | {fmt(r['worker_max_growth_mb'])} |"
+        )
+    out += [
+        "",
+        "Targets (reported, not asserted): converted loader frames/s >= "
+        f"{PURE_TARGET}x pure decode; converted loader samples/s >= {LEROBOT_TARGET}x LeRobot.",
+        "Pure decode samples/s counts decode only (no parquet, float conversion or collation). "
+        "The DataLoader ceiling pushes samples shaped exactly like ours (same keys, dtypes, shapes; float "
+        "images converted from uint8 per sample as the loader does) through the same DataLoader without "
+        "any I/O or decoding: no DataLoader-based loader can beat it on this machine.",
+        "",
+        "## Samples/s",
+        "",
+        "```",
+        bar_chart(rows),
+        "```",
+        "",
+    ]
+    out += [
+        "## Memory per process over the epoch (RSS, MiB)",
+        "",
+        "growth = end − warm (warm: when the first batch arrived); floor growth = min of the last quarter − "
+        "min of the second quarter (decoded batches come and go above a floor, a leak lifts the floor); "
+        "slope: least squares after the first batch. All must stay near 0; a 4-episode dataset keeps every "
+        "episode resident, so only `--synth` with many episodes exercises the pool's admit/evict cycle.",
+        "",
+    ]
     for w in report["windows"]:
         for c in w["cases"]:
             for kind in ("converted", "raw", "lerobot"):
@@ -606,8 +720,10 @@ def markdown(report: dict[str, Any], rows: list[dict[str, Any]]) -> str:
                     continue
                 out.append(f"**{w['window']}, workers={c['workers']}, {kind}**")
                 out.append("")
-                out.append("| process | start | warm | mid | end | peak | growth | growth 2nd half | floor growth "
-                           "| slope MiB/min |")
+                out.append(
+                    "| process | start | warm | mid | end | peak | growth | growth 2nd half | floor growth "
+                    "| slope MiB/min |"
+                )
                 out.append("|---|---|---|---|---|---|---|---|---|---|")
                 for m in mrows:
                     out.append(f"| {m['proc']} | " + " | ".join(fmt(m[k]) for k in MEM_FIELDS) + " |")
@@ -617,18 +733,23 @@ def markdown(report: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     for w in report["windows"]:
         for c in w["cases"]:
             same = c.get("same_samples_raw_vs_converted")
-            raw_text = "" if same is None else (f"raw source emitted the same samples as the converted shards: "
-                                                f"**{same}**; ")
-            out.append(f"- {w['window']}, workers={c['workers']}: {raw_text}pure decode decoded "
-                       f"{(c.get('pure_decode') or {}).get('frames')} frames, the loader "
-                       f"{(c.get('converted') or {}).get('frames_delivered')} (its decoder counter: "
-                       f"{(c.get('converted') or {}).get('frames_decoded')}"
-                       f"{', which includes batches prefetched past --max-samples' if cfg['max_samples'] else ''}).")
+            raw_text = (
+                "" if same is None else (f"raw source emitted the same samples as the converted shards: **{same}**; ")
+            )
+            out.append(
+                f"- {w['window']}, workers={c['workers']}: {raw_text}pure decode decoded "
+                f"{(c.get('pure_decode') or {}).get('frames')} frames, the loader "
+                f"{(c.get('converted') or {}).get('frames_delivered')} (its decoder counter: "
+                f"{(c.get('converted') or {}).get('frames_decoded')}"
+                f"{', which includes batches prefetched past --max-samples' if cfg['max_samples'] else ''})."
+            )
             if cfg.get("repeat", 1) > 1:
-                out.append(f"  - every repeat emitted the same samples: {c.get('same_samples_across_repeats')}; "
-                           f"samples/s of the repeats: converted {(c.get('converted') or {}).get('samples_per_s_all')}, "
-                           f"raw {(c.get('raw') or {}).get('samples_per_s_all')}, LeRobot "
-                           f"{(c.get('lerobot') or {}).get('samples_per_s_all')}")
+                out.append(
+                    f"  - every repeat emitted the same samples: {c.get('same_samples_across_repeats')}; "
+                    f"samples/s of the repeats: converted {(c.get('converted') or {}).get('samples_per_s_all')}, "
+                    f"raw {(c.get('raw') or {}).get('samples_per_s_all')}, LeRobot "
+                    f"{(c.get('lerobot') or {}).get('samples_per_s_all')}"
+                )
             for kind in ("converted", "raw"):
                 for msg in (c.get(kind) or {}).get("warnings", []):
                     out.append(f"  - {kind} loader warning: {msg}")
@@ -637,8 +758,11 @@ def markdown(report: dict[str, Any], rows: list[dict[str, Any]]) -> str:
             if compat.get("error"):
                 out.append(f"- {w['window']}: sample-0 comparison not done: {compat['error']}")
             else:
-                verdict = "identical keys, dtypes, shapes and values" if not compat["differences"] else \
-                    "DIFFERENCES: " + "; ".join(compat["differences"])
+                verdict = (
+                    "identical keys, dtypes, shapes and values"
+                    if not compat["differences"]
+                    else "DIFFERENCES: " + "; ".join(compat["differences"])
+                )
                 out.append(f"- {w['window']}: LeRobot sample 0 vs ours (episode 0, frame 0): {verdict}")
     out.append("")
     if report.get("notes"):
@@ -651,8 +775,9 @@ def markdown(report: dict[str, Any], rows: list[dict[str, Any]]) -> str:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true",
-                    help="smoke run (< 1 min): workers 0,2, window 'frame', 96 samples per run")
+    ap.add_argument(
+        "--quick", action="store_true", help="smoke run (< 1 min): workers 0,2, window 'frame', 96 samples per run"
+    )
     ap.add_argument("--dataset", default=DEFAULT_DATASET, help="raw LeRobot v3.0 dataset (default: the real fixture)")
     ap.add_argument("--synth", action="store_true", help="generate a synthetic dataset instead of --dataset")
     ap.add_argument("--synth-episodes", type=int, default=24)
@@ -666,28 +791,48 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--window", default="act", help=f"comma-separated presets: {', '.join(WINDOWS)}")
     ap.add_argument("--pool-size", type=int, default=8, help="episode_pool_size of EpisodePoolDataset")
-    ap.add_argument("--episodes-per-shard", type=int, default=None,
-                    help="default: so that every worker gets at least 2 shards")
+    ap.add_argument(
+        "--episodes-per-shard", type=int, default=None, help="default: so that every worker gets at least 2 shards"
+    )
     ap.add_argument("--image-dtype", default="float32", choices=("float32", "uint8"))
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--torch-threads", type=int, default=None,
-                    help="torch.set_num_threads in the main process, ours and LeRobot's (matters for workers=0; "
-                         "DataLoader workers always use 1); default: torch's default")
-    ap.add_argument("--repeat", type=int, default=1,
-                    help="run every measurement N times and keep the fastest (the machine is shared)")
-    ap.add_argument("--ffmpeg-threads", type=int, default=None,
-                    help="num_ffmpeg_threads for our loader and pure decode (default: the loader's default)")
+    ap.add_argument(
+        "--torch-threads",
+        type=int,
+        default=None,
+        help="torch.set_num_threads in the main process, ours and LeRobot's (matters for workers=0; "
+        "DataLoader workers always use 1); default: torch's default",
+    )
+    ap.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="run every measurement N times and keep the fastest (the machine is shared)",
+    )
+    ap.add_argument(
+        "--ffmpeg-threads",
+        type=int,
+        default=None,
+        help="num_ffmpeg_threads for our loader and pure decode (default: the loader's default)",
+    )
     ap.add_argument("--max-samples", type=int, default=0, help="stop each run after N samples (0: full epoch)")
-    ap.add_argument("--lerobot-python", default=default_lerobot_python(),
-                    help="python of the LeRobot 0.4.4 venv (default ./.venv-lerobot or /work/lerobot-venv)")
+    ap.add_argument(
+        "--lerobot-python",
+        default=default_lerobot_python(),
+        help="python of the LeRobot 0.4.4 venv (default ./.venv-lerobot or /work/lerobot-venv)",
+    )
     ap.add_argument("--no-lerobot", action="store_true", help="skip the LeRobot baseline")
     ap.add_argument("--no-raw", action="store_true", help="skip the raw-source loader runs")
     ap.add_argument("--no-ceiling", action="store_true", help="skip the DataLoader-ceiling runs")
     ap.add_argument("--cuda", choices=("auto", "on", "off"), default="auto", help="CUDA decode column")
     ap.add_argument("--out", default=str(HERE / "results"))
     ap.add_argument("--tag", default=None, help="result file name stem (default: latest, or quick with --quick)")
-    ap.add_argument("--render", default=None, metavar="JSON",
-                    help="measure nothing: rewrite the .md and .csv next to a result .json")
+    ap.add_argument(
+        "--render",
+        default=None,
+        metavar="JSON",
+        help="measure nothing: rewrite the .md and .csv next to a result .json",
+    )
     ap.add_argument("--work-dir", default=None, help="where the converted copy goes (default: a temp dir, removed)")
     args = ap.parse_args(argv)
     if args.quick:
@@ -707,8 +852,9 @@ def main(argv: list[str] | None = None) -> int:
         write_report(json.loads(path.read_text()), path.parent, path.stem, echo=False)
         log(f"rewrote {path.with_suffix('.md')} and {path.with_suffix('.csv')}")
         return 0
-    from lerobot_shards.convert.run import convert_dataset
     import torchcodec
+
+    from lerobot_shards.convert.run import convert_dataset
 
     started = time.time()
     if args.torch_threads:
@@ -722,9 +868,13 @@ def main(argv: list[str] | None = None) -> int:
     notes: list[str] = []
     report: dict[str, Any] = {"tag": args.tag, "started": time.strftime("%Y-%m-%d %H:%M:%S"), "windows": []}
     report["environment"] = {
-        "cpus": os.cpu_count(), "loadavg_start": [round(x, 2) for x in os.getloadavg()],
-        "python": platform.python_version(), "torch": torch.__version__, "torchcodec": torchcodec.__version__,
-        "torch_threads": torch.get_num_threads(), "git": git_state(),
+        "cpus": os.cpu_count(),
+        "loadavg_start": [round(x, 2) for x in os.getloadavg()],
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torchcodec": torchcodec.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "git": git_state(),
     }
     try:
         # ---- dataset
@@ -733,17 +883,32 @@ def main(argv: list[str] | None = None) -> int:
 
             h, w = (int(x) for x in args.synth_size.lower().split("x"))
             lo, hi = (int(x) for x in args.synth_length.split(","))
-            cams = ["observation.images.front", "observation.images.top", "observation.images.wrist",
-                    "observation.images.side"][: args.synth_cameras]
+            cams = [
+                "observation.images.front",
+                "observation.images.top",
+                "observation.images.wrist",
+                "observation.images.side",
+            ][: args.synth_cameras]
             if args.synth_cameras > 4:
                 cams += [f"observation.images.cam{i}" for i in range(4, args.synth_cameras)]
             dataset = work / "synth"
             if not (dataset / "meta/info.json").exists():
                 log(f"synthesising {args.synth_episodes} episodes {h}x{w} {args.synth_codec} into {dataset}")
                 t = time.perf_counter()
-                synth_dataset(dataset, num_episodes=args.synth_episodes, cameras=cams, height=h, width=w,
-                              fps=args.synth_fps, codec=args.synth_codec, gop=args.synth_gop, length_range=(lo, hi),
-                              episodes_per_video_file=4, episodes_per_data_file=8, seed=args.seed)
+                synth_dataset(
+                    dataset,
+                    num_episodes=args.synth_episodes,
+                    cameras=cams,
+                    height=h,
+                    width=w,
+                    fps=args.synth_fps,
+                    codec=args.synth_codec,
+                    gop=args.synth_gop,
+                    length_range=(lo, hi),
+                    episodes_per_video_file=4,
+                    episodes_per_data_file=8,
+                    seed=args.seed,
+                )
                 notes.append(f"synthetic dataset made in {time.perf_counter() - t:.1f} s")
         else:
             dataset = Path(args.dataset)
@@ -756,13 +921,23 @@ def main(argv: list[str] | None = None) -> int:
         codec = info["features"][cameras[0]].get("info", {}).get("video.codec") if cameras else None
         summary = f"{n_episodes} episodes, {n_frames} frames, {len(cameras)} cameras {shape} {codec}, {fps:g} fps"
         report["config"] = {
-            "dataset": str(dataset), "synthetic": args.synth, "dataset_summary": summary, "workers": workers,
-            "windows": windows, "batch_size": args.batch_size, "pool_size": args.pool_size,
-            "episodes_per_shard": eps, "image_dtype": args.image_dtype, "seed": args.seed,
-            "max_samples": args.max_samples, "quick": args.quick, "repeat": args.repeat,
+            "dataset": str(dataset),
+            "synthetic": args.synth,
+            "dataset_summary": summary,
+            "workers": workers,
+            "windows": windows,
+            "batch_size": args.batch_size,
+            "pool_size": args.pool_size,
+            "episodes_per_shard": eps,
+            "image_dtype": args.image_dtype,
+            "seed": args.seed,
+            "max_samples": args.max_samples,
+            "quick": args.quick,
+            "repeat": args.repeat,
             "torch_threads": torch.get_num_threads(),
-            "ffmpeg_threads": args.ffmpeg_threads if args.ffmpeg_threads is not None else
-            f"loader default ({loader_ffmpeg_threads(1)} per worker, {loader_ffmpeg_threads(0)} without workers)",
+            "ffmpeg_threads": args.ffmpeg_threads
+            if args.ffmpeg_threads is not None
+            else f"loader default ({loader_ffmpeg_threads(1)} per worker, {loader_ffmpeg_threads(0)} without workers)",
         }
         log(f"dataset {dataset}: {summary}")
 
@@ -770,14 +945,17 @@ def main(argv: list[str] | None = None) -> int:
         converted = work / "converted"
         t = time.perf_counter()
         if not (converted / "manifest.json").exists():
-            manifest = convert_dataset(str(dataset), str(converted), episodes_per_shard=eps, workers=1,
-                                       progress=False)
+            manifest = convert_dataset(str(dataset), str(converted), episodes_per_shard=eps, workers=1, progress=False)
         else:
             from lerobot_shards.format import Manifest
 
             manifest = Manifest.from_json((converted / "manifest.json").read_text())
-        report["conversion"] = {"seconds": rnd(time.perf_counter() - t, 2), "shards": len(manifest.shards),
-                                "bytes": manifest.total_bytes, "video": manifest.video}
+        report["conversion"] = {
+            "seconds": rnd(time.perf_counter() - t, 2),
+            "shards": len(manifest.shards),
+            "bytes": manifest.total_bytes,
+            "video": manifest.video,
+        }
         log(f"converted into {len(manifest.shards)} shards in {report['conversion']['seconds']} s")
 
         # ---- LeRobot availability
@@ -785,8 +963,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.no_lerobot:
             report["lerobot"] = {"status": "skipped (--no-lerobot)"}
         elif not lerobot_python or not Path(lerobot_python).exists():
-            report["lerobot"] = {"status": "SKIPPED: no LeRobot venv found (run benchmarks/loader/"
-                                           "setup_lerobot_venv.sh, or pass --lerobot-python)"}
+            report["lerobot"] = {
+                "status": "SKIPPED: no LeRobot venv found (run benchmarks/loader/"
+                "setup_lerobot_venv.sh, or pass --lerobot-python)"
+            }
             lerobot_python = None
         else:
             report["lerobot"] = {"status": f"lerobot via {lerobot_python}"}
@@ -794,14 +974,24 @@ def main(argv: list[str] | None = None) -> int:
 
         cuda = args.cuda == "on" or (args.cuda == "auto" and torch.cuda.is_available())
         if not cuda:
-            notes.append("CUDA decode column skipped: " + ("--cuda off" if args.cuda == "off" else
-                                                           "torch.cuda.is_available() is False on this machine"))
+            notes.append(
+                "CUDA decode column skipped: "
+                + ("--cuda off" if args.cuda == "off" else "torch.cuda.is_available() is False on this machine")
+            )
 
         # ---- warm-up (imports, page cache), not measured
         log("warm-up")
-        run_loader(str(converted), delta=None, workers=0, batch_size=args.batch_size, seed=args.seed,
-                   pool_size=args.pool_size, image_dtype=image_dtype, max_samples=2 * args.batch_size,
-                   episodes_per_shard=None)
+        run_loader(
+            str(converted),
+            delta=None,
+            workers=0,
+            batch_size=args.batch_size,
+            seed=args.seed,
+            pool_size=args.pool_size,
+            image_dtype=image_dtype,
+            max_samples=2 * args.batch_size,
+            episodes_per_shard=None,
+        )
 
         for window in windows:
             delta = window_preset(window, fps, cameras, info["features"])
@@ -810,26 +1000,48 @@ def main(argv: list[str] | None = None) -> int:
             template = None if args.no_ceiling else our_sample0(str(converted), delta, image_dtype)
             for w in workers:
                 case: dict[str, Any] = {"workers": w}
-                common = dict(delta=delta, workers=w, batch_size=args.batch_size, seed=args.seed,
-                              pool_size=args.pool_size, image_dtype=image_dtype, max_samples=args.max_samples,
-                              ffmpeg_threads=args.ffmpeg_threads)
+                common = dict(
+                    delta=delta,
+                    workers=w,
+                    batch_size=args.batch_size,
+                    seed=args.seed,
+                    pool_size=args.pool_size,
+                    image_dtype=image_dtype,
+                    max_samples=args.max_samples,
+                    ffmpeg_threads=args.ffmpeg_threads,
+                )
                 convs, raws, pures, ceils = [], [], [], []
                 for r in range(args.repeat):
                     rep = f" (repeat {r + 1}/{args.repeat})" if args.repeat > 1 else ""
                     log(f"[{window} w={w}] converted shards{rep}")
                     convs.append(run_loader(str(converted), episodes_per_shard=None, **common))
-                    log(f"  {convs[-1]['samples']} samples, {convs[-1]['samples_per_s']} samples/s, "
-                        f"first batch {convs[-1]['first_batch_s']} s")
+                    log(
+                        f"  {convs[-1]['samples']} samples, {convs[-1]['samples_per_s']} samples/s, "
+                        f"first batch {convs[-1]['first_batch_s']} s"
+                    )
                     if not args.no_raw:
                         log(f"[{window} w={w}] raw LeRobot source{rep}")
                         raws.append(run_loader(str(dataset), episodes_per_shard=eps, **common))
-                        log(f"  {raws[-1]['samples']} samples, {raws[-1]['samples_per_s']} samples/s, "
-                            f"first batch {raws[-1]['first_batch_s']} s")
+                        log(
+                            f"  {raws[-1]['samples']} samples, {raws[-1]['samples_per_s']} samples/s, "
+                            f"first batch {raws[-1]['first_batch_s']} s"
+                        )
                     log(f"[{window} w={w}] pure decode ({max(1, w)} process(es)){rep}")
-                    pures.append(run_pure_decode(str(converted), convs[0]["emitted"], cameras, offsets, w,
-                                                 args.pool_size, args.ffmpeg_threads))
-                    log(f"  {pures[-1].get('frames')} frames, {pures[-1].get('frames_per_s')} frames/s "
-                        f"{pures[-1].get('error', '')}")
+                    pures.append(
+                        run_pure_decode(
+                            str(converted),
+                            convs[0]["emitted"],
+                            cameras,
+                            offsets,
+                            w,
+                            args.pool_size,
+                            args.ffmpeg_threads,
+                        )
+                    )
+                    log(
+                        f"  {pures[-1].get('frames')} frames, {pures[-1].get('frames_per_s')} frames/s "
+                        f"{pures[-1].get('error', '')}"
+                    )
                     if not args.no_ceiling:
                         log(f"[{window} w={w}] DataLoader ceiling (same samples, no I/O, no decode){rep}")
                         ceils.append(run_ceiling(template, convs[0]["samples"], w, args.batch_size))
@@ -870,9 +1082,20 @@ def main(argv: list[str] | None = None) -> int:
             if lerobot_python:
                 log(f"[{window}] LeRobot baseline, workers {workers}")
                 s0 = work / f"lerobot_sample0_{window}.pt"
-                lr = run_lerobot(lerobot_python, str(dataset), delta, workers, args.batch_size, args.seed,
-                                 args.max_samples, str(s0), str(work / "hf"), timeout=1800, repeat=args.repeat,
-                                 torch_threads=args.torch_threads)
+                lr = run_lerobot(
+                    lerobot_python,
+                    str(dataset),
+                    delta,
+                    workers,
+                    args.batch_size,
+                    args.seed,
+                    args.max_samples,
+                    str(s0),
+                    str(work / "hf"),
+                    timeout=1800,
+                    repeat=args.repeat,
+                    torch_threads=args.torch_threads,
+                )
                 wrep["lerobot"] = {k: v for k, v in lr.items() if k != "runs"}
                 if lr.get("ok"):
                     report["lerobot"]["versions"] = lr.get("versions")
@@ -881,18 +1104,23 @@ def main(argv: list[str] | None = None) -> int:
                         case["lerobot"] = run
                         per_sample = sum(len(v) for v in offsets.values())
                         run["frames_per_s"] = rnd(run["samples_per_s"] * per_sample) if run["samples_per_s"] else None
-                        case["converted"]["ratio_to_lerobot"] = ratio(case["converted"]["samples_per_s"],
-                                                                      run["samples_per_s"])
+                        case["converted"]["ratio_to_lerobot"] = ratio(
+                            case["converted"]["samples_per_s"], run["samples_per_s"]
+                        )
                         if "raw" in case:
                             case["raw"]["ratio_to_lerobot"] = ratio(case["raw"]["samples_per_s"], run["samples_per_s"])
-                        log(f"  w={run['workers']}: {run['samples_per_s']} samples/s, first batch {run['first_batch_s']} s")
+                        log(
+                            f"  w={run['workers']}: {run['samples_per_s']} samples/s, first batch {run['first_batch_s']} s"
+                        )
                     try:
                         theirs = torch.load(s0, weights_only=False)
                         ours = our_sample0(str(converted), delta, image_dtype)
                         wrep["compat"] = compare_samples(ours, theirs)
                         if image_dtype != torch.float32:
-                            notes.append("sample-0 comparison with --image-dtype uint8 flags the camera dtypes: "
-                                         "LeRobot returns float32")
+                            notes.append(
+                                "sample-0 comparison with --image-dtype uint8 flags the camera dtypes: "
+                                "LeRobot returns float32"
+                            )
                     except Exception as e:  # noqa: BLE001
                         wrep["compat"] = {"error": f"{type(e).__name__}: {e}"}
                 else:
@@ -909,8 +1137,10 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(work, ignore_errors=True)
 
     if args.image_dtype == "uint8" and not args.no_lerobot:
-        notes.append("--image-dtype uint8: our loader returns uint8 images while LeRobot always returns float32, "
-                     "so the LeRobot ratio is not like for like (it shows what skipping the float conversion buys)")
+        notes.append(
+            "--image-dtype uint8: our loader returns uint8 images while LeRobot always returns float32, "
+            "so the LeRobot ratio is not like for like (it shows what skipping the float conversion buys)"
+        )
     report["environment"]["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
     report["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
     report["total_seconds"] = rnd(time.time() - started, 1)

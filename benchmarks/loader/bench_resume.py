@@ -41,15 +41,25 @@ def main() -> None:
     args = p.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="bench-resume-") as tmp:
-        source = Path(args.dataset) if args.dataset else synth_dataset(
-            Path(tmp) / "src", num_episodes=24, height=120, width=160, length_range=(100, 200),
-            episodes_per_video_file=6, episodes_per_data_file=6,
+        source = (
+            Path(args.dataset)
+            if args.dataset
+            else synth_dataset(
+                Path(tmp) / "src",
+                num_episodes=24,
+                height=120,
+                width=160,
+                length_range=(100, 200),
+                episodes_per_video_file=6,
+                episodes_per_data_file=6,
+            )
         )
         convert_dataset(source, Path(tmp) / "out", episodes_per_shard=2, progress=False)
 
         def dataset() -> EpisodePoolDataset:
-            return EpisodePoolDataset(str(Path(tmp) / "out"), episode_pool_size=args.pool_size, seed=0,
-                                      image_dtype=torch.uint8)
+            return EpisodePoolDataset(
+                str(Path(tmp) / "out"), episode_pool_size=args.pool_size, seed=0, image_dtype=torch.uint8
+            )
 
         ds = dataset()
         times, keys = [], []
@@ -65,17 +75,20 @@ def main() -> None:
             t0 = time.perf_counter()
             first = next(iter(DataLoader(resumed, batch_size=args.batch_size, num_workers=args.workers)))
             resume_s = time.perf_counter() - t0
-            rows.append({
-                "batches_consumed": cut,
-                "produce_s": times[cut - 1],
-                "resume_to_first_batch_s": resume_s,
-                "first_batch_from_start_s": times[0],
-                "ratio": resume_s / times[cut - 1],
-                "same_batch": _keys(first) == keys[cut],
-            })
+            rows.append(
+                {
+                    "batches_consumed": cut,
+                    "produce_s": times[cut - 1],
+                    "resume_to_first_batch_s": resume_s,
+                    "first_batch_from_start_s": times[0],
+                    "ratio": resume_s / times[cut - 1],
+                    "same_batch": _keys(first) == keys[cut],
+                }
+            )
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "resume.json").write_text(json.dumps({"args": vars(args), "epoch_batches": total, "rows": rows},
-                                                    indent=1))
+    (RESULTS / "resume.json").write_text(
+        json.dumps({"args": vars(args), "epoch_batches": total, "rows": rows}, indent=1)
+    )
     lines = [
         f"# Resume cost ({args.workers} workers, batch {args.batch_size}, pool {args.pool_size}, "
         f"{total} batches per epoch)",
@@ -84,8 +97,10 @@ def main() -> None:
         "|---:|---:|---:|---:|---:|---|",
     ]
     for r in rows:
-        lines.append(f"| {r['batches_consumed']} | {r['produce_s']:.2f} | {r['resume_to_first_batch_s']:.2f} | "
-                     f"{r['ratio']:.2f} | {r['first_batch_from_start_s']:.2f} | {r['same_batch']} |")
+        lines.append(
+            f"| {r['batches_consumed']} | {r['produce_s']:.2f} | {r['resume_to_first_batch_s']:.2f} | "
+            f"{r['ratio']:.2f} | {r['first_batch_from_start_s']:.2f} | {r['same_batch']} |"
+        )
     (RESULTS / "resume.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

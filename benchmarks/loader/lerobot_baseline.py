@@ -96,9 +96,9 @@ def main() -> int:
 
     result: dict = {"ok": False}
     try:
+        import lerobot
         import torch
         import torchcodec
-        import lerobot
         from lerobot.datasets.lerobot_dataset import LeRobotDataset
 
         result["versions"] = {

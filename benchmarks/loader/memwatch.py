@@ -41,7 +41,7 @@ class RssMonitor:
         self.t_first_batch: float | None = None
         self.t_end: float | None = None
 
-    def start(self) -> "RssMonitor":
+    def start(self) -> RssMonitor:
         self.t0 = time.perf_counter()
         if not self.available:
             return self

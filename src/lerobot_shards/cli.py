@@ -107,7 +107,8 @@ def _remote(url: str, options: dict) -> dict:
 
 
 _STORAGE_OPTIONS = click.option(
-    "--storage-options", metavar="JSON",
+    "--storage-options",
+    metavar="JSON",
     help='fsspec options for remote URLs, e.g. \'{"client_kwargs": {"endpoint_url": "http://host:9000"}}\'.',
 )
 
@@ -117,29 +118,74 @@ _STORAGE_OPTIONS = click.option(
 @click.argument("dest")
 @click.option("--shard-size", metavar="SIZE", help="Target shard size, e.g. 256MB or 1GB.  [default: 512MB]")
 @click.option("--episodes-per-shard", type=click.IntRange(min=1), help="Fixed number of episodes per shard instead.")
-@click.option("--shuffle-episodes", "shuffle_seed", type=int, metavar="SEED",
-              help="Assign episodes to shards in a seeded random order instead of source order.")
-@click.option("--reencode", type=click.Choice(["h264", "hevc", "av1"]),
-              help="Re-encode every clip (no B-frames, no scene-cut keyframes); default: stream copy.")
-@click.option("--gop", type=click.IntRange(min=1), default=2, show_default=True,
-              help="Keyframe interval of re-encoded clips (2: ~1.5 decoded frames per random access).")
-@click.option("--crf", type=click.IntRange(min=0, max=63),
-              help="Quality of re-encoded clips.  [default: h264 18, hevc 20, av1 30]")
-@click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Processes, each building whole shards (memory: about one episode's clips each).")
-@click.option("--num-tasks", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Split the plan over this many tasks (e.g. a SLURM array).")
-@click.option("--task-index", type=click.IntRange(min=0), default=0, show_default=True,
-              help="This task's index: it converts shards i with i % num_tasks == task_index.")
+@click.option(
+    "--shuffle-episodes",
+    "shuffle_seed",
+    type=int,
+    metavar="SEED",
+    help="Assign episodes to shards in a seeded random order instead of source order.",
+)
+@click.option(
+    "--reencode",
+    type=click.Choice(["h264", "hevc", "av1"]),
+    help="Re-encode every clip (no B-frames, no scene-cut keyframes); default: stream copy.",
+)
+@click.option(
+    "--gop",
+    type=click.IntRange(min=1),
+    default=2,
+    show_default=True,
+    help="Keyframe interval of re-encoded clips (2: ~1.5 decoded frames per random access).",
+)
+@click.option(
+    "--crf",
+    type=click.IntRange(min=0, max=63),
+    help="Quality of re-encoded clips.  [default: h264 18, hevc 20, av1 30]",
+)
+@click.option(
+    "--workers",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Processes, each building whole shards (memory: about one episode's clips each).",
+)
+@click.option(
+    "--num-tasks",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Split the plan over this many tasks (e.g. a SLURM array).",
+)
+@click.option(
+    "--task-index",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="This task's index: it converts shards i with i % num_tasks == task_index.",
+)
 @click.option("--finalize", is_flag=True, help="Convert nothing; write the manifest from all shards' sidecars.")
 @click.option("--skip-bad-episodes", is_flag=True, help="Leave out episodes that fail, recording why in the manifest.")
 @click.option("--overwrite", is_flag=True, help="Replace a destination that holds foreign or other-settings output.")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Show a progress bar.")
 @_STORAGE_OPTIONS
-def convert(source: str, dest: str, shard_size: str | None, episodes_per_shard: int | None, shuffle_seed: int | None,
-            reencode: str | None, gop: int, crf: int | None, workers: int, num_tasks: int, task_index: int,
-            finalize: bool, skip_bad_episodes: bool, overwrite: bool, progress: bool,
-            storage_options: str | None) -> None:
+def convert(
+    source: str,
+    dest: str,
+    shard_size: str | None,
+    episodes_per_shard: int | None,
+    shuffle_seed: int | None,
+    reencode: str | None,
+    gop: int,
+    crf: int | None,
+    workers: int,
+    num_tasks: int,
+    task_index: int,
+    finalize: bool,
+    skip_bad_episodes: bool,
+    overwrite: bool,
+    progress: bool,
+    storage_options: str | None,
+) -> None:
     """Repack the LeRobot v3.0 dataset SOURCE into episode-aligned tar shards at DEST (path or fsspec URL).
 
     Re-running the same command resumes: complete shards whose checksums match are kept.
@@ -153,10 +199,23 @@ def convert(source: str, dest: str, shard_size: str | None, episodes_per_shard: 
     options = _storage_options(storage_options)
     try:
         manifest = convert_dataset(
-            source, dest, shard_size=shard_size, episodes_per_shard=episodes_per_shard, shuffle_seed=shuffle_seed,
-            reencode=reencode, gop=gop, crf=crf, workers=workers, num_tasks=num_tasks, task_index=task_index,
-            finalize_only=finalize, skip_bad_episodes=skip_bad_episodes, overwrite=overwrite,
-            source_options=_remote(source, options), dest_options=_remote(dest, options), progress=progress,
+            source,
+            dest,
+            shard_size=shard_size,
+            episodes_per_shard=episodes_per_shard,
+            shuffle_seed=shuffle_seed,
+            reencode=reencode,
+            gop=gop,
+            crf=crf,
+            workers=workers,
+            num_tasks=num_tasks,
+            task_index=task_index,
+            finalize_only=finalize,
+            skip_bad_episodes=skip_bad_episodes,
+            overwrite=overwrite,
+            source_options=_remote(source, options),
+            dest_options=_remote(dest, options),
+            progress=progress,
         )
     except (ConvertError, SourceError, FormatError, ValueError) as e:
         raise click.ClickException(str(e)) from None
@@ -174,20 +233,32 @@ def convert(source: str, dest: str, shard_size: str | None, episodes_per_shard: 
 @main.command()
 @click.argument("out")
 @click.option("--source", help="The LeRobot dataset OUT was converted from: check coverage and compare frames.")
-@click.option("--decode-check", type=click.IntRange(min=0), default=0, show_default=True, metavar="N",
-              help="Decode N random frames per episode and camera (and compare with --source).")
+@click.option(
+    "--decode-check",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    metavar="N",
+    help="Decode N random frames per episode and camera (and compare with --source).",
+)
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed for the frames --decode-check picks.")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Show a progress bar.")
 @_STORAGE_OPTIONS
-def verify(out: str, source: str | None, decode_check: int, seed: int, progress: bool,
-           storage_options: str | None) -> None:
+def verify(
+    out: str, source: str | None, decode_check: int, seed: int, progress: bool, storage_options: str | None
+) -> None:
     """Check a converted dataset: checksums, member offsets, frame counts, episode coverage, decoded frames."""
     from .convert.verify import verify_dataset
 
     options = _storage_options(storage_options)
     report = verify_dataset(
-        out, source, decode_check, seed=seed, storage_options=_remote(out, options),
-        source_options=_remote(source, options) if source else None, progress=progress,
+        out,
+        source,
+        decode_check,
+        seed=seed,
+        storage_options=_remote(out, options),
+        source_options=_remote(source, options) if source else None,
+        progress=progress,
     )
     click.echo(str(report))
     if not report.ok:
@@ -215,8 +286,13 @@ if __name__ == "__main__":
 
 
 @main.command()
-@click.option("--out", default="out/demo", show_default=True, type=click.Path(file_okay=False),
-              help="Folder for the default dataset, its conversion and nothing else.")
+@click.option(
+    "--out",
+    default="out/demo",
+    show_default=True,
+    type=click.Path(file_okay=False),
+    help="Folder for the default dataset, its conversion and nothing else.",
+)
 @click.option("--batches", default=30, show_default=True, help="Batches to stream.")
 @click.option("--workers", default=2, show_default=True, help="Conversion processes and DataLoader workers.")
 def demo(out: str, batches: int, workers: int) -> None:

@@ -107,4 +107,3 @@ def format_result(r: DemoResult) -> str:
             f"identity   {r.identity_checked} samples checked: every frame is the frame asked for",
         ]
     )
-

@@ -126,7 +126,7 @@ class ClipInfo:
         }
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "ClipInfo":
+    def from_dict(cls, d: dict[str, Any]) -> ClipInfo:
         fr = d["frames"]
         frames = tuple(
             FrameEntry(int(p), int(du), bool(k)) for p, du, k in zip(fr["pts"], fr["duration"], fr["key_frame"])
@@ -163,7 +163,7 @@ class EpisodeHeader:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "EpisodeHeader":
+    def from_dict(cls, d: dict[str, Any]) -> EpisodeHeader:
         return cls(
             episode_index=int(d["episode_index"]),
             length=int(d["length"]),
@@ -200,7 +200,7 @@ class EpisodeEntry:
         }
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "EpisodeEntry":
+    def from_dict(cls, d: dict[str, Any]) -> EpisodeEntry:
         members = {m["name"]: Member(m["name"], int(m["offset"]), int(m["size"])) for m in d["members"]}
         return cls(
             key=d["key"],
@@ -241,7 +241,7 @@ class Sidecar:
         )
 
     @classmethod
-    def from_json(cls, text: str | bytes, *, where: str = "sidecar") -> "Sidecar":
+    def from_json(cls, text: str | bytes, *, where: str = "sidecar") -> Sidecar:
         d = json.loads(text)
         check_version(d, where)
         return cls(
@@ -274,7 +274,7 @@ class ShardRecord:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "ShardRecord":
+    def from_dict(cls, d: dict[str, Any]) -> ShardRecord:
         return cls(
             index=int(d["index"]),
             name=d["name"],
@@ -341,7 +341,7 @@ class Manifest:
         )
 
     @classmethod
-    def from_json(cls, text: str | bytes, *, where: str = MANIFEST_NAME) -> "Manifest":
+    def from_json(cls, text: str | bytes, *, where: str = MANIFEST_NAME) -> Manifest:
         d = json.loads(text)
         check_version(d, where)
         return cls(

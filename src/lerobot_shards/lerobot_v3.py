@@ -25,8 +25,21 @@ log = logging.getLogger(__name__)
 
 CODEBASE_VERSION = "v3.0"
 TABULAR_DTYPES = frozenset(
-    {"float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-     "bool", "string"}
+    {
+        "float16",
+        "float32",
+        "float64",
+        "int8",
+        "int16",
+        "int32",
+        "int64",
+        "uint8",
+        "uint16",
+        "uint32",
+        "uint64",
+        "bool",
+        "string",
+    }
 )
 VIDEO_DTYPE = "video"
 IMAGE_DTYPE = "image"
@@ -208,8 +221,14 @@ class LeRobotV3Source:
     def _episode_from_row(self, row: dict[str, Any], where: str) -> EpisodeMeta:
         ep = row.get("episode_index")
         at = f"{where}: episode {ep}"
-        for key in ("episode_index", "length", "data/chunk_index", "data/file_index",
-                    "dataset_from_index", "dataset_to_index"):
+        for key in (
+            "episode_index",
+            "length",
+            "data/chunk_index",
+            "data/file_index",
+            "dataset_from_index",
+            "dataset_to_index",
+        ):
             if row.get(key) is None:
                 raise SourceError(f"{at}: missing field {key!r}")
         length = int(row["length"])
@@ -223,8 +242,9 @@ class LeRobotV3Source:
         )
         videos: dict[str, VideoRef] = {}
         for cam in self.camera_keys:
-            fields = {k: row.get(f"videos/{cam}/{k}") for k in ("chunk_index", "file_index", "from_timestamp",
-                                                               "to_timestamp")}
+            fields = {
+                k: row.get(f"videos/{cam}/{k}") for k in ("chunk_index", "file_index", "from_timestamp", "to_timestamp")
+            }
             missing = [f"videos/{cam}/{k}" for k, v in fields.items() if v is None]
             if missing:
                 raise SourceError(f"{at}: missing field(s) {', '.join(missing)}")

@@ -21,8 +21,9 @@ import math
 import mmap
 import os
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import BinaryIO, Iterator, Union
+from typing import BinaryIO, Union
 
 import numpy as np
 
@@ -132,7 +133,7 @@ class _Reader:
         if self._file is not None:
             self._file.seek(self._restore)
 
-    def __enter__(self) -> "_Reader":
+    def __enter__(self) -> _Reader:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -283,8 +284,16 @@ def _parse_moov(moov: bytes) -> Mp4Track:
         sync = np.ones(n, bool)
 
     return Mp4Track(
-        codec=SAMPLE_ENTRIES[entry], sample_entry=entry, stsd=stsd, timescale=timescale, language=language,
-        display=display, offsets=_sample_offsets(moov, stbl, sizes), sizes=sizes, durations=durations, dts=dts,
+        codec=SAMPLE_ENTRIES[entry],
+        sample_entry=entry,
+        stsd=stsd,
+        timescale=timescale,
+        language=language,
+        display=display,
+        offsets=_sample_offsets(moov, stbl, sizes),
+        sizes=sizes,
+        durations=durations,
+        dts=dts,
         sync=sync,
     )
 
@@ -380,18 +389,28 @@ def _moov(track: Mp4Track, sizes: np.ndarray, durations: np.ndarray, sync: np.nd
     v_media, v_movie = int(media >= 2**32), int(movie >= 2**32)
     times = "QQ" if v_movie else "II"  # creation and modification times, always 0
     mvhd = _full(
-        b"mvhd", v_movie, 0,
+        b"mvhd",
+        v_movie,
+        0,
         struct.pack(f">{times}I{'Q' if v_movie else 'I'}IH10x", 0, 0, MOVIE_TIMESCALE, movie, 0x10000, 0x100),
-        _UNITY_MATRIX, bytes(24), struct.pack(">I", 2),
+        _UNITY_MATRIX,
+        bytes(24),
+        struct.pack(">I", 2),
     )
     tkhd = _full(
-        b"tkhd", v_movie, 3,  # enabled, in movie
-        struct.pack(f">{times}II{'Q' if v_movie else 'I'}8xhhhH", 0, 0, 1, 0, movie, 0, 0, 0, 0), track.display,
+        b"tkhd",
+        v_movie,
+        3,  # enabled, in movie
+        struct.pack(f">{times}II{'Q' if v_movie else 'I'}8xhhhH", 0, 0, 1, 0, movie, 0, 0, 0, 0),
+        track.display,
     )
     mdhd = _full(
-        b"mdhd", v_media, 0,
-        struct.pack(f">{'QQ' if v_media else 'II'}I{'Q' if v_media else 'I'}HH", 0, 0, track.timescale, media,
-                    track.language, 0),
+        b"mdhd",
+        v_media,
+        0,
+        struct.pack(
+            f">{'QQ' if v_media else 'II'}I{'Q' if v_media else 'I'}HH", 0, 0, track.timescale, media, track.language, 0
+        ),
     )
     hdlr = _full(b"hdlr", 0, 0, struct.pack(">I4s12x", 0, b"vide"), b"VideoHandler\0")
     vmhd = _full(b"vmhd", 0, 1, bytes(8))
@@ -523,7 +542,7 @@ class Mp4File:
     def close(self) -> None:
         self._reader.close()
 
-    def __enter__(self) -> "Mp4File":
+    def __enter__(self) -> Mp4File:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -59,11 +59,7 @@ def plan_shards(
     for ep in order:
         current.append(ep)
         current_bytes += ep.est_bytes
-        full = (
-            len(current) >= episodes_per_shard
-            if episodes_per_shard is not None
-            else current_bytes >= target_bytes
-        )
+        full = len(current) >= episodes_per_shard if episodes_per_shard is not None else current_bytes >= target_bytes
         if full:
             groups.append(current)
             current, current_bytes = [], 0

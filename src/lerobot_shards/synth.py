@@ -13,8 +13,9 @@ import hashlib
 import io
 import json
 import os
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 import av
 import numpy as np
@@ -267,14 +268,29 @@ def _tasks_table(tasks: Sequence[str]) -> pa.Table:
     pandas_meta = {
         "index_columns": ["__index_level_0__"],
         "column_indexes": [
-            {"name": None, "field_name": None, "pandas_type": "unicode", "numpy_type": "object",
-             "metadata": {"encoding": "UTF-8"}}
+            {
+                "name": None,
+                "field_name": None,
+                "pandas_type": "unicode",
+                "numpy_type": "object",
+                "metadata": {"encoding": "UTF-8"},
+            }
         ],
         "columns": [
-            {"name": "task_index", "field_name": "task_index", "pandas_type": "int64", "numpy_type": "int64",
-             "metadata": None},
-            {"name": None, "field_name": "__index_level_0__", "pandas_type": "unicode", "numpy_type": "object",
-             "metadata": None},
+            {
+                "name": "task_index",
+                "field_name": "task_index",
+                "pandas_type": "int64",
+                "numpy_type": "int64",
+                "metadata": None,
+            },
+            {
+                "name": None,
+                "field_name": "__index_level_0__",
+                "pandas_type": "unicode",
+                "numpy_type": "object",
+                "metadata": None,
+            },
         ],
         "attributes": {},
         "creator": {"library": "pyarrow", "version": pa.__version__},
@@ -330,7 +346,10 @@ def synth_dataset(
         (1 <= num_episodes <= 2**10, f"num_episodes {num_episodes} must be in [1, 1024] (identity bits)"),
         (1 <= lo <= hi <= 2**10, f"length_range {length_range} must satisfy 1 <= min <= max <= 1024"),
         (codec in CODECS, f"codec {codec!r} is not one of {sorted(CODECS)}"),
-        (vector_storage in ("fixed_size_list", "list"), f"vector_storage {vector_storage!r}: use fixed_size_list or list"),
+        (
+            vector_storage in ("fixed_size_list", "list"),
+            f"vector_storage {vector_storage!r}: use fixed_size_list or list",
+        ),
         (
             min(episodes_per_video_file, episodes_per_data_file, chunks_size, num_tasks) >= 1,
             "episodes_per_video_file, episodes_per_data_file, chunks_size and num_tasks must be >= 1",
@@ -362,8 +381,9 @@ def synth_dataset(
         for e, n in enumerate(lengths)
     ]
     stats: list[dict[str, Stats]] = [{} for _ in episodes]
-    signature = repr((length_range, num_tasks, episodes_per_data_file, chunks_size, vector_storage, image_keys,
-                      height, width, seed))
+    signature = repr(
+        (length_range, num_tasks, episodes_per_data_file, chunks_size, vector_storage, image_keys, height, width, seed)
+    )
     for n, group in enumerate(_groups(num_episodes, episodes_per_data_file)):
         chunk, file = _file_slot(n, chunks_size)
         metadata = _hf_metadata(features, vector_storage, _fingerprint(signature, n))
@@ -386,7 +406,7 @@ def synth_dataset(
                 stats[e][camera] = _episode_stats(np.stack(sample), image=True)
             offsets: list[float] = []
             path = root / VIDEO_PATH.format(video_key=camera, chunk_index=chunk, file_index=file)
-            _write_atomic(path, lambda tmp: offsets.extend(concat_clips(clips, tmp)))
+            _write_atomic(path, lambda tmp: offsets.extend(concat_clips(clips, tmp)))  # noqa: B023 (called at once)
             for e, offset in zip(group, offsets):
                 if offset > 0 and from_timestamp_jitter_s:
                     offset += float(jitter_rng.uniform(-from_timestamp_jitter_s, from_timestamp_jitter_s))
@@ -402,8 +422,9 @@ def synth_dataset(
     _write_parquet(_episodes_table(episodes, stats, features, cameras), root / EPISODES_PATH)
     _write_parquet(_tasks_table(tasks), root / "meta/tasks.parquet")
     dataset_stats = {key: _aggregate([st[key] for st in stats]) for key in features}
-    _write_json({key: {s: v.tolist() for s, v in st.items()} for key, st in dataset_stats.items()},
-                root / "meta/stats.json")
+    _write_json(
+        {key: {s: v.tolist() for s, v in st.items()} for key, st in dataset_stats.items()}, root / "meta/stats.json"
+    )
     info = {
         "codebase_version": "v3.0",
         "robot_type": "synthetic",

@@ -11,10 +11,11 @@ from __future__ import annotations
 import io
 import logging
 import os
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO, Callable, Iterable, Iterator, Sequence, Union
+from typing import TYPE_CHECKING, BinaryIO, Union
 
 import av
 import numpy as np
@@ -130,7 +131,14 @@ class _Encoder:
     """One mp4 video stream fed frame by frame (pts 0, 1, 2, ... in frames), see ``encode_video``."""
 
     def __init__(
-        self, dst: str | os.PathLike[str] | BinaryIO, *, fps: float, codec: str, gop: int, crf: int, pix_fmt: str,
+        self,
+        dst: str | os.PathLike[str] | BinaryIO,
+        *,
+        fps: float,
+        codec: str,
+        gop: int,
+        crf: int,
+        pix_fmt: str,
         threads: int,
     ) -> None:
         self._options = _encoder_options(codec, gop, crf, threads)
@@ -393,8 +401,16 @@ def _layout_info(track: Mp4Track, layout: Mp4Layout, facts: tuple[str, int, int,
     fps = track.average_rate()
     frames = tuple(map(FrameEntry, layout.pts.tolist(), layout.durations.tolist(), layout.sync.tolist()))
     return ClipInfo(
-        codec=codec, width=width, height=height, pix_fmt=pix_fmt, fps=fps[0] / fps[1], num_frames=len(frames),
-        time_base=(1, track.timescale), frames=frames, stream_copied=True, source_first_frame=first_frame,
+        codec=codec,
+        width=width,
+        height=height,
+        pix_fmt=pix_fmt,
+        fps=fps[0] / fps[1],
+        num_frames=len(frames),
+        time_base=(1, track.timescale),
+        frames=frames,
+        stream_copied=True,
+        source_first_frame=first_frame,
     )
 
 
@@ -516,7 +532,7 @@ def reencode_clip(
 
 def decode_frames(
     src: str | Path | bytes, indices: Sequence[int], *, frame_mappings: str | None = None
-) -> "torch.Tensor":
+) -> torch.Tensor:
     """Frames at ``indices`` as uint8 NCHW, decoded by torchcodec like the loader does.
 
     torchcodec (and with it torch) is imported here, not at module level: the converter never

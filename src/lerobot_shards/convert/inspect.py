@@ -54,9 +54,15 @@ def inspect_source(source: LeRobotV3Source) -> str:
     rows = []
     for cam in source.camera_keys:
         info = source.features[cam].get("info", {})
-        rows.append([cam, info.get("video.codec", "?"), f"{info.get('video.width')}x{info.get('video.height')}",
-                     info.get("video.pix_fmt", "?"),
-                     _mb(sum(source.file_size(p) for p in {e.videos[cam].path for e in source.episodes}))])
+        rows.append(
+            [
+                cam,
+                info.get("video.codec", "?"),
+                f"{info.get('video.width')}x{info.get('video.height')}",
+                info.get("video.pix_fmt", "?"),
+                _mb(sum(source.file_size(p) for p in {e.videos[cam].path for e in source.episodes})),
+            ]
+        )
     if rows:
         lines.append(table(["camera", "codec", "size", "pix_fmt", "MB"], rows))
     return "\n".join(lines)
@@ -70,25 +76,34 @@ def inspect_converted(dest: Destination) -> str:
         f"{manifest.converter.get('version', '?')})",
         f"  episodes {manifest.total_episodes}, frames {manifest.total_frames}, fps {manifest.fps:g}, "
         f"tasks {len(manifest.tasks)}, shards {len(manifest.shards)}, {_mb(manifest.total_bytes)} MB",
-        f"  video: {video.get('mode')}" + (
+        f"  video: {video.get('mode')}"
+        + (
             f", {len(video.get('fallback_reencoded_episodes', []))} episodes re-encoded ({video.get('codec')}, "
-            f"gop {video.get('gop')}, crf {video.get('crf')})" if video.get("mode") == "copy" else
-            f" to {video.get('codec')}, gop {video.get('gop')}, crf {video.get('crf')}"
-        ) + f"; {len(manifest.skipped_episodes)} episodes skipped",
+            f"gop {video.get('gop')}, crf {video.get('crf')})"
+            if video.get("mode") == "copy"
+            else f" to {video.get('codec')}, gop {video.get('gop')}, crf {video.get('crf')}"
+        )
+        + f"; {len(manifest.skipped_episodes)} episodes skipped",
         "",
     ]
     if manifest.shards:
         first = Sidecar.from_json(dest.read_bytes(posixpath.join(SHARDS_DIR, manifest.shards[0].sidecar)))
         if first.episodes:
-            rows = [[cam, c.codec, f"{c.width}x{c.height}", c.pix_fmt, f"{c.fps:g}", len(c.key_frame_indices())]
-                    for cam, c in sorted(first.episodes[0].clips.items())]
+            rows = [
+                [cam, c.codec, f"{c.width}x{c.height}", c.pix_fmt, f"{c.fps:g}", len(c.key_frame_indices())]
+                for cam, c in sorted(first.episodes[0].clips.items())
+            ]
             if rows:
                 lines += [table(["camera", "codec", "size", "pix_fmt", "fps", "keyframes (1st episode)"], rows), ""]
-    lines.append(table(
-        ["shard", "episodes", "n", "frames", "MB", "sha256"],
-        [[s.name, _episode_ranges(s.episodes), len(s.episodes), s.frames, _mb(s.bytes), s.sha256[:12]]
-         for s in manifest.shards],
-    ))
+    lines.append(
+        table(
+            ["shard", "episodes", "n", "frames", "MB", "sha256"],
+            [
+                [s.name, _episode_ranges(s.episodes), len(s.episodes), s.frames, _mb(s.bytes), s.sha256[:12]]
+                for s in manifest.shards
+            ],
+        )
+    )
     for ep, reason in sorted(manifest.skipped_episodes.items()):
         lines.append(f"skipped episode {ep}: {reason}")
     return "\n".join(lines)

@@ -120,23 +120,35 @@ def write_shard(
 _worker: dict[str, Any] = {}
 
 
-def _init_worker(source: tuple[str, dict[str, Any]], dest: tuple[str, dict[str, Any]], options: ConvertOptions,
-                 skip_bad_episodes: bool, queue: Any, log_level: int) -> None:
+def _init_worker(
+    source: tuple[str, dict[str, Any]],
+    dest: tuple[str, dict[str, Any]],
+    options: ConvertOptions,
+    skip_bad_episodes: bool,
+    queue: Any,
+    log_level: int,
+) -> None:
     root = logging.getLogger()
     root.handlers[:] = [logging.handlers.QueueHandler(queue)]
     root.setLevel(log_level)
     _worker.update(
         source=LeRobotV3Source(source[0], storage_options=source[1], allow_missing_files=skip_bad_episodes),
         dest=Destination(dest[0], storage_options=dest[1]),
-        options=options, skip_bad_episodes=skip_bad_episodes, queue=queue,
+        options=options,
+        skip_bad_episodes=skip_bad_episodes,
+        queue=queue,
     )
 
 
 def _worker_shard(shard: PlannedShard) -> int:
     queue = _worker["queue"]
     write_shard(
-        _worker["source"], _worker["dest"], shard, _worker["options"],
-        skip_bad_episodes=_worker["skip_bad_episodes"], on_episode=lambda frames, size: queue.put((frames, size)),
+        _worker["source"],
+        _worker["dest"],
+        shard,
+        _worker["options"],
+        skip_bad_episodes=_worker["skip_bad_episodes"],
+        on_episode=lambda frames, size: queue.put((frames, size)),
     )
     return shard.index
 
@@ -145,8 +157,9 @@ class _Progress:
     """Episodes bar with rate and ETA, plus output MB/s in the postfix."""
 
     def __init__(self, total: int, initial: int, enabled: bool) -> None:
-        self.bar = tqdm(total=total, initial=initial, unit="ep", desc="convert", disable=not enabled,
-                        dynamic_ncols=True)
+        self.bar = tqdm(
+            total=total, initial=initial, unit="ep", desc="convert", disable=not enabled, dynamic_ncols=True
+        )
         self.start = time.monotonic()
         self.bytes = 0
         self.frames = 0
@@ -155,8 +168,9 @@ class _Progress:
         self.bytes += size
         self.frames += frames
         elapsed = max(time.monotonic() - self.start, 1e-9)
-        self.bar.set_postfix_str(f"{self.bytes / 1e6 / elapsed:.1f} MB/s, {self.frames / elapsed:.0f} frames/s",
-                                 refresh=False)
+        self.bar.set_postfix_str(
+            f"{self.bytes / 1e6 / elapsed:.1f} MB/s, {self.frames / elapsed:.0f} frames/s", refresh=False
+        )
         self.bar.update(1)
 
     def drain(self, queue: Any) -> None:
@@ -168,20 +182,36 @@ class _Progress:
                 self.episode(*item)
 
 
-def _run_shards(source: LeRobotV3Source, source_options: dict[str, Any], dest: Destination,
-                dest_options: dict[str, Any], todo: list[PlannedShard], options: ConvertOptions, *,
-                skip_bad_episodes: bool, workers: int, progress: _Progress) -> None:
+def _run_shards(
+    source: LeRobotV3Source,
+    source_options: dict[str, Any],
+    dest: Destination,
+    dest_options: dict[str, Any],
+    todo: list[PlannedShard],
+    options: ConvertOptions,
+    *,
+    skip_bad_episodes: bool,
+    workers: int,
+    progress: _Progress,
+) -> None:
     if workers <= 1 or len(todo) <= 1:
         for shard in todo:
             write_shard(source, dest, shard, options, skip_bad_episodes=skip_bad_episodes, on_episode=progress.episode)
         return
     ctx = mp.get_context("spawn")  # no fork: PyAV/arrow thread pools do not survive it
     queue = ctx.Queue()
-    initargs = ((source.url, source_options), (dest.url, dest_options), options, skip_bad_episodes, queue,
-                logging.getLogger("lerobot_shards").getEffectiveLevel())
+    initargs = (
+        (source.url, source_options),
+        (dest.url, dest_options),
+        options,
+        skip_bad_episodes,
+        queue,
+        logging.getLogger("lerobot_shards").getEffectiveLevel(),
+    )
     try:
-        with ProcessPoolExecutor(min(workers, len(todo)), mp_context=ctx, initializer=_init_worker,
-                                 initargs=initargs) as pool:
+        with ProcessPoolExecutor(
+            min(workers, len(todo)), mp_context=ctx, initializer=_init_worker, initargs=initargs
+        ) as pool:
             pending = {pool.submit(_worker_shard, shard) for shard in todo}
             try:
                 while pending:
@@ -200,8 +230,14 @@ def _run_shards(source: LeRobotV3Source, source_options: dict[str, Any], dest: D
 
 # -- manifest -----------------------------------------------------------------------------------
 
-def finalize(dest: Destination, source: LeRobotV3Source, plan: Sequence[PlannedShard], options: ConvertOptions,
-             record: dict[str, Any]) -> Manifest:
+
+def finalize(
+    dest: Destination,
+    source: LeRobotV3Source,
+    plan: Sequence[PlannedShard],
+    options: ConvertOptions,
+    record: dict[str, Any],
+) -> Manifest:
     """Write ``manifest.json`` from all sidecars; fails listing every shard that is missing."""
     present = set(dest.entries(SHARDS_DIR))
     sidecars: list[Sidecar] = []
@@ -241,22 +277,38 @@ def finalize(dest: Destination, source: LeRobotV3Source, plan: Sequence[PlannedS
         cameras=tuple(sorted(source.camera_keys)),
         video=video,
         shards=tuple(
-            ShardRecord(index=shard.index, name=s.shard, sidecar=sidecar_name(shard.index),
-                        episodes=tuple(e.episode_index for e in s.episodes), frames=s.num_frames, bytes=s.size,
-                        sha256=s.sha256, episode_lengths=tuple(e.length for e in s.episodes))
-            for shard, s in zip(plan, sidecars) if s.episodes
+            ShardRecord(
+                index=shard.index,
+                name=s.shard,
+                sidecar=sidecar_name(shard.index),
+                episodes=tuple(e.episode_index for e in s.episodes),
+                frames=s.num_frames,
+                bytes=s.size,
+                sha256=s.sha256,
+                episode_lengths=tuple(e.length for e in s.episodes),
+            )
+            for shard, s in zip(plan, sidecars)
+            if s.episodes
         ),
         skipped_episodes=skipped,
         converter={"version": __version__, "arguments": {"source": record["source"], **record["options"]}},
     )
     dest.write_bytes(MANIFEST_NAME, manifest.to_json().encode())
-    log.info("wrote %s: %d shards, %d episodes, %d frames, %.1f MB; %d episodes skipped, %d re-encoded",
-             dest.path(MANIFEST_NAME), len(manifest.shards), manifest.total_episodes, manifest.total_frames,
-             manifest.total_bytes / 1e6, len(skipped), len(video.get("fallback_reencoded_episodes", ())))
+    log.info(
+        "wrote %s: %d shards, %d episodes, %d frames, %.1f MB; %d episodes skipped, %d re-encoded",
+        dest.path(MANIFEST_NAME),
+        len(manifest.shards),
+        manifest.total_episodes,
+        manifest.total_frames,
+        manifest.total_bytes / 1e6,
+        len(skipped),
+        len(video.get("fallback_reencoded_episodes", ())),
+    )
     return manifest
 
 
 # -- entry point --------------------------------------------------------------------------------
+
 
 def convert_dataset(
     source: str | Path,
@@ -287,7 +339,11 @@ def convert_dataset(
     source_options, dest_options = source_options or {}, dest_options or {}
     options = ConvertOptions(
         shard_bytes=None if episodes_per_shard is not None else parse_size(shard_size or "512MB"),
-        episodes_per_shard=episodes_per_shard, shuffle_seed=shuffle_seed, reencode=reencode, gop=gop, crf=crf,
+        episodes_per_shard=episodes_per_shard,
+        shuffle_seed=shuffle_seed,
+        reencode=reencode,
+        gop=gop,
+        crf=crf,
     )
     src = LeRobotV3Source(str(source), storage_options=source_options, allow_missing_files=skip_bad_episodes)
     plan = make_plan(src, options)
@@ -300,18 +356,37 @@ def convert_dataset(
 
     present = set(out.entries(SHARDS_DIR))
     todo = [s for s in share if not _shard_done(out, s, present, skip_bad_episodes=skip_bad_episodes)]
-    log.info("plan: %d shards, %d episodes, %d frames; task %d/%d owns %d shards, %d already complete",
-             len(plan), len(src.episodes), src.total_frames, task_index, num_tasks, len(share),
-             len(share) - len(todo))
+    log.info(
+        "plan: %d shards, %d episodes, %d frames; task %d/%d owns %d shards, %d already complete",
+        len(plan),
+        len(src.episodes),
+        src.total_frames,
+        task_index,
+        num_tasks,
+        len(share),
+        len(share) - len(todo),
+    )
     done_eps = sum(len(s.episodes) for s in share if s not in todo)
     bar = _Progress(sum(len(s.episodes) for s in share), done_eps, progress)
     with logging_redirect_tqdm(), bar.bar:
-        _run_shards(src, source_options, out, dest_options, todo, options, skip_bad_episodes=skip_bad_episodes,
-                    workers=workers, progress=bar)
+        _run_shards(
+            src,
+            source_options,
+            out,
+            dest_options,
+            todo,
+            options,
+            skip_bad_episodes=skip_bad_episodes,
+            workers=workers,
+            progress=bar,
+        )
 
     present = set(out.entries(SHARDS_DIR))
     if num_tasks > 1 and not all(sidecar_name(s.index) in present for s in plan):
-        log.info("task %d/%d done; the manifest waits for the other tasks' shards (or run with --finalize)",
-                 task_index, num_tasks)
+        log.info(
+            "task %d/%d done; the manifest waits for the other tasks' shards (or run with --finalize)",
+            task_index,
+            num_tasks,
+        )
         return None
     return finalize(out, src, plan, options, record)

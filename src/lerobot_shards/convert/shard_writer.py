@@ -28,7 +28,7 @@ import tarfile
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, BinaryIO, TypeVar, Union
+from typing import Any, BinaryIO, TypeVar
 
 import av
 import pyarrow as pa
@@ -58,8 +58,13 @@ TAR_FORMAT = tarfile.PAX_FORMAT  # ustar headers unless a name exceeds 100 chara
 MEMBER_MODE = 0o644
 # Fixed parquet writer options: one row group per episode, zstd, statistics for readers.
 PARQUET_OPTIONS: dict[str, Any] = dict(
-    compression="zstd", compression_level=3, use_dictionary=True, write_statistics=True, store_schema=True,
-    version="2.6", data_page_version="1.0",
+    compression="zstd",
+    compression_level=3,
+    use_dictionary=True,
+    write_statistics=True,
+    store_schema=True,
+    version="2.6",
+    data_page_version="1.0",
 )
 
 # One encoder thread: x264 with automatic threads gives different bytes on another machine
@@ -107,7 +112,7 @@ class FileRanges:
         return data
 
 
-Payload = Union[bytes, FileRanges]
+Payload = bytes | FileRanges
 
 
 def payload_size(payload: Payload) -> int:
@@ -413,9 +418,11 @@ def _clip(source: LeRobotV3Source, ep: EpisodeMeta, cam: str, options: ConvertOp
             except ClipError as e:
                 log.warning("episode %d camera %s: re-encoding as %s (%s)", ep.episode_index, cam, options.codec, e)
         return _with_video(
-            source, ref.path,
-            lambda src: reencode_clip(src, first, n, codec=options.codec, gop=options.gop, crf=options.effective_crf,
-                                      threads=REENCODE_THREADS),
+            source,
+            ref.path,
+            lambda src: reencode_clip(
+                src, first, n, codec=options.codec, gop=options.gop, crf=options.effective_crf, threads=REENCODE_THREADS
+            ),
         )
     except (ClipError, av.FFmpegError) as e:
         raise ConvertError(f"{where}: {e}") from None
@@ -434,11 +441,16 @@ def episode_members(source: LeRobotV3Source, episode_index: int, options: Conver
         message = str(e) if f"episode {episode_index}" in str(e) else f"episode {episode_index}: {e}"
         raise ConvertError(message) from None
     header = EpisodeHeader(
-        episode_index=ep.episode_index, length=ep.length, tasks=ep.tasks, fps=source.fps, cameras=cameras,
+        episode_index=ep.episode_index,
+        length=ep.length,
+        tasks=ep.tasks,
+        fps=source.fps,
+        cameras=cameras,
         dataset_from_index=ep.dataset_from_index,
     )
     payloads: list[tuple[str, Payload]] = [
-        (header_member(key), header_bytes(header)), (table_member(key), parquet_bytes(table)),
+        (header_member(key), header_bytes(header)),
+        (table_member(key), parquet_bytes(table)),
     ]
     clips: dict[str, ClipInfo] = {}
     for cam in cameras:
@@ -490,5 +502,9 @@ def build_shard(
     finally:
         sink.close()
     return Sidecar(
-        shard=shard_name(shard.index), size=sink.offset, sha256=sha256, episodes=tuple(entries), skipped=skipped,
+        shard=shard_name(shard.index),
+        size=sink.offset,
+        sha256=sha256,
+        episodes=tuple(entries),
+        skipped=skipped,
     )

@@ -77,11 +77,15 @@ class VerifyReport:
             "checked (sha256, tar members against sidecar offsets, frame counts, episode coverage)",
         ]
         if self.frames_compared:
-            psnr = "" if self.min_psnr_db is None else (
-                f"; re-encoded frames: min PSNR {self.min_psnr_db:.1f} dB (threshold {PSNR_THRESHOLD_DB:.0f} dB)"
+            psnr = (
+                ""
+                if self.min_psnr_db is None
+                else (f"; re-encoded frames: min PSNR {self.min_psnr_db:.1f} dB (threshold {PSNR_THRESHOLD_DB:.0f} dB)")
             )
-            lines.append(f"  decode check: {self.frames_compared} frames compared with the source, "
-                         f"{self.frames_identical} bit-identical{psnr}")
+            lines.append(
+                f"  decode check: {self.frames_compared} frames compared with the source, "
+                f"{self.frames_identical} bit-identical{psnr}"
+            )
         lines += [f"  - {p}" for p in self.problems]
         return "\n".join(lines)
 
@@ -132,8 +136,15 @@ class _SourceFrames:
 
 
 class _Verifier:
-    def __init__(self, dest: Destination, manifest: Manifest, source: LeRobotV3Source | None, decode_check: int,
-                 seed: int, report: VerifyReport) -> None:
+    def __init__(
+        self,
+        dest: Destination,
+        manifest: Manifest,
+        source: LeRobotV3Source | None,
+        decode_check: int,
+        seed: int,
+        report: VerifyReport,
+    ) -> None:
         self.dest, self.manifest, self.source, self.report = dest, manifest, source, report
         self.decode_check, self.seed = decode_check, seed
         self.source_frames = _SourceFrames(source) if source is not None else None
@@ -178,16 +189,19 @@ class _Verifier:
         if reader.size != record.bytes:
             self.report.problem(f"{where}: {reader.size} bytes, the manifest says {record.bytes}")
         if reader.sha.hexdigest() != record.sha256:
-            self.report.problem(f"{where}: sha256 {reader.sha.hexdigest()} does not match the manifest's "
-                                f"{record.sha256}")
+            self.report.problem(
+                f"{where}: sha256 {reader.sha.hexdigest()} does not match the manifest's {record.sha256}"
+            )
         for entry in sidecar.episodes:
             for m in entry.members.values():
                 got = offsets.get(m.name)
                 if got is None:
                     self.report.problem(f"{where}: member {m.name} of episode {entry.episode_index} is missing")
                 elif got != (m.offset, m.size):
-                    self.report.problem(f"{where}: member {m.name} lies at offset {got[0]} size {got[1]}, the sidecar "
-                                        f"says offset {m.offset} size {m.size}")
+                    self.report.problem(
+                        f"{where}: member {m.name} lies at offset {got[0]} size {got[1]}, the sidecar "
+                        f"says offset {m.offset} size {m.size}"
+                    )
         known = {m for e in sidecar.episodes for m in e.members}
         for name in sorted(set(offsets) - known):
             self.report.problem(f"{where}: member {name} is not in the sidecar")
@@ -210,13 +224,16 @@ class _Verifier:
         try:
             header = EpisodeHeader.from_dict(json.loads(payloads[header_member(entry.key)]))
             if (header.episode_index, header.length) != (entry.episode_index, entry.length):
-                self.report.problem(f"{at}: {header_member(entry.key)} says episode {header.episode_index} of "
-                                    f"{header.length} frames, the sidecar episode {entry.episode_index} of "
-                                    f"{entry.length}")
+                self.report.problem(
+                    f"{at}: {header_member(entry.key)} says episode {header.episode_index} of "
+                    f"{header.length} frames, the sidecar episode {entry.episode_index} of "
+                    f"{entry.length}"
+                )
             table = pq.read_table(pa.BufferReader(payloads[table_member(entry.key)]))
             if table.num_rows != entry.length:
-                self.report.problem(f"{at}: {table_member(entry.key)} has {table.num_rows} rows, "
-                                    f"expected {entry.length}")
+                self.report.problem(
+                    f"{at}: {table_member(entry.key)} has {table.num_rows} rows, expected {entry.length}"
+                )
             elif table.column("episode_index").to_pylist() != [entry.episode_index] * entry.length:
                 self.report.problem(f"{at}: {table_member(entry.key)} holds rows of another episode")
         except KeyError as e:
@@ -226,8 +243,9 @@ class _Verifier:
             self.report.problem(f"{at}: unreadable header or table ({e})")
             return
         if set(entry.clips) != set(self.manifest.cameras):
-            self.report.problem(f"{at}: clips for {sorted(entry.clips)}, manifest cameras "
-                                f"{list(self.manifest.cameras)}")
+            self.report.problem(
+                f"{at}: clips for {sorted(entry.clips)}, manifest cameras {list(self.manifest.cameras)}"
+            )
         for cam, clip in sorted(entry.clips.items()):
             name = clip_member(entry.key, cam)
             data = payloads.get(name)
@@ -239,8 +257,10 @@ class _Verifier:
                 self.report.problem(f"{at}: {name} does not demux ({e})")
                 continue
             if not probe.num_frames == clip.num_frames == entry.length:
-                self.report.problem(f"{at}: {name} has {probe.num_frames} frames, sidecar says {clip.num_frames}, "
-                                    f"the episode has {entry.length}")
+                self.report.problem(
+                    f"{at}: {name} has {probe.num_frames} frames, sidecar says {clip.num_frames}, "
+                    f"the episode has {entry.length}"
+                )
             elif probe.frames != clip.frames:
                 self.report.problem(f"{at}: {name} frame table differs from the sidecar's")
             elif self.decode_check:
@@ -264,8 +284,10 @@ class _Verifier:
         except (SourceError, KeyError):
             return  # reported by the coverage check
         if clip.source_first_frame != ref.first_frame(self.source.fps):
-            self.report.problem(f"{at} camera {cam}: clip starts at source frame {clip.source_first_frame}, the "
-                                f"source episode at {ref.first_frame(self.source.fps)} of {ref.path}")
+            self.report.problem(
+                f"{at} camera {cam}: clip starts at source frame {clip.source_first_frame}, the "
+                f"source episode at {ref.first_frame(self.source.fps)} of {ref.path}"
+            )
             return
         want = self.source_frames.get(ref.path, [clip.source_first_frame + i for i in indices])
         self.report.frames_compared += len(indices)
@@ -274,16 +296,20 @@ class _Verifier:
                 if np.array_equal(a, b):
                     self.report.frames_identical += 1
                 else:
-                    self.report.problem(f"{at} camera {cam} frame {i}: stream-copied clip decodes differently from "
-                                        f"source frame {clip.source_first_frame + i} of {ref.path}")
+                    self.report.problem(
+                        f"{at} camera {cam} frame {i}: stream-copied clip decodes differently from "
+                        f"source frame {clip.source_first_frame + i} of {ref.path}"
+                    )
             else:
                 score = psnr(a, b)
                 low = self.report.min_psnr_db
                 self.report.min_psnr_db = score if low is None else min(low, score)
                 if score < PSNR_THRESHOLD_DB:
-                    self.report.problem(f"{at} camera {cam} frame {i}: re-encoded clip has PSNR {score:.1f} dB "
-                                        f"against source frame {clip.source_first_frame + i} of {ref.path} "
-                                        f"(threshold {PSNR_THRESHOLD_DB:.0f} dB)")
+                    self.report.problem(
+                        f"{at} camera {cam} frame {i}: re-encoded clip has PSNR {score:.1f} dB "
+                        f"against source frame {clip.source_first_frame + i} of {ref.path} "
+                        f"(threshold {PSNR_THRESHOLD_DB:.0f} dB)"
+                    )
 
 
 def verify_dataset(
@@ -325,7 +351,8 @@ def verify_dataset(
             for ep in verifier.shard(record, bar):
                 found.setdefault(ep, []).append(record.name)
     expected = (
-        {e.episode_index for e in src.episodes} if src is not None
+        {e.episode_index for e in src.episodes}
+        if src is not None
         else set(range(int(manifest.source_info.get("total_episodes", 0))))
     )
     for ep, shards in sorted(found.items()):

@@ -124,7 +124,9 @@ class EpisodePoolDataset(IterableDataset):
         if episode_pool_size < 1:
             raise ValueError(f"episode_pool_size must be at least 1, got {episode_pool_size}")
         if not isinstance(num_ffmpeg_threads, int) or num_ffmpeg_threads < 0:
-            raise ValueError(f"num_ffmpeg_threads must be an int >= 0 (0 = FFmpeg's choice), got {num_ffmpeg_threads!r}")
+            raise ValueError(
+                f"num_ffmpeg_threads must be an int >= 0 (0 = FFmpeg's choice), got {num_ffmpeg_threads!r}"
+            )
         if image_dtype not in (torch.float32, torch.uint8):
             raise ValueError(f"image_dtype must be torch.float32 or torch.uint8, got {image_dtype}")
         if video_decode_device not in ("cpu", "cuda") and not str(video_decode_device).startswith("cuda:"):
@@ -309,13 +311,17 @@ class EpisodePoolDataset(IterableDataset):
         return self._stream(plan, sampler, skip, stats)
 
     def _stream(
-        self, plan: ConsumerPlan, sampler: PoolSampler, emitted: int, stats: "_StatSlot"
+        self, plan: ConsumerPlan, sampler: PoolSampler, emitted: int, stats: _StatSlot
     ) -> Iterator[dict[str, Any]]:
         per_pass = sum(plan.lengths)
         if sampler.num_samples == emitted:
             return
-        reader = _EpisodeReader(self._get_source(), plan, _admission_order(sampler, emitted, per_pass, len(plan.lengths)),
-                                self.prefetch_episodes)
+        reader = _EpisodeReader(
+            self._get_source(),
+            plan,
+            _admission_order(sampler, emitted, per_pass, len(plan.lengths)),
+            self.prefetch_episodes,
+        )
         decoders = DecoderCache(
             self.decoder_cache_size,
             device=self.video_decode_device,

@@ -29,8 +29,7 @@ class Consumer:
             raise ValueError(f"rank must be in [0, {self.world_size}), got {self.rank}")
         if self.num_workers < 1:
             raise ValueError(
-                f"num_workers must be at least 1 (use 1 for DataLoader num_workers=0), "
-                f"got {self.num_workers}"
+                f"num_workers must be at least 1 (use 1 for DataLoader num_workers=0), got {self.num_workers}"
             )
         if not 0 <= self.worker < self.num_workers:
             raise ValueError(f"worker must be in [0, {self.num_workers}), got {self.worker}")

@@ -114,9 +114,7 @@ class PoolSampler(Iterator[Emission]):
     def skip(self, n: int) -> None:
         """Advance ``n`` emissions (fast-forward on resume); raises if fewer than ``n`` remain."""
         if not 0 <= n <= self.num_samples - self._emitted:
-            raise ValueError(
-                f"cannot skip {n}: {self.num_samples - self._emitted} emissions remain"
-            )
+            raise ValueError(f"cannot skip {n}: {self.num_samples - self._emitted} emissions remain")
         for _ in range(n):
             self._advance()
 

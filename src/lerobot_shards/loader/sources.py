@@ -13,8 +13,8 @@ import logging
 import os
 import posixpath
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -98,7 +98,7 @@ def open_source(
     cache_dir: str | None = None,
     shard_bytes: int | None = None,
     episodes_per_shard: int | None = None,
-) -> "ShardSource | RawSource":
+) -> ShardSource | RawSource:
     """A converted dataset (has manifest.json) or a raw LeRobot v3.0 dataset (has meta/info.json)."""
     fs, path = fsspec.core.url_to_fs(str(url), **(storage_options or {}))
     path = path.rstrip("/")
@@ -286,4 +286,3 @@ def filter_shards(shards: Sequence[ShardSpec], episodes: set[int], lengths: dict
         if kept:
             out.append(ShardSpec(s.index, kept, sum(lengths[e] for e in kept)))
     return out
-

@@ -24,9 +24,7 @@ def delta_frame_offsets(
     if known_keys is not None:
         unknown = sorted(set(delta_timestamps) - set(known_keys))
         if unknown:
-            raise ValueError(
-                f"delta_timestamps has unknown keys {unknown}; valid keys: {sorted(known_keys)}"
-            )
+            raise ValueError(f"delta_timestamps has unknown keys {unknown}; valid keys: {sorted(known_keys)}")
     offsets: dict[str, np.ndarray] = {}
     for key, deltas in delta_timestamps.items():
         if len(deltas) == 0:
@@ -47,9 +45,7 @@ def delta_frame_offsets(
     return offsets
 
 
-def window_indices(
-    frame: int | np.ndarray, length: int, offsets: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
+def window_indices(frame: int | np.ndarray, length: int, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Frame indices ``frame + offsets`` clamped into the episode, and is_pad where clamped.
 
     Scalar ``frame`` gives shape (T,); an array of N frames gives (N, T).
