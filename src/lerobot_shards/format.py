@@ -22,9 +22,13 @@ Camera keys contain dots; WebDataset splits a member name at the first dot, so t
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from .names import UnsafeNameError, check_name
 
 FORMAT_VERSION = 1
 FORMAT_NAME = "lerobot-shards"
@@ -36,6 +40,14 @@ TMP_SUFFIX = ".tmp"
 
 class FormatError(ValueError):
     """A converted dataset does not match the format this version reads."""
+
+
+def _member_name(value: object, key: str, what: str) -> str:
+    """A member name of episode ``key``: a plain name starting with ``key.`` (as every writer makes them)."""
+    name = check_name(value, what)
+    if not name.startswith(f"{key}."):
+        raise UnsafeNameError(f"{what} = {name!r} does not belong to episode key {key!r}")
+    return name
 
 
 def episode_key(episode_index: int) -> str:
@@ -169,7 +181,7 @@ class EpisodeHeader:
             length=int(d["length"]),
             tasks=tuple(d["tasks"]),
             fps=float(d["fps"]),
-            cameras=tuple(d["cameras"]),
+            cameras=tuple(check_name(c, f"cameras[{i}]") for i, c in enumerate(d["cameras"])),
             dataset_from_index=int(d["dataset_from_index"]),
         )
 
@@ -200,14 +212,21 @@ class EpisodeEntry:
         }
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> EpisodeEntry:
-        members = {m["name"]: Member(m["name"], int(m["offset"]), int(m["size"])) for m in d["members"]}
+    def from_dict(cls, d: dict[str, Any], at: str = "episode") -> EpisodeEntry:
+        """Parse and confine names: ``at`` names this entry in errors (``episodes[3]``)."""
+        key = check_name(d["key"], f"{at}.key")
+        if "." in key:
+            raise UnsafeNameError(f"{at}.key = {key!r} contains a dot; episode keys have none")
+        members = {}
+        for i, m in enumerate(d["members"]):
+            name = _member_name(m["name"], key, f"{at}.members[{i}].name")
+            members[name] = Member(name, int(m["offset"]), int(m["size"]))
         return cls(
-            key=d["key"],
+            key=key,
             episode_index=int(d["episode_index"]),
             length=int(d["length"]),
             members=members,
-            clips={cam: ClipInfo.from_dict(c) for cam, c in d["clips"].items()},
+            clips={check_name(cam, f"{at}.clips key"): ClipInfo.from_dict(c) for cam, c in d["clips"].items()},
         )
 
 
@@ -242,16 +261,16 @@ class Sidecar:
 
     @classmethod
     def from_json(cls, text: str | bytes, *, where: str = "sidecar") -> Sidecar:
-        d = json.loads(text)
-        check_version(d, where)
-        return cls(
-            shard=d["shard"],
-            size=int(d["size"]),
-            sha256=d["sha256"],
-            episodes=tuple(EpisodeEntry.from_dict(e) for e in d["episodes"]),
-            format_version=int(d["format_version"]),
-            skipped={int(k): v for k, v in d.get("skipped", {}).items()},
-        )
+        d = _load(text, where)
+        with _naming(where):
+            return cls(
+                shard=check_name(d["shard"], "shard"),
+                size=int(d["size"]),
+                sha256=d["sha256"],
+                episodes=tuple(EpisodeEntry.from_dict(e, f"episodes[{i}]") for i, e in enumerate(d["episodes"])),
+                format_version=int(d["format_version"]),
+                skipped={int(k): v for k, v in d.get("skipped", {}).items()},
+            )
 
 
 @dataclass(frozen=True)
@@ -274,11 +293,11 @@ class ShardRecord:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> ShardRecord:
+    def from_dict(cls, d: dict[str, Any], at: str = "shard") -> ShardRecord:
         return cls(
             index=int(d["index"]),
-            name=d["name"],
-            sidecar=d["sidecar"],
+            name=check_name(d["name"], f"{at}.name"),
+            sidecar=check_name(d["sidecar"], f"{at}.sidecar"),
             episodes=tuple(int(e) for e in d["episodes"]),
             frames=int(d["frames"]),
             bytes=int(d["bytes"]),
@@ -342,21 +361,45 @@ class Manifest:
 
     @classmethod
     def from_json(cls, text: str | bytes, *, where: str = MANIFEST_NAME) -> Manifest:
+        d = _load(text, where)
+        with _naming(where):
+            return cls(
+                source_info=d["source_info"],
+                source_stats=d.get("source_stats", {}),
+                tasks=tuple(d["tasks"]),
+                fps=float(d["fps"]),
+                features=d["features"],
+                cameras=tuple(check_name(c, f"cameras[{i}]") for i, c in enumerate(d["cameras"])),
+                video=d["video"],
+                shards=tuple(ShardRecord.from_dict(s, f"shards[{i}]") for i, s in enumerate(d["shards"])),
+                skipped_episodes={int(k): v for k, v in d.get("skipped_episodes", {}).items()},
+                converter=d.get("converter", {}),
+                format_version=int(d["format_version"]),
+            )
+
+
+def _load(text: str | bytes, where: str) -> dict[str, Any]:
+    try:
         d = json.loads(text)
-        check_version(d, where)
-        return cls(
-            source_info=d["source_info"],
-            source_stats=d.get("source_stats", {}),
-            tasks=tuple(d["tasks"]),
-            fps=float(d["fps"]),
-            features=d["features"],
-            cameras=tuple(d["cameras"]),
-            video=d["video"],
-            shards=tuple(ShardRecord.from_dict(s) for s in d["shards"]),
-            skipped_episodes={int(k): v for k, v in d.get("skipped_episodes", {}).items()},
-            converter=d.get("converter", {}),
-            format_version=int(d["format_version"]),
-        )
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise FormatError(f"{where}: not valid JSON ({e})") from None
+    if not isinstance(d, dict):
+        raise FormatError(f"{where}: not a {FORMAT_NAME} file (a JSON {type(d).__name__}, not an object)")
+    check_version(d, where)
+    return d
+
+
+@contextlib.contextmanager
+def _naming(where: str) -> Iterator[None]:
+    """Turn a bad field anywhere in a parsed file into one FormatError naming the file (and field)."""
+    try:
+        yield
+    except UnsafeNameError as e:
+        raise FormatError(f"{where}: {e}") from None
+    except KeyError as e:
+        raise FormatError(f"{where}: missing field {e}") from None
+    except (TypeError, ValueError, AttributeError, IndexError) as e:
+        raise FormatError(f"{where}: malformed ({type(e).__name__}: {e})") from None
 
 
 def check_version(d: dict[str, Any], where: str) -> None:

@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from .names import UnsafeNameError, check_name, check_relpath
 from .shard_plan import EpisodeSize
 
 log = logging.getLogger(__name__)
@@ -114,6 +115,21 @@ def _require(d: dict[str, Any], key: str, where: str) -> Any:
     return d[key]
 
 
+def _template_path(info: dict[str, Any], key: str, where: str, **values: Any) -> str:
+    """``info[key]`` filled in with ``values``: a relative path that stays inside the dataset, or SourceError."""
+    template = info[key]
+    if not isinstance(template, str):
+        raise SourceError(f"{where}: field {key!r} is not a string ({template!r})")
+    try:
+        path = template.format(**values)
+    except (KeyError, IndexError, ValueError) as e:
+        raise SourceError(f"{where}: field {key!r} = {template!r} is not a valid path template ({e})") from None
+    try:
+        return check_relpath(path, f"field {key!r} (template {template!r})")
+    except UnsafeNameError as e:
+        raise SourceError(f"{where}: {e}") from None
+
+
 def _column(table: pa.Table, name: str, where: str) -> pa.ChunkedArray:
     if name not in table.column_names:
         raise SourceError(f"{where}: missing column {name!r} (has {', '.join(table.column_names)})")
@@ -170,6 +186,9 @@ class LeRobotV3Source:
             raise SourceError(f"{where}: codebase_version is {version!r}, expected {CODEBASE_VERSION!r}{hint}")
         for key in ("fps", "features", "data_path", "total_episodes", "total_frames"):
             _require(info, key, where)
+        for key in ("data_path", "video_path"):  # a template that escapes the root fails here, before any episode
+            if info.get(key) is not None:
+                _template_path(info, key, where, chunk_index=0, file_index=0, video_key="camera")
         return info
 
     def _check_features(self) -> None:
@@ -180,6 +199,11 @@ class LeRobotV3Source:
                 raise SourceError(f"{where}: feature {name!r} has unknown dtype {dtype!r}")
             if dtype == VIDEO_DTYPE and not self.info.get("video_path"):
                 raise SourceError(f"{where}: feature {name!r} is a video but video_path is null")
+            if dtype == VIDEO_DTYPE:  # camera keys become parts of file and member names
+                try:
+                    check_name(name, "camera feature name")
+                except UnsafeNameError as e:
+                    raise SourceError(f"{where}: {e}") from None
 
     def _read_tasks(self) -> tuple[str, ...]:
         where = self._abs("meta/tasks.parquet")
@@ -237,8 +261,13 @@ class LeRobotV3Source:
                 f"{at}: length is {length} but dataset_from_index..dataset_to_index spans "
                 f"{row['dataset_to_index'] - row['dataset_from_index']} rows"
             )
-        data_path = self.info["data_path"].format(
-            chunk_index=int(row["data/chunk_index"]), file_index=int(row["data/file_index"])
+        info_where = self._abs("meta/info.json")
+        data_path = _template_path(
+            self.info,
+            "data_path",
+            f"{info_where} (for {at})",
+            chunk_index=int(row["data/chunk_index"]),
+            file_index=int(row["data/file_index"]),
         )
         videos: dict[str, VideoRef] = {}
         for cam in self.camera_keys:
@@ -248,8 +277,13 @@ class LeRobotV3Source:
             missing = [f"videos/{cam}/{k}" for k, v in fields.items() if v is None]
             if missing:
                 raise SourceError(f"{at}: missing field(s) {', '.join(missing)}")
-            path = self.info["video_path"].format(
-                video_key=cam, chunk_index=int(fields["chunk_index"]), file_index=int(fields["file_index"])
+            path = _template_path(
+                self.info,
+                "video_path",
+                f"{info_where} (for {at})",
+                video_key=cam,
+                chunk_index=int(fields["chunk_index"]),
+                file_index=int(fields["file_index"]),
             )
             videos[cam] = VideoRef(path, float(fields["from_timestamp"]), float(fields["to_timestamp"]))
         return EpisodeMeta(

@@ -18,6 +18,7 @@ from typing import Any, BinaryIO
 import fsspec
 
 from ..format import MANIFEST_NAME, SHARDS_DIR, TMP_SUFFIX
+from ..names import check_relpath
 
 HASH_CHUNK = 8 * 1024 * 1024
 RUN_RECORD = "convert.json"  # the run's options, written first: tells own output from foreign content
@@ -32,7 +33,8 @@ class Destination:
         self.is_local = "file" in protocols
 
     def path(self, rel: str) -> str:
-        return posixpath.join(self.root, rel)
+        """``rel`` under the root; a name that would leave it (read from a manifest, say) raises."""
+        return posixpath.join(self.root, check_relpath(rel, f"{self.url}: path"))
 
     def exists(self, rel: str) -> bool:
         return self.fs.exists(self.path(rel))

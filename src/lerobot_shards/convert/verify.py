@@ -38,6 +38,7 @@ from ..format import (
     table_member,
 )
 from ..lerobot_v3 import LeRobotV3Source, SourceError
+from ..names import UnsafeNameError, check_name
 from ..video import ClipError, decode_frames, probe_clip
 from .destination import Destination
 
@@ -171,6 +172,11 @@ class _Verifier:
                 reader = _HashingReader(raw)
                 with tarfile.open(fileobj=reader, mode="r|") as tar:  # type: ignore[call-overload]
                     for info in tar:
+                        try:
+                            check_name(info.name, f"{where}: tar member name")
+                        except UnsafeNameError as e:
+                            self.report.problem(str(e))
+                            continue
                         key = info.name.split(".", 1)[0]  # the WebDataset key
                         offsets[info.name] = (info.offset_data, info.size)
                         data = tar.extractfile(info).read() if info.isfile() else b""

@@ -25,6 +25,7 @@ import pyarrow.parquet as pq
 
 from .. import format as fmt
 from ..lerobot_v3 import IMAGE_DTYPE, VIDEO_DTYPE, LeRobotV3Source, protocols
+from ..names import check_name, confined_join
 from ..shard_plan import DEFAULT_SHARD_BYTES, plan_shards
 
 log = logging.getLogger(__name__)
@@ -143,7 +144,7 @@ class ShardSource:
         self._downloader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shard-prefetch")
 
     def _shard_path(self, name: str) -> str:
-        return posixpath.join(self.root, fmt.SHARDS_DIR, name)
+        return posixpath.join(self.root, fmt.SHARDS_DIR, check_name(name, f"{self.url}: shard name"))
 
     def sidecar(self, shard: int) -> fmt.Sidecar:
         if shard not in self._sidecars:
@@ -172,7 +173,7 @@ class ShardSource:
 
     def _download(self, name: str) -> str:
         sub = hashlib.sha1(self.url.encode()).hexdigest()[:16]
-        dst = os.path.join(self.cache_dir, sub, name)
+        dst = confined_join(os.path.join(self.cache_dir, sub), name, f"{self.url}: shard name")
         if not os.path.exists(dst):
             os.makedirs(os.path.dirname(dst), exist_ok=True)
             tmp = f"{dst}.{os.getpid()}.{threading.get_ident()}{fmt.TMP_SUFFIX}"
