@@ -47,7 +47,7 @@ def _epoch(ds: EpisodePoolDataset, num_workers: int, batch_size: int = 4) -> lis
 
 
 def _lengths(ds: EpisodePoolDataset) -> dict[int, int]:
-    return {e: n for s in ds.shards for e, n in ds._get_source().episode_lengths(s.index).items()}
+    return {e: n for s in ds.shards for e, n in zip(s.episodes, s.lengths)}
 
 
 def _all_frames(root: Path) -> collections.Counter:

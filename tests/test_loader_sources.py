@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from lerobot_shards.convert.run import convert_dataset
+from lerobot_shards.format import Manifest
 from lerobot_shards.loader import EpisodePoolDataset
 from lerobot_shards.synth import FIXTURE_BITS, read_identity, synth_dataset
 
@@ -110,19 +112,39 @@ def test_loads_from_a_bucket_with_and_without_cache(pair, s3_server, tmp_path: P
     assert not list((tmp_path / "cache").rglob("*.tmp"))
 
 
+def test_iteration_shuts_down_its_shard_downloads(pair, s3_server, tmp_path: Path) -> None:
+    """Each iterator opens and closes its own source; closing stops the downloader thread."""
+    import fsspec
+
+    _, converted = pair
+    url = "s3://loader-close/converted"
+    opts = s3_server.storage_options
+    fs = fsspec.filesystem("s3", **opts)
+    fs.makedirs("loader-close", exist_ok=True)
+    fs.put(str(converted) + "/", url, recursive=True)
+    batches = _stream(url, cameras=[], storage_options=opts, cache_dir=str(tmp_path / "cache"))
+    assert (
+        sum(len(b["index"]) for b in batches)
+        == Manifest.from_json((converted / "manifest.json").read_text()).total_frames
+    )
+    downloaders = [t for t in threading.enumerate() if t.name.startswith("shard-prefetch")]
+    for t in downloaders:
+        t.join(timeout=30)
+    assert not [t for t in downloaders if t.is_alive()]
+
+
 def test_planning_reads_no_sidecar(pair) -> None:
     """The manifest carries per-episode lengths: workers plan without fetching every sidecar."""
-    from lerobot_shards.format import Manifest
     from lerobot_shards.loader.sources import ShardSource
 
     _, converted = pair
     manifest = Manifest.from_json((converted / "manifest.json").read_text())
     source = ShardSource(str(converted))
-    for rec in manifest.shards:
-        assert source.episode_lengths(rec.index) == {
+    for rec, spec in zip(manifest.shards, source.info.shards):
+        assert dict(zip(spec.episodes, spec.lengths)) == {
             e.episode_index: e.length for e in source.sidecar(rec.index).episodes
         }
     fresh = ShardSource(str(converted))
-    lengths = [fresh.episode_lengths(rec.index) for rec in manifest.shards]
+    lengths = [dict(zip(spec.episodes, spec.lengths)) for spec in fresh.info.shards]
     assert sum(sum(d.values()) for d in lengths) == manifest.total_frames
     assert not fresh._sidecars

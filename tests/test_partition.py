@@ -6,10 +6,13 @@ import pytest
 from lerobot_shards.loader.partition import (
     SIZE_BUCKETS,
     Consumer,
+    PlanOptions,
+    ShardSpec,
     assign_shards,
     assignment_warnings,
     consumer_frames,
     equal_sample_count,
+    plan_consumer,
 )
 from lerobot_shards.loader.resume import num_batches
 
@@ -139,3 +142,27 @@ def test_balance_is_within_the_smallest_shard(seed: int) -> None:
         totals = consumer_frames(assign_shards(frames, consumers, seed=seed, epoch=1), frames)
         slack = max(frames) / SIZE_BUCKETS
         assert max(totals) - min(totals) <= min(frames) + slack, (consumers, totals)
+
+
+@pytest.mark.parametrize("equal", [False, True])
+def test_consumer_plans_cover_every_episode_once_and_agree_on_counts(equal):
+    rng = np.random.default_rng(4)
+    shards, episode = [], 0
+    for index in range(9):
+        lengths = tuple(int(n) for n in rng.integers(1, 50, size=int(rng.integers(1, 4))))
+        shards.append(ShardSpec(index, tuple(range(episode, episode + len(lengths))), lengths))
+        episode += len(lengths)
+    options = PlanOptions(shuffle=True, equal_samples_per_rank=equal)
+    plans = [
+        plan_consumer(shards, seed=3, epoch=1, consumer=Consumer(r, 2, w, 2), options=options)
+        for r in range(2)
+        for w in range(2)
+    ]
+    seen = [e for p in plans for _, e in p.episodes]
+    assert sorted(seen) == list(range(episode))
+    length_of = {e: n for s in shards for e, n in zip(s.episodes, s.lengths)}
+    for p in plans:
+        assert list(p.lengths) == [length_of[e] for _, e in p.episodes]
+        assert p.rank_samples == tuple(q.num_samples for q in plans if q.consumer.rank == p.consumer.rank)
+    total = sum(s.frames for s in shards)
+    assert sum(p.num_samples for p in plans) == (total // 4 * 4 if equal else total)

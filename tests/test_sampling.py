@@ -135,3 +135,18 @@ def test_empty_list_yields_nothing_and_invalid_inputs_raise():
         PoolSampler(LENGTHS, 0, np.random.default_rng(0))
     with pytest.raises(ValueError, match="at least one frame"):
         PoolSampler([3, 0], 2, np.random.default_rng(0))
+
+
+@pytest.mark.parametrize("n", [0, 5, 13, 32, 40])
+def test_admission_order_covers_the_remaining_episodes_and_is_taken_at_the_call(n):
+    sampler = PoolSampler(LENGTHS, 3, np.random.default_rng(9), num_samples=80)
+    sampler.skip(n)
+    order = sampler.admission_order()
+    per_pass, emitted, needed = sum(LENGTHS), n, []
+    for emission in sampler:  # the training thread advances before the reader thread consumes the order
+        needed.append((emitted // per_pass, emission.position))
+        emitted += 1
+    order = list(order)
+    assert len(order) == len(set(order))
+    assert set(needed) <= set(order)
+    assert {p for p, _ in set(order) - set(needed)} <= {80 // per_pass}  # only the cut-short last pass's tail

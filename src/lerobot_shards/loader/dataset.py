@@ -10,14 +10,10 @@ is read again, and nothing is decoded until a sample is emitted.
 from __future__ import annotations
 
 import logging
-import multiprocessing
 import os
-import queue
-import threading
 import time
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -26,43 +22,15 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from ..lerobot_v3 import IMAGE_DTYPE
 from .decode import DecoderCache, decode_image
-from .partition import assign_shards, assignment_warnings, consumer_frames, equal_sample_count
+from .partition import Consumer, ConsumerPlan, PlanOptions, ShardSpec, filter_shards, plan_consumer
+from .reader import EpisodeReader
 from .resume import resume_point
 from .sampling import PoolSampler, consumer_rng
-from .sources import ResidentEpisode, ShardSpec, filter_shards, open_source
+from .sources import ResidentEpisode, open_source
+from .stats import SharedStats, StatSlot
 from .windows import delta_frame_offsets, window_indices
 
 log = logging.getLogger(__name__)
-
-MAX_WORKERS = 64  # stats slots per process tree
-_STAT_FIELDS = (
-    "frames_emitted",
-    "pool_occupancy",
-    "admissions",
-    "evictions",
-    "bytes_read",
-    "decoder_hits",
-    "decoder_misses",
-    "decoder_evictions",
-    "decode_seconds",
-    "frames_decoded",
-    "fast_forward_samples",
-    "fast_forward_seconds",
-    "wait_seconds",
-)
-
-
-@dataclass(frozen=True)
-class ConsumerPlan:
-    """Everything one consumer needs for one epoch, derived purely from the metadata."""
-
-    rank: int
-    world_size: int
-    worker: int
-    num_workers: int
-    episodes: list[tuple[int, int]]  # (shard index, episode index) in reading order
-    lengths: list[int]
-    num_samples: int  # this consumer's samples this epoch
 
 
 class EpisodePoolDataset(IterableDataset):
@@ -140,9 +108,9 @@ class EpisodePoolDataset(IterableDataset):
             shard_bytes=shard_bytes,
             episodes_per_shard=episodes_per_shard,
         )
-        self._source = open_source(self.source_url, **self._open_kwargs)
-        self._source_pid = os.getpid()
-        info = self._source.info
+        source = open_source(self.source_url, **self._open_kwargs)  # for its metadata only
+        source.close()
+        info = source.info
         self.fps = info.fps
         self.features = info.features
         self.tasks = info.tasks
@@ -170,7 +138,7 @@ class EpisodePoolDataset(IterableDataset):
         self.rank, self.world_size = _distributed(rank, world_size)
         self.epoch = 0
         self._resume: dict[str, int] | None = None
-        self._stats = multiprocessing.Array("d", MAX_WORKERS * len(_STAT_FIELDS), lock=False)
+        self._stats = SharedStats()
 
     # -- configuration --------------------------------------------------------------------------
 
@@ -178,19 +146,10 @@ class EpisodePoolDataset(IterableDataset):
         if episodes is None:
             return list(shards)
         wanted = set(int(e) for e in episodes)
-        lengths: dict[int, int] = {}
-        for s in shards:
-            if wanted.intersection(s.episodes):
-                lengths.update(self._source.episode_lengths(s.index))
-        missing = sorted(wanted - set(lengths))
+        missing = sorted(wanted.difference(*(s.episodes for s in shards)))
         if missing:
             raise ValueError(f"{self.source_url}: episodes {missing[:10]} are not in the dataset")
-        return filter_shards(shards, wanted, lengths)
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_source"] = None  # reopened in the worker: no file handles cross processes
-        return state
+        return filter_shards(shards, wanted)
 
     def set_epoch(self, epoch: int) -> None:
         """Reshuffle for ``epoch`` (call before creating each epoch's iterator, like DistributedSampler)."""
@@ -226,71 +185,43 @@ class EpisodePoolDataset(IterableDataset):
 
     # -- planning (pure) ------------------------------------------------------------------------
 
+    @property
+    def plan_options(self) -> PlanOptions:
+        """The settings that shape every consumer's plan."""
+        return PlanOptions(shuffle=self.shuffle, equal_samples_per_rank=self.equal_samples_per_rank)
+
     def plan(self, rank: int, worker: int, num_workers: int) -> ConsumerPlan:
-        """The consumer's episodes and sample counts for the current epoch; no I/O beyond sidecars."""
-        workers = max(1, num_workers)
-        assignment = self._assignment(workers)
+        """The consumer's episodes and sample counts for the current epoch; no I/O.
+
+        Warns (once per rank, from worker 0) about idle or unbalanced consumers.
+        """
+        plan = self._plan(rank, worker, num_workers)
         if rank == 0 and worker == 0:
-            for message in assignment_warnings(assignment, [s.frames for s in self.shards]):
+            for message in plan.warnings:
                 warnings.warn(message, stacklevel=2)
-        counts = self._consumer_counts(workers, assignment)
-        me = rank * workers + worker
-        episodes: list[tuple[int, int]] = []
-        lengths: list[int] = []
-        for pos in assignment[me]:
-            spec = self.shards[pos]
-            shard_lengths = self._get_source().episode_lengths(spec.index)
-            for e in spec.episodes:
-                episodes.append((spec.index, e))
-                lengths.append(shard_lengths[e])
-        return ConsumerPlan(
-            rank=rank,
-            world_size=self.world_size,
-            worker=worker,
-            num_workers=workers,
-            episodes=episodes,
-            lengths=lengths,
-            num_samples=counts[me],
-        )
+        return plan
 
     def epoch_samples(self, num_workers: int) -> int:
         """Samples this rank yields this epoch with ``num_workers`` DataLoader workers."""
-        workers = max(1, num_workers)
-        return sum(self._consumer_counts(workers)[self.rank * workers : (self.rank + 1) * workers])
+        return sum(self._plan(self.rank, 0, num_workers).rank_samples)
 
-    def _assignment(self, workers: int) -> list[list[int]]:
-        shard_frames = [s.frames for s in self.shards]
-        consumers = self.world_size * workers
-        return assign_shards(shard_frames, consumers, seed=self.seed, epoch=self.epoch, shuffle=self.shuffle)
-
-    def _consumer_counts(self, workers: int, assignment: list[list[int]] | None = None) -> list[int]:
-        """Samples per consumer this epoch (all ranks), equal in equal-count mode."""
-        shard_frames = [s.frames for s in self.shards]
-        assignment = assignment if assignment is not None else self._assignment(workers)
-        if self.equal_samples_per_rank:
-            return [equal_sample_count(assignment, shard_frames)] * len(assignment)
-        return consumer_frames(assignment, shard_frames)
-
-    def _get_source(self):
-        # Reopen after a fork too: fsspec's async filesystems (s3fs) are not fork-safe.
-        if self._source is None or self._source_pid != os.getpid():
-            self._source = open_source(self.source_url, **self._open_kwargs)
-            self._source_pid = os.getpid()
-        return self._source
+    def _plan(self, rank: int, worker: int, num_workers: int) -> ConsumerPlan:
+        consumer = Consumer(rank, self.world_size, worker, max(1, num_workers))  # num_workers=0: one consumer
+        return plan_consumer(
+            self.shards, seed=self.seed, epoch=self.epoch, consumer=consumer, options=self.plan_options
+        )
 
     # -- iteration ------------------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         info = get_worker_info()
         worker, num_workers = (0, 0) if info is None else (info.id, info.num_workers)
-        if worker >= MAX_WORKERS:
-            raise ValueError(f"at most {MAX_WORKERS} DataLoader workers per rank are supported")
+        stats = self._stats.slot(worker)
         # A resumed epoch may hand this DataLoader worker another worker's stream: the DataLoader
         # restarts its round-robin at worker 0, the interrupted run was mid-round.
         stream, skip = worker, 0
         if self._resume is not None and self._resume["epoch"] == self.epoch:
-            workers = max(1, num_workers)
-            counts = self._consumer_counts(workers)[self.rank * workers : (self.rank + 1) * workers]
+            counts = self._plan(self.rank, worker, num_workers).rank_samples
             stream, skip = resume_point(
                 self._resume["batches_consumed"], self._resume["batch_size"], counts, worker, self.drop_last
             )
@@ -302,7 +233,6 @@ class EpisodePoolDataset(IterableDataset):
             shuffle=self.shuffle,
             num_samples=plan.num_samples,
         )
-        stats = _StatSlot(self._stats, worker)
         stats.reset()
         start = time.perf_counter()
         sampler.skip(skip)
@@ -311,17 +241,15 @@ class EpisodePoolDataset(IterableDataset):
         return self._stream(plan, sampler, skip, stats)
 
     def _stream(
-        self, plan: ConsumerPlan, sampler: PoolSampler, emitted: int, stats: _StatSlot
+        self, plan: ConsumerPlan, sampler: PoolSampler, emitted: int, stats: StatSlot
     ) -> Iterator[dict[str, Any]]:
         per_pass = sum(plan.lengths)
         if sampler.num_samples == emitted:
             return
-        reader = _EpisodeReader(
-            self._get_source(),
-            plan,
-            _admission_order(sampler, emitted, per_pass, len(plan.lengths)),
-            self.prefetch_episodes,
-        )
+        # This iteration's own source (never shared with another iterator or process): its
+        # reader thread is the only one reading it, and it is closed here once that thread stopped.
+        source = open_source(self.source_url, **self._open_kwargs)
+        reader = EpisodeReader(source, plan.episodes, sampler.admission_order(), self.prefetch_episodes)
         decoders = DecoderCache(
             self.decoder_cache_size,
             device=self.video_decode_device,
@@ -357,6 +285,7 @@ class EpisodePoolDataset(IterableDataset):
                 yield sample
         finally:
             reader.close()
+            source.close()
             decoders.close()
 
     def _sample(self, episode: ResidentEpisode, frame: int, decoders: DecoderCache) -> dict[str, Any]:
@@ -390,104 +319,7 @@ class EpisodePoolDataset(IterableDataset):
 
     def stats(self) -> dict[str, Any]:
         """Per-worker and total counters of the last iteration in this process tree (this rank)."""
-        per_worker = []
-        n = len(_STAT_FIELDS)
-        for w in range(MAX_WORKERS):
-            values = dict(zip(_STAT_FIELDS, self._stats[w * n : (w + 1) * n]))
-            if any(values.values()):
-                per_worker.append({"worker": w, **values})
-        total = {f: sum(w[f] for w in per_worker) for f in _STAT_FIELDS}
-        return {"rank": self.rank, "workers": per_worker, "total": total}
-
-
-class _StatSlot:
-    """One worker's row of the shared counters (each worker writes only its own row)."""
-
-    def __init__(self, array: Any, worker: int) -> None:
-        self._array = array
-        self._base = worker * len(_STAT_FIELDS)
-        self._index = {f: self._base + i for i, f in enumerate(_STAT_FIELDS)}
-
-    def reset(self) -> None:
-        for i in self._index.values():
-            self._array[i] = 0.0
-
-    def add(self, field: str, value: float) -> None:
-        self._array[self._index[field]] += value
-
-    def set(self, field: str, value: float) -> None:
-        self._array[self._index[field]] = value
-
-
-def _admission_order(sampler: PoolSampler, emitted: int, per_pass: int, n: int) -> Iterator[tuple[int, int]]:
-    """(pass, position) of every episode still to be used, in the order the pool admits them.
-
-    After a fast-forward, the episodes already used up are left out: the resident ones come
-    first, then the rest of the list, then any further passes of the equal-count mode.
-    """
-    current = emitted // per_pass
-    passes = -(-sampler.num_samples // per_pass)
-    resident = sampler.resident
-    first = resident + list(range(max(resident) + 1, n)) if resident else list(range(n))
-    for position in first:
-        yield current, position
-    for p in range(current + 1, passes):
-        for position in range(n):
-            yield p, position
-
-
-class _EpisodeReader:
-    """Reads episodes in admission order on a background thread into a bounded queue."""
-
-    _END = object()
-
-    def __init__(self, source: Any, plan: ConsumerPlan, order: Iterator[tuple[int, int]], depth: int) -> None:
-        self._queue: queue.Queue = queue.Queue(maxsize=max(1, depth))
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(source, plan, order), daemon=True)
-        self._thread.start()
-
-    def _put(self, item: Any) -> bool:
-        while not self._stop.is_set():
-            try:
-                self._queue.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def _run(self, source: Any, plan: ConsumerPlan, order: Iterator[tuple[int, int]]) -> None:
-        try:
-            shard_order = list(dict.fromkeys(shard for shard, _ in plan.episodes))
-            current = None
-            for key in order:
-                shard, episode_index = plan.episodes[key[1]]
-                if shard != current:  # entering a shard: fetch the next one in the background
-                    current = shard
-                    following = shard_order.index(shard) + 1
-                    if following < len(shard_order):
-                        source.prefetch(shard_order[following])
-                if not self._put((key, source.read_episode(shard, episode_index))):
-                    return
-            self._put(self._END)
-        except BaseException as e:  # handed to the consumer thread, which re-raises it
-            self._put(e)
-        finally:
-            source.close()
-
-    def next(self) -> tuple[tuple[int, int], ResidentEpisode, float]:
-        start = time.perf_counter()
-        item = self._queue.get()
-        waited = time.perf_counter() - start
-        if item is self._END:
-            raise RuntimeError("episode reader ended before the sampler: plan and source disagree")
-        if isinstance(item, BaseException):
-            raise item
-        return item[0], item[1], waited
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
+        return {"rank": self.rank, **self._stats.summary()}
 
 
 def _distributed(rank: int | None, world_size: int | None) -> tuple[int, int]:

@@ -1,7 +1,8 @@
 """Which whole shards each (rank x worker) consumer reads in an epoch. Pure functions of metadata.
 
 Whole shards per consumer keep reads sequential and make duplicates across ranks impossible;
-balancing by frame count keeps consumers finishing together.
+balancing by frame count keeps consumers finishing together. ``plan_consumer`` is the one place
+that turns (shards, seed, epoch, consumer, options) into a consumer's episodes and sample count.
 """
 
 from __future__ import annotations
@@ -11,6 +12,35 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from lerobot_shards.loader.sampling import PARTITION_STREAM, keyed_rng
+
+
+@dataclass(frozen=True)
+class ShardSpec:
+    """One shard of the plan as the loader sees it, real (converted) or virtual (raw source)."""
+
+    index: int
+    episodes: tuple[int, ...]
+    lengths: tuple[int, ...]  # frames per episode, same order as ``episodes``
+
+    def __post_init__(self) -> None:
+        if len(self.episodes) != len(self.lengths):
+            raise ValueError(
+                f"shard {self.index}: {len(self.episodes)} episodes but {len(self.lengths)} episode lengths"
+            )
+
+    @property
+    def frames(self) -> int:
+        return sum(self.lengths)
+
+
+def filter_shards(shards: Sequence[ShardSpec], episodes: set[int]) -> list[ShardSpec]:
+    """Keep only the chosen episodes; shards left empty drop out (indices stay the plan's)."""
+    out = []
+    for s in shards:
+        kept = [(e, n) for e, n in zip(s.episodes, s.lengths) if e in episodes]
+        if kept:
+            out.append(ShardSpec(s.index, tuple(e for e, _ in kept), tuple(n for _, n in kept)))
+    return out
 
 
 @dataclass(frozen=True)
@@ -141,3 +171,49 @@ def equal_sample_count(assignment: Sequence[Sequence[int]], shard_frames: Sequen
             f"have none; write smaller shards or use fewer DataLoader workers"
         )
     return sum(frames) // len(frames)
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    """The dataset settings that shape every consumer's plan."""
+
+    shuffle: bool = True
+    equal_samples_per_rank: bool = False  # every consumer yields total_frames // consumers samples
+
+
+@dataclass(frozen=True)
+class ConsumerPlan:
+    """Everything one consumer needs for one epoch, derived purely from the metadata."""
+
+    consumer: Consumer
+    episodes: tuple[tuple[int, int], ...]  # (shard index, episode index) in reading order
+    lengths: tuple[int, ...]  # frames of each of those episodes
+    num_samples: int  # this consumer's samples this epoch
+    rank_samples: tuple[int, ...]  # samples of every worker of this consumer's rank (resume needs them all)
+    warnings: tuple[str, ...]  # problems of the whole assignment (idle or unbalanced consumers)
+
+
+def plan_consumer(
+    shards: Sequence[ShardSpec], *, seed: int, epoch: int, consumer: Consumer, options: PlanOptions
+) -> ConsumerPlan:
+    """A consumer's episodes in reading order and its sample count for ``epoch``. No I/O.
+
+    Every consumer computes the same assignment of all shards independently, so no coordination
+    is needed across ranks or workers.
+    """
+    shard_frames = [s.frames for s in shards]
+    assignment = assign_shards(shard_frames, consumer.count, seed=seed, epoch=epoch, shuffle=options.shuffle)
+    if options.equal_samples_per_rank:
+        counts = [equal_sample_count(assignment, shard_frames)] * len(assignment)
+    else:
+        counts = consumer_frames(assignment, shard_frames)
+    mine = [shards[pos] for pos in assignment[consumer.index]]
+    first = consumer.rank * consumer.num_workers
+    return ConsumerPlan(
+        consumer=consumer,
+        episodes=tuple((s.index, e) for s in mine for e in s.episodes),
+        lengths=tuple(n for s in mine for n in s.lengths),
+        num_samples=counts[consumer.index],
+        rank_samples=tuple(counts[first : first + consumer.num_workers]),
+        warnings=tuple(assignment_warnings(assignment, shard_frames)),
+    )

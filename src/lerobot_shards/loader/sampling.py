@@ -6,6 +6,7 @@ so a resumed run can replay the order on these tables alone, without touching vi
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator, Sequence
 from typing import NamedTuple
 
@@ -102,6 +103,25 @@ class PoolSampler(Iterator[Emission]):
     def resident(self) -> list[int]:
         """Positions admitted and not yet finished: the episodes the loader must hold now."""
         return sorted(p for p, r in zip(self._position, self._remaining) if r > 0)
+
+    def admission_order(self) -> Iterator[tuple[int, int]]:
+        """(pass, position) of every episode still to be used, in the order the pool admits them.
+
+        After a fast-forward, the episodes already used up are left out: the resident ones come
+        first, then the rest of the list, then any further passes (equal-count mode). The state
+        is read now, not when the iterator first runs: the reader thread consumes the iterator
+        while the training thread keeps advancing the sampler.
+        """
+        n = len(self._lengths)
+        per_pass = sum(self._lengths)
+        if per_pass == 0:
+            return iter(())
+        current = self._emitted // per_pass
+        passes = -(-self.num_samples // per_pass)
+        resident = self.resident
+        first = resident + list(range(max(resident) + 1, n)) if resident else list(range(n))
+        later = ((p, position) for p in range(current + 1, passes) for position in range(n))
+        return itertools.chain(((current, position) for position in first), later)
 
     def __iter__(self) -> PoolSampler:
         return self

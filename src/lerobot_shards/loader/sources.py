@@ -1,8 +1,8 @@
 """Where resident episodes come from: converted shards, or a raw LeRobot v3.0 dataset.
 
-Both sources expose the same shard plan (the raw one applies the converter's plan as virtual
-shards) and read one episode into a ``ResidentEpisode``: tables as numpy arrays, video still
-encoded. A source object is used by one thread at a time; each keeps at most one file open.
+Both sources implement ``EpisodeSource``: they expose the same shard plan (the raw one applies
+the converter's plan as virtual shards) and read one episode into a ``ResidentEpisode``: tables
+as numpy arrays, video still encoded.
 """
 
 from __future__ import annotations
@@ -13,10 +13,9 @@ import logging
 import os
 import posixpath
 import threading
-from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import fsspec
 import numpy as np
@@ -27,6 +26,7 @@ from .. import format as fmt
 from ..lerobot_v3 import IMAGE_DTYPE, VIDEO_DTYPE, LeRobotV3Source, protocols
 from ..names import check_name, confined_join
 from ..shard_plan import DEFAULT_SHARD_BYTES, plan_shards
+from .partition import ShardSpec
 
 log = logging.getLogger(__name__)
 
@@ -53,17 +53,10 @@ class ResidentEpisode:
     nbytes: int  # bytes read to load it
 
 
-@dataclass(frozen=True)
-class ShardSpec:
-    """One shard of the plan, real or virtual."""
-
-    index: int
-    episodes: tuple[int, ...]
-    frames: int
-
-
 @dataclass
 class SourceInfo:
+    """What a source knows at open, before reading any episode: enough to plan every consumer."""
+
     fps: float
     features: dict[str, dict[str, Any]]
     cameras: tuple[str, ...]
@@ -92,6 +85,32 @@ def table_to_columns(table: pa.Table, features: dict[str, dict[str, Any]], where
     return out
 
 
+class EpisodeSource(Protocol):
+    """The interface the loader reads episodes through (compare Grain's data sources).
+
+    Lifecycle and threads: ``open_source`` opens one; ``info`` is read on open and immutable, so
+    any thread may read it. ``read_episode`` and ``prefetch`` are called by one thread at a time
+    (the loader's reader thread), never concurrently. ``close`` is called once, by whoever
+    opened the source, after the last read; it releases open files and background downloads.
+    A source never crosses processes: each DataLoader worker opens its own.
+    """
+
+    url: str
+    info: SourceInfo
+
+    def read_episode(self, shard: int, episode_index: int) -> ResidentEpisode:
+        """One episode of ``shard``: its tables decoded, its clips still encoded."""
+        ...
+
+    def prefetch(self, shard: int) -> None:
+        """Hint that ``shard`` is read next: start fetching it in the background (may do nothing)."""
+        ...
+
+    def close(self) -> None:
+        """Release files and background work; the source is not used afterwards."""
+        ...
+
+
 def open_source(
     url: str,
     *,
@@ -99,7 +118,7 @@ def open_source(
     cache_dir: str | None = None,
     shard_bytes: int | None = None,
     episodes_per_shard: int | None = None,
-) -> ShardSource | RawSource:
+) -> EpisodeSource:
     """A converted dataset (has manifest.json) or a raw LeRobot v3.0 dataset (has meta/info.json)."""
     fs, path = fsspec.core.url_to_fs(str(url), **(storage_options or {}))
     path = path.rstrip("/")
@@ -129,19 +148,19 @@ class ShardSource:
         with self.fs.open(posixpath.join(self.root, fmt.MANIFEST_NAME), "rb") as f:
             self.manifest = fmt.Manifest.from_json(f.read(), where=where)
         m = self.manifest
-        self.info = SourceInfo(
-            fps=m.fps,
-            features=m.features,
-            cameras=m.cameras,
-            tasks=m.tasks,
-            shards=[ShardSpec(s.index, s.episodes, s.frames) for s in m.shards],
-        )
         self._records = {s.index: s for s in m.shards}
         self._sidecars: dict[int, fmt.Sidecar] = {}
         self._entries: dict[int, tuple[int, fmt.EpisodeEntry]] = {}  # episode -> (shard, entry)
         self._open: tuple[int, Any] | None = None  # (shard index, file object)
         self._downloads: dict[str, Future[str]] = {}
-        self._downloader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shard-prefetch")
+        self._downloader: ThreadPoolExecutor | None = None  # started by the first download
+        self.info = SourceInfo(
+            fps=m.fps,
+            features=m.features,
+            cameras=m.cameras,
+            tasks=m.tasks,
+            shards=[ShardSpec(s.index, s.episodes, self._episode_lengths(s)) for s in m.shards],
+        )
 
     def _shard_path(self, name: str) -> str:
         return posixpath.join(self.root, fmt.SHARDS_DIR, check_name(name, f"{self.url}: shard name"))
@@ -157,19 +176,24 @@ class ShardSource:
                 self._entries[e.episode_index] = (shard, e)
         return self._sidecars[shard]
 
-    def episode_lengths(self, shard: int) -> dict[int, int]:
-        rec = self._records[shard]
+    def _episode_lengths(self, rec: fmt.ShardRecord) -> tuple[int, ...]:
         if len(rec.episode_lengths) == len(rec.episodes):  # in the manifest: no sidecar read to plan
-            return dict(zip(rec.episodes, rec.episode_lengths))
-        return {e.episode_index: e.length for e in self.sidecar(shard).episodes}
+            return rec.episode_lengths
+        lengths = {e.episode_index: e.length for e in self.sidecar(rec.index).episodes}  # an older manifest
+        return tuple(lengths[e] for e in rec.episodes)
 
     def _local_copy(self, name: str) -> str | None:
         """Path of a shard in the cache dir (downloaded whole, atomically), or None without one."""
         if self.cache_dir is None or "file" in protocols(self.fs):
             return None
-        if name not in self._downloads:
-            self._downloads[name] = self._downloader.submit(self._download, name)
+        self._start_download(name)
         return self._downloads[name].result()
+
+    def _start_download(self, name: str) -> None:
+        if name not in self._downloads:
+            if self._downloader is None:
+                self._downloader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shard-prefetch")
+            self._downloads[name] = self._downloader.submit(self._download, name)
 
     def _download(self, name: str) -> str:
         sub = hashlib.sha1(self.url.encode()).hexdigest()[:16]
@@ -183,25 +207,33 @@ class ShardSource:
 
     def prefetch(self, shard: int) -> None:
         """Start downloading a shard into the cache dir in the background (no-op without one)."""
-        name = self._records[shard].name
-        if self.cache_dir is not None and "file" not in protocols(self.fs) and name not in self._downloads:
-            self._downloads[name] = self._downloader.submit(self._download, name)
+        if self.cache_dir is not None and "file" not in protocols(self.fs):
+            self._start_download(self._records[shard].name)
 
     def _file(self, shard: int) -> Any:
         if self._open is None or self._open[0] != shard:
-            self.close()
+            self._close_file()
             name = self._records[shard].name
             local = self._local_copy(name)
             f = open(local, "rb") if local else self.fs.open(self._shard_path(name), "rb", block_size=8 << 20)
             self._open = (shard, f)
         return self._open[1]
 
-    def close(self) -> None:
+    def _close_file(self) -> None:
         if self._open is not None:
             self._open[1].close()
             self._open = None
 
+    def close(self) -> None:
+        """Close the open shard and stop the downloader: queued downloads are cancelled, one in
+        flight finishes in the background (it lands atomically in the cache dir)."""
+        self._close_file()
+        if self._downloader is not None:
+            self._downloader.shutdown(wait=False, cancel_futures=True)
+            self._downloader = None
+
     def read_episode(self, shard: int, episode_index: int) -> ResidentEpisode:
+        """One episode by a single ranged read of its members (or from the cached shard file)."""
         self.sidecar(shard)
         shard_of, entry = self._entries[episode_index]
         start, end = entry.span()
@@ -254,19 +286,19 @@ class RawSource:
             features=self.src.features,
             cameras=self.src.camera_keys,
             tasks=self.src.tasks,
-            shards=[ShardSpec(p.index, p.episodes, p.frames) for p in plan],
+            shards=[
+                ShardSpec(p.index, p.episodes, tuple(self.src.episode(e).length for e in p.episodes)) for p in plan
+            ],
         )
 
-    def episode_lengths(self, shard: int) -> dict[int, int]:
-        return {e: self.src.episode(e).length for e in self.info.shards[shard].episodes}
-
     def close(self) -> None:
-        pass
+        """Nothing to release: data files are opened per read, videos by the decoders."""
 
     def prefetch(self, shard: int) -> None:
-        pass
+        """No read-ahead: the source's files are read in place."""
 
     def read_episode(self, shard: int, episode_index: int) -> ResidentEpisode:
+        """The episode's rows from its data file; clips point into the source mp4s."""
         ep = self.src.episode(episode_index)
         table = self.src.read_episode_table(ep)
         where = f"{self.url}/{ep.data_path}: episode {episode_index}"
@@ -277,13 +309,3 @@ class RawSource:
             clips[cam] = ClipRef(url, None, url, v.first_frame(self.src.fps), None)
         nbytes = int(table.nbytes)
         return ResidentEpisode(episode_index, ep.length, columns, clips, nbytes)
-
-
-def filter_shards(shards: Sequence[ShardSpec], episodes: set[int], lengths: dict[int, int]) -> list[ShardSpec]:
-    """Keep only the chosen episodes; shards left empty drop out (indices stay the plan's)."""
-    out = []
-    for s in shards:
-        kept = tuple(e for e in s.episodes if e in episodes)
-        if kept:
-            out.append(ShardSpec(s.index, kept, sum(lengths[e] for e in kept)))
-    return out

@@ -1,0 +1,86 @@
+"""The reader thread: loads a consumer's episodes in admission order ahead of the training thread.
+
+Reading a shard is I/O-bound; a background thread keeps up to ``depth`` episodes queued so the
+training thread rarely waits. The thread is the only caller of the source's ``read_episode``
+and ``prefetch`` while it runs; it does not own the source (whoever opened it closes it, after
+``EpisodeReader.close``).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from .sources import EpisodeSource, ResidentEpisode
+
+
+class EpisodeReader:
+    """Reads episodes in admission order on a background thread into a bounded queue.
+
+    Args:
+        source: where episodes come from; used only by this reader's thread until ``close``.
+        episodes: the consumer's (shard, episode) list in reading order.
+        order: (pass, position) keys in admission order (``PoolSampler.admission_order``).
+        depth: episodes read ahead at most.
+    """
+
+    _END = object()
+
+    def __init__(
+        self,
+        source: EpisodeSource,
+        episodes: Sequence[tuple[int, int]],
+        order: Iterator[tuple[int, int]],
+        depth: int,
+    ) -> None:
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=max(1, depth))
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(source, episodes, order), daemon=True)
+        self._thread.start()
+
+    def _put(self, item: Any) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _run(
+        self, source: EpisodeSource, episodes: Sequence[tuple[int, int]], order: Iterator[tuple[int, int]]
+    ) -> None:
+        try:
+            shard_order = list(dict.fromkeys(shard for shard, _ in episodes))
+            current = None
+            for key in order:
+                shard, episode_index = episodes[key[1]]
+                if shard != current:  # entering a shard: fetch the next one in the background
+                    current = shard
+                    following = shard_order.index(shard) + 1
+                    if following < len(shard_order):
+                        source.prefetch(shard_order[following])
+                if not self._put((key, source.read_episode(shard, episode_index))):
+                    return
+            self._put(self._END)
+        except BaseException as e:  # handed to the consumer thread, which re-raises it
+            self._put(e)
+
+    def next(self) -> tuple[tuple[int, int], ResidentEpisode, float]:
+        """The next episode: its (pass, position) key, the episode, and seconds spent waiting."""
+        start = time.perf_counter()
+        item = self._queue.get()
+        waited = time.perf_counter() - start
+        if item is self._END:
+            raise RuntimeError("episode reader ended before the sampler: plan and source disagree")
+        if isinstance(item, BaseException):
+            raise item
+        return item[0], item[1], waited
+
+    def close(self) -> None:
+        """Stop the thread and wait for it (a read in flight finishes first, up to 5 s)."""
+        self._stop.set()
+        self._thread.join(timeout=5)
