@@ -87,6 +87,33 @@ def test_cameras_differ_only_above_the_bands() -> None:
     assert np.array_equal(a[64 // 3 :], b[64 // 3 :])
 
 
+def test_realistic_texture_lies_under_the_bands_and_moves() -> None:
+    flat = [paint_identity(7, f, 96, 160, 1) for f in range(3)]
+    real = [paint_identity(7, f, 96, 160, 1, texture="realistic", seed=3) for f in range(3)]
+    under = [r.astype(np.int16) - fl for r, fl in zip(real, flat)]
+    assert all(read_identity(img) == (7, f) for f, img in enumerate(real))
+    assert all(u[96 // 3 :].std() > 10 for u in under)  # texture inside the bands too, not only above
+    assert not np.array_equal(under[0], under[1]) and not np.array_equal(under[1], under[2])  # camera shake
+    assert np.array_equal(real[1], paint_identity(7, 1, 96, 160, 1, texture="realistic", seed=3))
+    assert not np.array_equal(real[1], paint_identity(7, 1, 96, 160, 1, texture="realistic", seed=4))
+    with pytest.raises(ValueError, match="texture 'noisy'"):
+        paint_identity(0, 0, 96, 160, texture="noisy")
+
+
+@pytest.mark.parametrize("codec", ["h264", "av1"])
+def test_realistic_texture_weighs_more_and_reads_back(tmp_path: Path, codec: str) -> None:
+    kwargs = dict(num_episodes=2, cameras=("cam",), height=120, width=160, codec=codec, length_range=(5, 5))
+    flat = synth_dataset(tmp_path / "flat", **kwargs)
+    real = synth_dataset(tmp_path / "real", texture="realistic", **kwargs)
+    again = synth_dataset(tmp_path / "again", texture="realistic", **kwargs)
+    mp4 = "videos/cam/chunk-000/file-000.mp4"
+    assert (real / mp4).stat().st_size > 1.5 * (flat / mp4).stat().st_size
+    assert (real / mp4).read_bytes() == (again / mp4).read_bytes()
+    decoder = VideoDecoder(str(real / mp4))
+    got = [read_identity(decoder.get_frame_at(i).data) for i in range(decoder.metadata.num_frames)]
+    assert got == [(e, f) for e in range(2) for f in range(5)]
+
+
 def test_fixture_identity_scheme(fixture_root: Path) -> None:
     info = _info(fixture_root)
     frame_bits, episode_bits = FIXTURE_BITS
@@ -226,6 +253,10 @@ def test_cli_synth(tmp_path: Path) -> None:
     info = _info(out)
     assert f"3 episodes, {info['total_frames']} frames" in result.output
     assert (out / "videos/cam/chunk-001/file-000.mp4").is_file()
+    textured = CliRunner().invoke(main, ["synth", str(tmp_path / "tex"), "--texture", "realistic", "--episodes", "1"])
+    assert textured.exit_code == 0, textured.output
+    bad = CliRunner().invoke(main, ["synth", str(tmp_path / "bad"), "--texture", "noisy"])
+    assert bad.exit_code != 0 and "noisy" in bad.output
     again = CliRunner().invoke(main, args)
     assert again.exit_code != 0 and "is not empty" in again.output
     none = CliRunner().invoke(main, ["synth", str(tmp_path / "nv"), "--cameras", "0", "--episodes", "2"])

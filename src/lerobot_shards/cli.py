@@ -35,6 +35,14 @@ def main(verbose: int) -> None:
 @click.option("--chunks-size", default=1000, show_default=True, help="Files per chunk directory.")
 @click.option("--min-length", default=20, show_default=True, help="Shortest episode, in frames.")
 @click.option("--max-length", default=40, show_default=True, help="Longest episode, in frames.")
+@click.option(
+    "--texture",
+    type=click.Choice(["flat", "realistic"]),
+    default="flat",
+    show_default=True,
+    help="realistic: shaking textured scene under the identity bands, the bitrate of real footage "
+    "(~21 KB per 640x480 AV1 frame); flat compresses ~5x smaller.",
+)
 @click.option("--seed", default=0, show_default=True)
 def synth(
     out: str,
@@ -51,6 +59,7 @@ def synth(
     chunks_size: int,
     min_length: int,
     max_length: int,
+    texture: str,
     seed: int,
 ) -> None:
     """Write a synthetic LeRobot v3.0 dataset to OUT whose frames paint their own identity."""
@@ -75,6 +84,7 @@ def synth(
             episodes_per_data_file=episodes_per_data_file,
             chunks_size=chunks_size,
             length_range=(min_length, max_length),
+            texture=texture,
             seed=seed,
         )
     except (ValueError, FileExistsError) as e:

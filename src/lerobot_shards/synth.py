@@ -9,6 +9,7 @@ The layout mirrors what LeRobot 0.4 writes, parquet schemas included.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import json
@@ -44,6 +45,9 @@ QUANTILES = {"q01": 0.01, "q10": 0.10, "q50": 0.50, "q90": 0.90, "q99": 0.99}
 STATS_SAMPLE_FRAMES = 100  # LeRobot computes image stats on about 100 frames per episode
 _DEFAULT_FEATURES = ("timestamp", "frame_index", "episode_index", "index", "task_index")
 VECTOR_KEYS = ("action", "observation.state")
+TEXTURES = ("flat", "realistic")
+SHAKE_MARGIN = 16  # pixels of scene beyond each edge, so a shaken camera never sees past it
+REALISTIC_AMPLITUDE = 30.0  # grey levels per unit of scene texture: ~21 KB per 480p AV1 frame
 
 
 # ---------------------------------------------------------------- identity painting
@@ -64,12 +68,18 @@ def paint_identity(
     *,
     frame_bits: int = 10,
     episode_bits: int = 10,
+    texture: str = "flat",
+    seed: int = 0,
 ) -> np.ndarray:
     """HxWx3 uint8 RGB frame that ``read_identity`` maps back to (episode_index, frame_index).
 
     Lower two thirds: one band per bit (frame bits first), bright when set. Top sixth: a tint per
     camera, so mixed-up cameras show. Between: deterministic texture, so clips compress like
     images rather than flat colour and the encoder does real work.
+
+    ``texture="realistic"`` lays a shaking multi-scale scene under the whole frame (see
+    ``_realistic_scene``) so encoded frames weigh what real robot footage does; ``"flat"`` frames
+    compress about 100x better than real footage and hide bandwidth and seek costs.
     """
     if not 0 <= frame_index < 2**frame_bits:
         raise ValueError(f"frame_index {frame_index} does not fit in frame_bits={frame_bits}")
@@ -90,7 +100,52 @@ def paint_identity(
     wave = 128 + 60 * np.sin(x + frame_index / 5.0 + phase) * np.cos(y + phase)
     noise = np.random.default_rng([episode_index, frame_index, camera_index]).integers(-16, 17, wave.shape)
     img[tint_bottom:band_top] = np.clip(wave + noise, 0, 255).astype(np.uint8)
+    if texture == "realistic":
+        dy, dx = _shake(seed, episode_index, camera_index, frame_index)
+        scene = _realistic_scene(seed, episode_index, camera_index, height, width)
+        m = SHAKE_MARGIN
+        under = scene[m + dy : m + dy + height, m + dx : m + dx + width]
+        img = np.clip(img + under, 0, 255).astype(np.uint8)
+    elif texture != "flat":
+        raise ValueError(f"texture {texture!r} is not one of {TEXTURES}")
     return img
+
+
+def _smooth_noise(rng: np.random.Generator, height: int, width: int, cell: int) -> np.ndarray:
+    """Gaussian noise on a grid of ``cell`` pixels, bilinearly interpolated to height x width."""
+    grid = rng.standard_normal((height // cell + 2, width // cell + 2)).astype(np.float32)
+    ys, xs = np.arange(height, dtype=np.float32) / cell, np.arange(width, dtype=np.float32) / cell
+    y0, x0 = ys.astype(np.intp), xs.astype(np.intp)
+    fy, fx = (ys - y0)[:, None], (xs - x0)[None, :]
+    top = grid[y0][:, x0] * (1 - fx) + grid[y0][:, x0 + 1] * fx
+    bottom = grid[y0 + 1][:, x0] * (1 - fx) + grid[y0 + 1][:, x0 + 1] * fx
+    return top * (1 - fy) + bottom * fy
+
+
+@functools.lru_cache(maxsize=4)
+def _realistic_scene(seed: int, episode: int, camera: int, height: int, width: int) -> np.ndarray:
+    """Signed float32 (H+2m)x(W+2m)x3 texture for one camera's episode, cached across its frames.
+
+    Octaves from 64-pixel blobs down to 2-pixel grain, tinted per episode, scaled by
+    ``REALISTIC_AMPLITUDE``. Measured at 640x480, 30 fps, g=2, crf=30, one thread: AV1 (LeRobot's
+    default) ~21 KB per frame (4.8 KB flat), H.264 ~6.4 KB (x264 spends fewer bits at that crf).
+    The identity bands (DARK/BRIGHT, 205 apart) stay readable: their band means move by a few
+    grey levels, far from the half-way threshold.
+    """
+    rng = np.random.default_rng([seed, episode, camera, 7])
+    h, w = height + 2 * SHAKE_MARGIN, width + 2 * SHAKE_MARGIN
+    scene = sum(amp * _smooth_noise(rng, h, w, cell) for amp, cell in ((1.0, 64), (0.6, 16), (0.4, 4), (0.25, 2)))
+    scene *= REALISTIC_AMPLITUDE / scene.std()
+    colour = rng.uniform(0.5, 1.0, 3).astype(np.float32)
+    return scene[..., None] * colour
+
+
+def _shake(seed: int, episode: int, camera: int, frame: int) -> tuple[int, int]:
+    """(dy, dx) camera offset at a frame: a slow sway plus a fast tremor, within ``SHAKE_MARGIN``."""
+    phase = np.random.default_rng([seed, episode, camera, 8]).uniform(0, 2 * np.pi, (2, 2))
+    t = 2 * np.pi * frame
+    offset = 0.6 * SHAKE_MARGIN * np.sin(t / 90 + phase[0]) + 0.3 * SHAKE_MARGIN * np.sin(t / 7 + phase[1])
+    return int(round(offset[0])), int(round(offset[1]))
 
 
 def read_identity(frame: Any, *, frame_bits: int = 10, episode_bits: int = 10) -> tuple[int, int]:
@@ -127,8 +182,16 @@ def identity_vector(episode_index: int, frame_index: int | np.ndarray) -> np.nda
 
 
 def _episode_stats(values: np.ndarray, *, image: bool = False) -> dict[str, np.ndarray]:
-    """min/max/mean/std/count/quantiles as LeRobot stores them: per dim, or per channel (3,1,1) for images."""
+    """min/max/mean/std/count/quantiles as LeRobot stores them: per dim, or per channel (3,1,1) for images.
+
+    Images are subsampled by a stride as LeRobot's ``auto_downsample_height_width`` does (sides of
+    300 pixels and more to about 150), which also keeps large synthetic datasets quick to write.
+    """
     if image:
+        height, width = values.shape[1:3]
+        if max(height, width) >= 300:
+            step = int(max(height, width) / 150)
+            values = values[:, ::step, ::step]
         v = values.reshape(-1, 3).astype(np.float64) / 255.0  # (N*H*W, C)
     else:
         v = values.reshape(len(values), -1)
@@ -327,6 +390,7 @@ def synth_dataset(
     vector_storage: str = "fixed_size_list",
     image_keys: Sequence[str] = (),
     from_timestamp_jitter_s: float = 0.0,
+    texture: str = "flat",
     seed: int = 0,
 ) -> Path:
     """Write a LeRobot v3.0 dataset under ``root`` (which must be absent or empty) and return its path.
@@ -336,7 +400,9 @@ def synth_dataset(
     inclusive ``length_range`` with ``seed``; episode e has task ``f"task {e % num_tasks}"``.
     ``from_timestamp_jitter_s`` moves every episode but a file's first by a deterministic
     amount in [-jitter, +jitter] per camera, like real files that are off by a fraction of a
-    frame (so readers must take the nearest frame). Same arguments give byte-identical files;
+    frame (so readers must take the nearest frame). ``texture="realistic"`` gives frames the
+    weight of real footage (see ``paint_identity``; ~21 KB per 640x480 AV1 frame), for benchmarks
+    where bandwidth and seeks must show. Same arguments give byte-identical files;
     ``meta/info.json`` is written last and marks a complete dataset.
     """
     root = Path(root)
@@ -346,6 +412,7 @@ def synth_dataset(
         (1 <= num_episodes <= 2**10, f"num_episodes {num_episodes} must be in [1, 1024] (identity bits)"),
         (1 <= lo <= hi <= 2**10, f"length_range {length_range} must satisfy 1 <= min <= max <= 1024"),
         (codec in CODECS, f"codec {codec!r} is not one of {sorted(CODECS)}"),
+        (texture in TEXTURES, f"texture {texture!r} is not one of {TEXTURES}"),
         (
             vector_storage in ("fixed_size_list", "list"),
             f"vector_storage {vector_storage!r}: use fixed_size_list or list",
@@ -387,7 +454,9 @@ def synth_dataset(
     for n, group in enumerate(_groups(num_episodes, episodes_per_data_file)):
         chunk, file = _file_slot(n, chunks_size)
         metadata = _hf_metadata(features, vector_storage, _fingerprint(signature, n))
-        table = _data_table([episodes[e] for e in group], tasks, features, vector_storage, metadata, fps, stats)
+        table = _data_table(
+            [episodes[e] for e in group], tasks, features, vector_storage, metadata, fps, stats, texture, seed
+        )
         _write_parquet(table, root / DATA_PATH.format(chunk_index=chunk, file_index=file))
         for e in group:
             episodes[e]["data/chunk_index"], episodes[e]["data/file_index"] = chunk, file
@@ -400,7 +469,7 @@ def synth_dataset(
             for e in group:
                 sample: list[np.ndarray] = []
                 buf = io.BytesIO()
-                frames = _painted(e, lengths[e], height, width, c, sample)
+                frames = _painted(e, lengths[e], height, width, c, sample, texture, seed)
                 encode_video(frames, buf, fps=fps, codec=codec, gop=gop, crf=crf, threads=1)
                 clips.append(buf.getvalue())
                 stats[e][camera] = _episode_stats(np.stack(sample), image=True)
@@ -452,6 +521,8 @@ def _data_table(
     metadata: dict[bytes, bytes],
     fps: float,
     stats: list[dict[str, Stats]],
+    texture: str,
+    seed: int,
 ) -> pa.Table:
     """One data parquet's rows: every column encodes its (episode, frame); fills the episodes' stats."""
     size = len(JOINT_NAMES) if vector_storage == "fixed_size_list" else -1
@@ -487,7 +558,7 @@ def _data_table(
         for c, key in enumerate(image_keys, start=num_cameras):  # camera_index after the video cameras
             height, width = features[key]["shape"][:2]
             sample: list[np.ndarray] = []
-            for i, img in enumerate(_painted(e, len(f), height, width, c, sample)):
+            for i, img in enumerate(_painted(e, len(f), height, width, c, sample, texture, seed)):
                 columns[key].append({"bytes": _png(img), "path": f"frame-{i:06d}.png"})
             stats[e][key] = _episode_stats(np.stack(sample), image=True)
     return pa.table({k: pa.array(v, type=schema.field(k).type) for k, v in columns.items()}, schema=schema)
@@ -525,12 +596,19 @@ def _episodes_table(
 
 
 def _painted(
-    episode: int, length: int, height: int, width: int, camera: int, sample: list[np.ndarray]
+    episode: int,
+    length: int,
+    height: int,
+    width: int,
+    camera: int,
+    sample: list[np.ndarray],
+    texture: str,
+    seed: int,
 ) -> Iterator[np.ndarray]:
     """Frames of one camera's episode; keeps the stats sample so each frame is painted once."""
     keep = _sample_indices(length)
     for i in range(length):
-        img = paint_identity(episode, i, height, width, camera)
+        img = paint_identity(episode, i, height, width, camera, texture=texture, seed=seed)
         if i in keep:
             sample.append(img)
         yield img
