@@ -6,13 +6,49 @@ import logging
 
 import click
 
+log = logging.getLogger("lerobot_shards.cli")
 
-@click.group()
-@click.option("-v", "--verbose", count=True, help="More log output (-v info, -vv debug).")
-def main(verbose: int) -> None:
+
+class _Group(click.Group):
+    """Every error ends as one line (where, what went wrong, what to do) and exit status 1;
+    ``-vv`` logs the traceback first (credentials redacted)."""
+
+    def invoke(self, ctx: click.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort, SystemExit):
+            raise
+        except KeyboardInterrupt:
+            raise click.ClickException("interrupted; re-run the same command to resume") from None
+        except Exception as e:
+            from .errors import explain
+
+            if ctx.params.get("verbose", 0) >= 2:
+                log.error("traceback", exc_info=True)
+            locations = ctx.obj.get("locations", ()) if isinstance(ctx.obj, dict) else ()
+            raise click.ClickException(explain(e, locations)) from None
+
+
+@click.group(cls=_Group)
+@click.option("-v", "--verbose", count=True, help="More log output (-v info, -vv debug with tracebacks).")
+@click.pass_context
+def main(ctx: click.Context, verbose: int) -> None:
     """Repack LeRobot v3.0 datasets into episode-aligned tar shards and stream them."""
+    from .errors import RedactingFormatter
+
     level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    handler = logging.StreamHandler()
+    handler.setFormatter(RedactingFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=level, handlers=[handler])
+    ctx.obj = {"locations": []}
+
+
+def _locations(*urls: str | None) -> None:
+    """Tell the error handler which paths this command works on (to name them in errors)."""
+    ctx = click.get_current_context()
+    root = ctx.find_root()
+    if isinstance(root.obj, dict):
+        root.obj["locations"] = [u for u in urls if u]
 
 
 @main.command()
@@ -100,6 +136,8 @@ def synth(
 def _storage_options(text: str | None) -> dict:
     import json
 
+    from .errors import register_secrets
+
     if not text:
         return {}
     try:
@@ -108,6 +146,7 @@ def _storage_options(text: str | None) -> dict:
         raise click.BadParameter(f"not JSON ({e})", param_hint="--storage-options") from None
     if not isinstance(value, dict):
         raise click.BadParameter("must be a JSON object", param_hint="--storage-options")
+    register_secrets(value)
     return value
 
 
@@ -206,6 +245,7 @@ def convert(
 
     if shard_size is not None and episodes_per_shard is not None:
         raise click.UsageError("give --shard-size or --episodes-per-shard, not both")
+    _locations(source, dest)
     options = _storage_options(storage_options)
     try:
         manifest = convert_dataset(
@@ -260,6 +300,7 @@ def verify(
     """Check a converted dataset: checksums, member offsets, frame counts, episode coverage, decoded frames."""
     from .convert.verify import verify_dataset
 
+    _locations(source, out)
     options = _storage_options(storage_options)
     report = verify_dataset(
         out,
@@ -284,15 +325,12 @@ def inspect_cmd(path: str, storage_options: str | None) -> None:
     from .format import FormatError
     from .lerobot_v3 import SourceError
 
+    _locations(path)
     options = _storage_options(storage_options)
     try:
         click.echo(inspect_path(path, storage_options=_remote(path, options)))
     except (SourceError, FormatError) as e:
         raise click.ClickException(str(e)) from None
-
-
-if __name__ == "__main__":
-    main()
 
 
 @main.command()
@@ -310,3 +348,7 @@ def demo(out: str, batches: int, workers: int) -> None:
     from .demo import format_result, run_demo
 
     click.echo(format_result(run_demo(out, batches=batches, num_workers=workers)))
+
+
+if __name__ == "__main__":
+    main()

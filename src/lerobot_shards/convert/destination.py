@@ -8,11 +8,14 @@ reader sees the old object, no object or the complete new one.
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import hashlib
 import os
 import posixpath
+import secrets
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any, BinaryIO
 
 import fsspec
@@ -21,7 +24,29 @@ from ..format import MANIFEST_NAME, SHARDS_DIR, TMP_SUFFIX
 from ..names import check_relpath
 
 HASH_CHUNK = 8 * 1024 * 1024
+LOCK_NAME = ".lock"  # local destinations: byte-range locks, one byte per shard index
+_WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG}
 RUN_RECORD = "convert.json"  # the run's options, written first: tells own output from foreign content
+
+
+class DestinationBusy(RuntimeError):
+    """Another conversion is writing the same shards into this destination."""
+
+
+def tmp_name(final: str) -> str:
+    """A temporary name next to ``final`` that no other process or call uses."""
+    return f"{final}.{os.getpid()}-{secrets.token_hex(4)}{TMP_SUFFIX}"
+
+
+@contextlib.contextmanager
+def _named_errors(path: str) -> Iterator[None]:
+    """OSErrors from writes (ENOSPC, EROFS, ...) carry no file name: give them ``path``."""
+    try:
+        yield
+    except OSError as e:
+        if e.filename is None and e.errno in _WRITE_ERRNOS:
+            raise OSError(e.errno, e.strerror, path) from e
+        raise
 
 
 class Destination:
@@ -75,33 +100,94 @@ class Destination:
 
     @contextlib.contextmanager
     def open_local(self, rel: str) -> Iterator[BinaryIO]:
-        """A local file that appears at ``rel`` only when the block completes (fsync'd, then renamed)."""
+        """A local file that appears at ``rel`` only when the block completes (fsync'd, then renamed).
+
+        The temporary name is this process's own (``tmp_name``), so concurrent writers of one
+        name (array tasks writing the same run record) never trip over each other's file; the
+        last complete rename wins, and all of them write the same bytes.
+        """
         final = self.path(rel)
-        os.makedirs(posixpath.dirname(final), exist_ok=True)
-        tmp = final + TMP_SUFFIX
+        tmp = tmp_name(final)
         try:
-            with open(tmp, "wb") as f:
-                yield f
-                f.flush()
-                os.fsync(f.fileno())
+            with _named_errors(tmp):
+                os.makedirs(posixpath.dirname(final), exist_ok=True)
+                with open(tmp, "xb") as f:
+                    yield f
+                    f.flush()
+                    os.fsync(f.fileno())
         except BaseException:
             with contextlib.suppress(FileNotFoundError):
                 os.remove(tmp)
             raise
-        os.replace(tmp, final)
+        with _named_errors(final):
+            os.replace(tmp, final)
 
     @contextlib.contextmanager
     def staging(self, rel: str) -> Iterator[BinaryIO]:
-        """A writable file for a large member: local temp name, or a local temp file uploaded when complete."""
+        """A writable file for a large member: local temp name, or a local temp file uploaded when complete.
+
+        Uploads are staged in the system temporary directory (``TMPDIR``): it needs room for one
+        shard per worker.
+        """
         if self.is_local:
             with self.open_local(rel) as f:
                 yield f
             return
         with tempfile.TemporaryDirectory(prefix="lerobot-shards-") as tmpdir:
             local = os.path.join(tmpdir, posixpath.basename(rel))
-            with open(local, "wb") as f:
+            with _named_errors(local), open(local, "wb") as f:
                 yield f
             self.fs.put_file(local, self.path(rel))
+
+    def remove_stale_tmp(self, rel_dir: str, prefixes: Iterable[str]) -> int:
+        """Remove leftover temporary files (of killed runs) whose names start with one of ``prefixes``.
+
+        Only for names this process owns exclusively (the shards under its lock). Returns the count.
+        """
+        if not self.is_local:
+            return 0  # remote uploads are staged locally: nothing half-written reaches the bucket
+        prefixes = tuple(prefixes)
+        removed = 0
+        for name in self.entries(rel_dir):
+            if name.endswith(TMP_SUFFIX) and name.startswith(prefixes):
+                self.remove(posixpath.join(rel_dir, name))
+                removed += 1
+        return removed
+
+    @contextlib.contextmanager
+    def lock(self, shards: Iterable[int] | None) -> Iterator[None]:
+        """Hold the right to write ``shards`` (all of them when None) for the block.
+
+        Local destinations: POSIX byte-range locks on ``OUT/.lock``, one byte per shard index, so
+        array tasks (disjoint shards) run side by side while a second run over the same shards
+        is refused. The kernel drops the locks when the process dies: no stale lock after kill -9.
+        Remote destinations take no lock: a shard is uploaded whole, and every run writes the
+        same bytes for it, so concurrent runs waste work but never corrupt output.
+        Raises DestinationBusy when another process holds any of them.
+        """
+        if not self.is_local:
+            yield
+            return
+        with _named_errors(self.root):
+            os.makedirs(self.root, exist_ok=True)
+            fd = os.open(self.path(LOCK_NAME), os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+        try:
+            runs = [(0, 0)] if shards is None else _runs(sorted(set(shards)))
+            for start, length in runs:  # length 0: from start to the end of any file
+                try:
+                    fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, length, start)
+                except OSError as e:
+                    if e.errno not in (errno.EACCES, errno.EAGAIN):
+                        raise
+                    what = "shards" if shards is None else f"shard {start}" if length == 1 else "shards"
+                    span = "" if shards is None or length == 1 else f" {start}..{start + length - 1}"
+                    raise DestinationBusy(
+                        f"{self.url}: another conversion is writing {what}{span} here right now (lock "
+                        f"{self.path(LOCK_NAME)}); wait for it to finish, then re-run to resume"
+                    ) from None
+            yield
+        finally:
+            os.close(fd)  # releases every lock this process holds on the file
 
     def clear_own_files(self) -> None:
         """Remove what a conversion writes (manifest, run record, shards); leave anything else alone."""
@@ -110,3 +196,14 @@ class Destination:
         for name in self.entries(SHARDS_DIR):
             if name.startswith("shard-"):
                 self.remove(posixpath.join(SHARDS_DIR, name))
+
+
+def _runs(indices: list[int]) -> list[tuple[int, int]]:
+    """Sorted distinct integers as (start, length) runs of consecutive values."""
+    runs: list[tuple[int, int]] = []
+    for i in indices:
+        if runs and runs[-1][0] + runs[-1][1] == i:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+        else:
+            runs.append((i, 1))
+    return runs

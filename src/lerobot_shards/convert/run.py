@@ -8,12 +8,16 @@ so a re-run after a kill rebuilds exactly the shards that are not complete.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import logging
 import logging.handlers
 import multiprocessing as mp
 import os
 import posixpath
+import signal
+import sys
+import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
@@ -27,7 +31,7 @@ from .. import __version__
 from ..format import MANIFEST_NAME, SHARDS_DIR, FormatError, Manifest, ShardRecord, Sidecar, shard_name, sidecar_name
 from ..lerobot_v3 import LeRobotV3Source
 from ..shard_plan import PlannedShard
-from .destination import RUN_RECORD, Destination
+from .destination import LOCK_NAME, RUN_RECORD, Destination, DestinationBusy
 from .plan import DEFAULT_GOP, ConvertOptions, make_plan, parse_size, plan_digest, task_share
 from .shard_writer import ConvertError, EpisodeCallback, build_shard
 
@@ -53,8 +57,11 @@ def run_record(source_url: str, options: ConvertOptions, plan: Sequence[PlannedS
     }
 
 
-def _claim(dest: Destination, record: dict[str, Any], *, overwrite: bool) -> None:
-    """Make sure ``dest`` is empty or this conversion's own output, then write the run record."""
+def _check_claim(dest: Destination, record: dict[str, Any], *, overwrite: bool) -> bool:
+    """Make sure ``dest`` is empty or this conversion's own output (reads only).
+
+    Returns True when the destination must be cleared (``overwrite`` of other output).
+    """
     if dest.exists(RUN_RECORD):
         try:
             theirs = json.loads(dest.read_bytes(RUN_RECORD))
@@ -62,24 +69,31 @@ def _claim(dest: Destination, record: dict[str, Any], *, overwrite: bool) -> Non
             theirs = {}
         if theirs == record:
             log.info("%s holds this conversion's output: resuming", dest.url)
-            return
+            return False
         if not overwrite:
             diff = sorted(k for k in set(record) | set(theirs) if record.get(k) != theirs.get(k))
             raise ConvertError(
                 f"{dest.path(RUN_RECORD)}: {dest.url} holds a conversion with other settings (differs in: "
                 f"{', '.join(diff)}); pass --overwrite to replace it or choose another destination"
             )
-    elif dest.entries() and not overwrite:
+        return True
+    if [e for e in dest.entries() if e != LOCK_NAME] and not overwrite:
         raise ConvertError(
             f"{dest.url} is not empty and holds no {RUN_RECORD}, so it is not lerobot-shards output: "
             f"refusing to write into it (pass --overwrite to replace its shards, or choose another destination)"
         )
-    if overwrite:
+    return overwrite
+
+
+def _claim(dest: Destination, record: dict[str, Any], *, clear: bool) -> None:
+    """Write the run record (after clearing a replaced conversion's files)."""
+    if clear:
         dest.clear_own_files()
-        foreign = [e for e in dest.entries() if e != SHARDS_DIR]
+        foreign = [e for e in dest.entries() if e not in (SHARDS_DIR, LOCK_NAME)]
         if foreign:
             log.warning("--overwrite: leaving unrelated entries in %s alone: %s", dest.url, ", ".join(foreign))
-    dest.write_bytes(RUN_RECORD, json.dumps(record, indent=1, sort_keys=True).encode())
+    if not dest.exists(RUN_RECORD):
+        dest.write_bytes(RUN_RECORD, json.dumps(record, indent=1, sort_keys=True).encode())
 
 
 def _shard_done(dest: Destination, shard: PlannedShard, present: set[str], *, skip_bad_episodes: bool) -> bool:
@@ -118,6 +132,31 @@ def write_shard(
 # -- worker processes ---------------------------------------------------------------------------
 
 _worker: dict[str, Any] = {}
+PARENT_POLL_S = 0.5
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """End this process when ``parent_pid`` dies, even by SIGKILL (which runs no clean-up there).
+
+    Linux: the kernel sends SIGKILL when the parent exits (prctl PR_SET_PDEATHSIG). Everywhere,
+    and in case the parent died before that was set: a daemon thread polls the parent's pid.
+    """
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass  # the watchdog below still works
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(PARENT_POLL_S)
+        os._exit(1)  # no clean-up: the parent's re-run removes our temporary files
+
+    if os.getppid() != parent_pid:
+        os._exit(1)
+    threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
 
 
 def _init_worker(
@@ -127,7 +166,9 @@ def _init_worker(
     skip_bad_episodes: bool,
     queue: Any,
     log_level: int,
+    parent_pid: int,
 ) -> None:
+    die_with_parent(parent_pid)
     root = logging.getLogger()
     root.handlers[:] = [logging.handlers.QueueHandler(queue)]
     root.setLevel(log_level)
@@ -207,6 +248,7 @@ def _run_shards(
         skip_bad_episodes,
         queue,
         logging.getLogger("lerobot_shards").getEffectiveLevel(),
+        os.getpid(),
     )
     try:
         with ProcessPoolExecutor(
@@ -350,10 +392,52 @@ def convert_dataset(
     share = task_share(plan, num_tasks, task_index)
     out = Destination(str(dest), storage_options=dest_options)
     record = run_record(_source_url(source), options, plan)
-    _claim(out, record, overwrite=overwrite)
+    clear = _check_claim(out, record, overwrite=overwrite)
     if finalize_only:
+        _claim(out, record, clear=clear)
         return finalize(out, src, plan, options, record)
+    try:
+        with out.lock(None if clear else [s.index for s in share]):
+            _claim(out, record, clear=clear)
+            return _convert_share(
+                src,
+                source_options,
+                out,
+                dest_options,
+                plan,
+                share,
+                options,
+                record,
+                num_tasks=num_tasks,
+                task_index=task_index,
+                skip_bad_episodes=skip_bad_episodes,
+                workers=workers,
+                progress=progress,
+            )
+    except DestinationBusy as e:
+        raise ConvertError(str(e)) from None
 
+
+def _convert_share(
+    src: LeRobotV3Source,
+    source_options: dict[str, Any],
+    out: Destination,
+    dest_options: dict[str, Any],
+    plan: list[PlannedShard],
+    share: list[PlannedShard],
+    options: ConvertOptions,
+    record: dict[str, Any],
+    *,
+    num_tasks: int,
+    task_index: int,
+    skip_bad_episodes: bool,
+    workers: int,
+    progress: bool,
+) -> Manifest | None:
+    """Build this task's missing shards (its lock held), then the manifest when the plan is complete."""
+    stale = out.remove_stale_tmp(SHARDS_DIR, [shard_name(s.index).removesuffix(".tar") + "." for s in share])
+    if stale:
+        log.info("removed %d temporary files of an interrupted run", stale)
     present = set(out.entries(SHARDS_DIR))
     todo = [s for s in share if not _shard_done(out, s, present, skip_bad_episodes=skip_bad_episodes)]
     log.info(

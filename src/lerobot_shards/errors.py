@@ -1,0 +1,142 @@
+"""Turning exceptions into one line a user can act on, and keeping credentials out of logs.
+
+The CLI prints ``explain(exc)`` (the path, what went wrong, what to do) instead of a traceback;
+``-vv`` adds the traceback through logging, whose formatter redacts access key ids, secrets,
+session tokens and request signatures (botocore logs them at debug level). Object-store
+exceptions are recognised by their attributes, not imported: s3fs is an optional dependency.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+REDACTED = "***"
+# Environment variables whose values are secrets wherever they show up in a log line.
+SECRET_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN")
+# Storage-option names whose values are secrets (s3fs, gcsfs, adlfs, generic fsspec).
+_SECRET_OPTION = re.compile(r"(key|secret|token|password|credential|sas|signature)", re.IGNORECASE)
+# Request-signing material as botocore and presigned URLs print it.
+_PATTERNS = [
+    re.compile(r"(Credential=)[^,\s'\"&]+"),
+    re.compile(r"(Signature=)[^,\s'\"&]+"),
+    re.compile(r"(X-Amz-(?:Signature|Credential|Security-Token)=)[^&\s'\"]+", re.IGNORECASE),
+    re.compile(r"((?:x-amz-security-token|authorization)'?\"?\s*[:=]\s*b?['\"])[^'\"]+", re.IGNORECASE),
+    re.compile(r"(Signature:\s*)[0-9a-fA-F]{16,}"),
+    re.compile(  # storage options printed as a dict (lower case: 'Key' is an S3 object key)
+        r"(\b(?:aws_access_key_id|aws_secret_access_key|aws_session_token|secret|key|token|password)['\"]?\s*[:=]\s*"
+        r"['\"])[^'\"]+"
+    ),
+]
+_secrets: set[str] = set()
+
+
+def register_secrets(options: Mapping[str, Any] | None) -> None:
+    """Remember the secret values of storage options (nested too) so logs never show them."""
+    for name, value in (options or {}).items():
+        if isinstance(value, Mapping):
+            register_secrets(value)
+        elif isinstance(value, str) and len(value) >= 4 and _SECRET_OPTION.search(str(name)):
+            _secrets.add(value)
+
+
+def redact(text: str) -> str:
+    """``text`` with credentials and signatures replaced by ``***``."""
+    values = _secrets | {v for k in SECRET_ENV if len(v := os.environ.get(k, "")) >= 4}
+    for value in sorted(values, key=len, reverse=True):
+        text = text.replace(value, REDACTED)
+    for pattern in _PATTERNS:
+        text = pattern.sub(lambda m: m.group(1) + REDACTED, text)
+    return text
+
+
+class RedactingFormatter(logging.Formatter):
+    """A formatter whose whole output, traceback included, goes through ``redact``."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return redact(super().format(record))
+
+
+def _chain(exc: BaseException) -> Iterable[BaseException]:
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        yield cur
+        cur = cur.__cause__ or cur.__context__
+
+
+def _matching(urls: Iterable[str | None], needle: str) -> str | None:
+    """The first user URL that mentions ``needle`` (a bucket, a request URL's path)."""
+    for url in urls:
+        if url and needle and needle in url:
+            return url
+    return None
+
+
+_ERRNO_HINTS = {
+    errno.ENOSPC: "no space left on the device; free space or choose a destination with more room",
+    errno.EDQUOT: "disk quota exceeded; free space or choose another destination",
+    errno.EROFS: "the file system is read-only; choose a writable destination",
+    errno.EACCES: "permission denied; fix the permissions or choose another destination",
+    errno.EPERM: "operation not permitted; fix the permissions or choose another destination",
+    errno.ENOENT: "no such file or directory; check the path",
+    errno.ENOTDIR: "a parent of this path is not a directory; check the path",
+    errno.EISDIR: "is a directory where a file was expected; check the path",
+}
+
+
+def explain(exc: BaseException, urls: Iterable[str | None] = ()) -> str:
+    """One line for ``exc``: where, what went wrong and what to do.
+
+    ``urls`` are the locations the command was given (source, destination), used to say which
+    of them an object-store error concerns when the exception itself does not.
+    """
+    urls = [u for u in urls if u]
+    for e in _chain(exc):
+        name = type(e).__name__
+        kwargs = getattr(e, "kwargs", None) or {}
+        if name in ("EndpointConnectionError", "ConnectTimeoutError", "ReadTimeoutError") and kwargs.get(
+            "endpoint_url"
+        ):
+            request = str(kwargs["endpoint_url"])
+            m = re.match(r"^([a-z0-9+.-]+://[^/]+)", request)
+            endpoint = m.group(1) if m else request
+            where = next((u for u in urls if "://" in u and u.split("://", 1)[1].split("/", 1)[0] in request), None)
+            what = "cannot connect to" if name == "EndpointConnectionError" else "timed out talking to"
+            return (
+                f"{where or request}: {what} the storage endpoint {endpoint}; check endpoint_url in "
+                f"--storage-options (or AWS_ENDPOINT_URL) and that the server is up"
+            )
+        if name in ("NoCredentialsError", "PartialCredentialsError"):
+            where = next((u for u in urls if u.startswith("s3://")), "s3")
+            return (
+                f"{where}: no credentials found; set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or pass "
+                f'"key"/"secret" (or "anon": true for public buckets) in --storage-options'
+            )
+        response = getattr(e, "response", None)
+        if isinstance(response, dict) and isinstance(response.get("Error"), dict):
+            error = response["Error"]
+            code, bucket = str(error.get("Code", "")), str(error.get("BucketName", ""))
+            where = _matching(urls, bucket) or (f"s3://{bucket}" if bucket else (urls[0] if urls else "storage"))
+            if code == "NoSuchBucket":
+                return f"{where}: bucket {bucket!r} does not exist; create it or correct the URL"
+            if code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403"):
+                return f"{where}: access denied ({code}); check the credentials and the bucket's permissions"
+            return f"{where}: the storage server refused the request ({code}: {error.get('Message', '')})"
+        if isinstance(e, TypeError) and "unexpected keyword argument" in str(e):
+            m = re.search(r"unexpected keyword argument '([^']+)'", str(e))
+            option = m.group(1) if m else str(e)
+            return (
+                f"--storage-options: unknown option {option!r} for this file system; "
+                "remove it or check the file system's documentation (e.g. s3fs.S3FileSystem)"
+            )
+        if isinstance(e, OSError) and e.errno in _ERRNO_HINTS:
+            where = e.filename or (urls[-1] if urls else "")
+            return f"{where}: {_ERRNO_HINTS[e.errno]}" if where else _ERRNO_HINTS[e.errno]
+    text = str(exc) or type(exc).__name__
+    return f"{type(exc).__name__}: {text} (run with -vv for the traceback)"

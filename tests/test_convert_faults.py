@@ -1,0 +1,202 @@
+"""Faults around a conversion: the CLI's one-line errors, a killed parent, two converters at once."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from convert_helpers import CLI, output_files, run_cli
+from lerobot_shards.convert.run import convert_dataset
+from lerobot_shards.convert.verify import verify_dataset
+from lerobot_shards.errors import explain, redact, register_secrets
+from lerobot_shards.format import MANIFEST_NAME, SHARDS_DIR
+
+
+def _one_line(result: subprocess.CompletedProcess) -> str:
+    """The CLI failed with exactly one line on stderr, and no traceback."""
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == 1, (result.returncode, result.stderr)
+    assert len(lines) == 1 and lines[0].startswith("Error: "), result.stderr
+    return lines[0]
+
+
+def _mount_ns_cli(mount_opts: str, mountpoint: Path, *args: object) -> subprocess.CompletedProcess:
+    """Run the CLI in a private mount namespace with a small tmpfs at ``mountpoint`` (needs root)."""
+    if shutil.which("unshare") is None:
+        pytest.skip("unshare is not installed: cannot mount a test file system")
+    probe = subprocess.run(["unshare", "--mount", "--propagation", "private", "true"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"cannot create a mount namespace here ({probe.stderr.decode().strip()})")
+    mountpoint.mkdir(exist_ok=True)
+    script = f'mount -t tmpfs -o {mount_opts} tmpfs "$0" && exec "$@"'
+    cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, str(mountpoint), *CLI]
+    return subprocess.run([*cmd, *map(str, args)], capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def source(synth_factory) -> Path:
+    return synth_factory(num_episodes=4, cameras=("cam",), length_range=(8, 12))
+
+
+# -- one clear line per error -------------------------------------------------------------------
+
+
+def test_full_disk_is_one_line_naming_the_file(source: Path, tmp_path: Path) -> None:
+    line = _one_line(
+        _mount_ns_cli("size=16k", tmp_path / "mnt", "convert", source, tmp_path / "mnt/out", "--no-progress")
+    )
+    assert f"{tmp_path}/mnt/out/" in line and "no space left on the device; free space" in line
+
+
+def test_read_only_destination_is_one_line(source: Path, tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        (tmp_path / "ro").mkdir()
+        (tmp_path / "ro").chmod(0o555)
+        result = run_cli("convert", source, tmp_path / "ro/out", "--no-progress")
+        hint = "permission denied"
+    else:  # root writes anywhere: a read-only mount it is
+        result = _mount_ns_cli("ro", tmp_path / "ro", "convert", source, tmp_path / "ro/out", "--no-progress")
+        hint = "the file system is read-only; choose a writable destination"
+    line = _one_line(result)
+    assert f"{tmp_path}/ro/out" in line and hint in line
+
+
+def test_missing_bucket_is_one_line(s3_server, source: Path) -> None:
+    options = json.dumps(s3_server.storage_options)
+    line = _one_line(
+        run_cli("convert", source, "s3://no-such-bucket/ds", "--no-progress", "--storage-options", options)
+    )
+    assert line == "Error: s3://no-such-bucket/ds: bucket 'no-such-bucket' does not exist; create it or correct the URL"
+
+
+def test_bad_endpoint_is_one_line(source: Path) -> None:
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    options = json.dumps(
+        {
+            "key": "k",
+            "secret": "s",
+            "client_kwargs": {"endpoint_url": f"http://127.0.0.1:{port}"},
+            "config_kwargs": {"retries": {"max_attempts": 1}},  # fail at once, not after retries
+        }
+    )
+    line = _one_line(run_cli("convert", source, "s3://bucket/ds", "--no-progress", "--storage-options", options))
+    assert line.startswith(f"Error: s3://bucket/ds: cannot connect to the storage endpoint http://127.0.0.1:{port};")
+
+
+def test_unknown_storage_option_is_one_line(source: Path) -> None:
+    options = json.dumps({"endpoint": "http://x", "client_kwargs": {}})
+    line = _one_line(run_cli("convert", source, "s3://bucket/ds", "--no-progress", "--storage-options", options))
+    assert "--storage-options: unknown option 'endpoint'" in line
+
+
+def test_vv_shows_traceback_with_credentials_redacted(s3_server, source: Path) -> None:
+    key, secret = "AKIDLEROBOTSHARDSTEST", "SECRETLEROBOTSHARDSTEST"
+    options = {"key": key, "secret": secret, "client_kwargs": {"endpoint_url": s3_server.endpoint_url}}
+    result = run_cli(
+        "-vv", "convert", source, "s3://no-such-bucket/ds", "--no-progress", "--storage-options", json.dumps(options)
+    )
+    assert result.returncode == 1
+    assert "Traceback" in result.stderr and "NoSuchBucket" in result.stderr
+    assert "'Authorization': b'***'" in result.stderr and "Signature:\n***" in result.stderr  # botocore's requests
+    assert "'Key': 'ds/" in result.stderr  # object keys are no secret
+    assert key not in result.stderr and secret not in result.stderr
+    assert result.stderr.rstrip().splitlines()[-1].startswith("Error: s3://no-such-bucket/ds: bucket")
+
+
+def test_error_mapping_and_redaction() -> None:
+    assert explain(OSError(errno.ENOSPC, "No space left on device", "/data/out/shards/x.tar.tmp")) == (
+        "/data/out/shards/x.tar.tmp: no space left on the device; free space or choose a destination with more room"
+    )
+    assert explain(OSError(errno.ENOSPC, "No space left on device"), ["src", "/data/out"]).startswith(
+        "/data/out: no space"
+    )
+    assert explain(RuntimeError("boom")) == "RuntimeError: boom (run with -vv for the traceback)"
+    register_secrets({"key": "AKIDREDACTME", "client_kwargs": {"aws_secret_access_key": "SECRETREDACTME"}})
+    text = redact(
+        "headers={'Authorization': b'AWS4-HMAC-SHA256 Credential=AKIDX/20260101/us-east-1/s3/aws4_request, "
+        "SignedHeaders=host, Signature=0123abcd'} url=https://b.s3/k?X-Amz-Signature=feed&X-Amz-Credential=AKIDY%2F "
+        "key AKIDREDACTME secret SECRETREDACTME Signature:\n" + "ab" * 32
+    )
+    for leaked in ("AKIDX", "0123abcd", "feed", "AKIDY", "AKIDREDACTME", "SECRETREDACTME", "ab" * 32):
+        assert leaked not in text, (leaked, text)
+
+
+# -- a killed parent takes its workers along ----------------------------------------------------
+
+
+def test_workers_die_with_a_killed_parent(synth_factory, tmp_path: Path) -> None:
+    root = synth_factory(num_episodes=24, cameras=("cam",), length_range=(30, 40))
+    out = tmp_path / "out"
+    args = ["--episodes-per-shard", "1", "--workers", "2", "--no-progress"]
+    proc = subprocess.Popen([*CLI, "convert", str(root), str(out), *args], stderr=subprocess.DEVNULL)
+    first = out / SHARDS_DIR / "shard-000000.idx.json"
+    deadline = time.monotonic() + 60
+    while not first.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    children = psutil.Process(proc.pid).children(recursive=True)
+    assert sum("multiprocessing-fork" in " ".join(c.cmdline()) for c in children) == 2, "two workers should run"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (out / MANIFEST_NAME).exists(), "the kill should land mid-conversion"
+    _, alive = psutil.wait_procs(children, timeout=10)
+    assert not alive, f"still running after the parent's death: {[c.cmdline() for c in alive]}"
+
+    result = run_cli("convert", root, out, *args)
+    assert result.returncode == 0, result.stderr
+    assert not list((out / SHARDS_DIR).glob("*.tmp")), "the re-run removes the killed run's temporary files"
+    assert verify_dataset(out, root).ok  # checksums, members, coverage
+
+
+# -- two converters into one destination --------------------------------------------------------
+
+
+def _wait_for(predicate, proc: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 60
+    while not predicate() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.002)
+    assert predicate(), "the first converter should be mid-run"
+
+
+def test_second_converter_into_the_same_destination_is_refused(synth_factory, tmp_path: Path) -> None:
+    """The first converter, paused (SIGSTOP) mid-run while holding its lock, makes the second exit
+    with one line; resumed, it completes a correct output. Array tasks (disjoint shards) coexist."""
+    root = synth_factory(num_episodes=24, cameras=("cam",), length_range=(30, 40))
+    out = tmp_path / "out"
+    args = [root, out, "--episodes-per-shard", "1", "--no-progress"]
+    first = subprocess.Popen([*CLI, "convert", *map(str, args)], stderr=subprocess.PIPE, text=True)
+    _wait_for(lambda: (out / SHARDS_DIR / "shard-000000.tar").exists(), first)
+    first.send_signal(signal.SIGSTOP)
+    try:
+        line = _one_line(run_cli("convert", *args))
+    finally:
+        first.send_signal(signal.SIGCONT)
+    assert f"{out}: another conversion is writing shards 0..23 here right now" in line and "re-run" in line
+    assert first.wait(timeout=120) == 0, first.stderr.read()
+    assert verify_dataset(out, root).ok
+    convert_dataset(root, tmp_path / "ref", episodes_per_shard=1, progress=False)
+    assert output_files(out) == output_files(tmp_path / "ref")
+
+    array = tmp_path / "array"
+    task = [*CLI, "convert", str(root), str(array), "--episodes-per-shard", "1", "--no-progress", "--num-tasks", "2"]
+    zero = subprocess.Popen([*task, "--task-index", "0"], stderr=subprocess.PIPE, text=True)
+    _wait_for(lambda: (array / SHARDS_DIR / "shard-000000.tar").exists(), zero)
+    zero.send_signal(signal.SIGSTOP)
+    try:
+        one = subprocess.run([*task, "--task-index", "1"], capture_output=True, text=True, timeout=120)
+    finally:
+        zero.send_signal(signal.SIGCONT)
+    assert one.returncode == 0 and "manifest waits for the other tasks" in one.stdout, one.stderr
+    assert zero.wait(timeout=120) == 0, zero.stderr.read()
+    assert output_files(array) == output_files(tmp_path / "ref")
