@@ -21,7 +21,8 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from ..lerobot_v3 import IMAGE_DTYPE
-from .decode import DecoderCache, decode_image
+from .decode import DecoderCache, check_cuda_backend, decode_image
+from .device import rank_device
 from .partition import Consumer, ConsumerPlan, PlanOptions, ShardSpec, filter_shards, plan_consumer
 from .reader import EpisodeReader
 from .resume import resume_point
@@ -43,8 +44,11 @@ class EpisodePoolDataset(IterableDataset):
             around each sample, clamped to the episode with ``<key>_is_pad`` flags.
         episode_pool_size: episodes resident per consumer; frames are drawn uniformly across them.
         seed, shuffle: randomness of shard assignment, shard order and frame order.
-        video_decode_device: ``"cpu"`` or ``"cuda"`` (NVDEC; DataLoader workers then need
-            ``multiprocessing_context="spawn"``).
+        video_decode_device: ``"cpu"``, ``"cuda"`` (this rank's GPU: ``LOCAL_RANK``) or ``"cuda:N"``
+            (NVDEC; DataLoader workers then need ``multiprocessing_context="spawn"``).
+        cuda_decode_backend: torchcodec's CUDA backend, ``"nvdec"`` or ``"ffmpeg"``.
+        strict_cuda_decode: a clip this GPU cannot decode raises instead of falling back to the
+            CPU with one warning (per worker process).
         image_dtype: ``torch.float32`` in [0, 1] like LeRobot, or ``torch.uint8``.
         cameras: subset of camera keys to decode (default all).
         episodes: subset of episode indices (default all).
@@ -72,6 +76,8 @@ class EpisodePoolDataset(IterableDataset):
         seed: int = 0,
         shuffle: bool = True,
         video_decode_device: str = "cpu",
+        cuda_decode_backend: str = "nvdec",
+        strict_cuda_decode: bool = False,
         image_dtype: torch.dtype = torch.float32,
         cameras: Sequence[str] | None = None,
         episodes: Sequence[int] | None = None,
@@ -97,10 +103,8 @@ class EpisodePoolDataset(IterableDataset):
             )
         if image_dtype not in (torch.float32, torch.uint8):
             raise ValueError(f"image_dtype must be torch.float32 or torch.uint8, got {image_dtype}")
-        if video_decode_device not in ("cpu", "cuda") and not str(video_decode_device).startswith("cuda:"):
-            raise ValueError(f"video_decode_device must be 'cpu' or 'cuda', got {video_decode_device!r}")
-        if str(video_decode_device).startswith("cuda") and not torch.cuda.is_available():
-            raise ValueError(f"video_decode_device={video_decode_device!r} but torch sees no CUDA device")
+        video_decode_device = rank_device(video_decode_device, what="video_decode_device")
+        check_cuda_backend(cuda_decode_backend)
         self.source_url = str(source)
         self._open_kwargs = dict(
             storage_options=storage_options,
@@ -127,7 +131,10 @@ class EpisodePoolDataset(IterableDataset):
         self.episode_pool_size = episode_pool_size
         self.seed = seed
         self.shuffle = shuffle
-        self.video_decode_device = str(video_decode_device)
+        self.video_decode_device = video_decode_device
+        self.cuda_decode_backend = cuda_decode_backend
+        self.strict_cuda_decode = strict_cuda_decode
+        self.feature_stats = info.stats  # meta/stats.json, e.g. for DeviceFeeder(normalize=...)
         self.image_dtype = image_dtype
         self.equal_samples_per_rank = equal_samples_per_rank
         self.drop_last = drop_last
@@ -255,6 +262,8 @@ class EpisodePoolDataset(IterableDataset):
             device=self.video_decode_device,
             num_ffmpeg_threads=self.num_ffmpeg_threads,
             storage_options=self.storage_options,
+            cuda_backend=self.cuda_decode_backend,
+            strict_cuda=self.strict_cuda_decode,
         )
         pool: dict[tuple[int, int], ResidentEpisode] = {}
         try:

@@ -7,8 +7,10 @@ megabytes of codec state and, for source mp4s, an open file.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import time
+import warnings
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
@@ -17,9 +19,37 @@ import av
 import fsspec
 import numpy as np
 import torch
-from torchcodec.decoders import VideoDecoder
+from torchcodec.decoders import VideoDecoder, set_cuda_backend
 
 from .sources import ClipRef
+
+CUDA_BACKENDS = ("nvdec", "ffmpeg")
+_warned_fallback: set[tuple[str, str]] = set()  # (device, codec): one warning per process
+
+
+def check_cuda_backend(backend: str) -> str:
+    """Validate a ``cuda_decode_backend`` option (torchcodec's names)."""
+    if backend not in CUDA_BACKENDS:
+        raise ValueError(f"cuda_decode_backend must be one of {CUDA_BACKENDS}, got {backend!r}")
+    return backend
+
+
+def _enter_cuda_backend(stack: contextlib.ExitStack, backend: str) -> None:
+    """torchcodec's backend switch; torchcodec before 0.13 calls its NVDEC backend ``"beta"``."""
+    try:
+        stack.enter_context(set_cuda_backend(backend))
+    except ValueError:
+        if backend != "nvdec":
+            raise
+        stack.enter_context(set_cuda_backend("beta"))
+
+
+def fallback_message(where: str, device: str, codec: str, status: str) -> str:
+    """The one line a user sees when this GPU cannot decode a clip."""
+    return (
+        f"{where}: {device} cannot decode this {codec or 'video'} stream on NVDEC ({status}); "
+        f"convert with `lerobot-shards convert --reencode h264 --gop 2` for GPU decoding"
+    )
 
 
 class DecoderCache:
@@ -32,6 +62,8 @@ class DecoderCache:
         device: str = "cpu",
         num_ffmpeg_threads: int = 1,
         storage_options: dict[str, Any] | None = None,
+        cuda_backend: str = "nvdec",
+        strict_cuda: bool = False,
     ) -> None:
         if capacity < 1:
             raise ValueError(f"decoder cache capacity must be at least 1, got {capacity}")
@@ -39,6 +71,8 @@ class DecoderCache:
         self.device = device
         self.num_ffmpeg_threads = num_ffmpeg_threads
         self.storage_options = storage_options or {}
+        self.cuda_backend = check_cuda_backend(cuda_backend)
+        self.strict_cuda = strict_cuda
         self._decoders: OrderedDict[str, tuple[VideoDecoder, Any]] = OrderedDict()
         self.hits = self.misses = self.evictions = 0
         self.decode_seconds = 0.0
@@ -65,7 +99,10 @@ class DecoderCache:
         else:
             kwargs["seek_mode"] = "exact"
         try:
-            decoder = VideoDecoder(source, **kwargs)
+            with contextlib.ExitStack() as stack:
+                if self.device != "cpu":
+                    _enter_cuda_backend(stack, self.cuda_backend)
+                decoder = VideoDecoder(source, **kwargs)
         except RuntimeError as e:
             if "fork" in str(e) and self.device != "cpu":
                 raise RuntimeError(
@@ -91,10 +128,29 @@ class DecoderCache:
         """Frames ``indices`` of the episode (not of the file) as uint8 (N, C, H, W), one call."""
         decoder = self._decoder(clip)
         start = time.perf_counter()
-        batch = decoder.get_frames_at([clip.first_frame + int(i) for i in indices])
+        frames = decoder.get_frames_at([clip.first_frame + int(i) for i in indices]).data
+        if self.device != "cpu":
+            self._check_fallback(decoder, clip)
+            frames = frames.to(self.device)  # a CPU fallback's frames join the other clips' device
         self.decode_seconds += time.perf_counter() - start
         self.frames_decoded += len(indices)
-        return batch.data
+        return frames
+
+    def _check_fallback(self, decoder: VideoDecoder, clip: ClipRef) -> None:
+        """torchcodec silently decodes on the CPU what NVDEC cannot: say so once, or refuse if strict.
+
+        The status is known once a frame is decoded (at creation for the NVDEC backend).
+        """
+        status = getattr(decoder, "cpu_fallback", None)
+        if not status:
+            return
+        codec = str(getattr(decoder.metadata, "codec", "") or "")
+        message = fallback_message(clip.url or clip.cache_key, self.device, codec, str(status))
+        if self.strict_cuda:
+            raise RuntimeError(f"{message} (strict_cuda_decode=True)")
+        if (self.device, codec) not in _warned_fallback:
+            _warned_fallback.add((self.device, codec))
+            warnings.warn(f"{message}; decoding it on the CPU instead", RuntimeWarning, stacklevel=2)
 
     def close(self) -> None:
         for _, handle in self._decoders.values():

@@ -62,6 +62,7 @@ class SourceInfo:
     cameras: tuple[str, ...]
     tasks: tuple[str, ...]
     shards: list[ShardSpec]
+    stats: dict[str, Any]  # the source's meta/stats.json ({} when absent)
 
 
 def table_to_columns(table: pa.Table, features: dict[str, dict[str, Any]], where: str) -> dict[str, np.ndarray]:
@@ -160,6 +161,7 @@ class ShardSource:
             cameras=m.cameras,
             tasks=m.tasks,
             shards=[ShardSpec(s.index, s.episodes, self._episode_lengths(s)) for s in m.shards],
+            stats=m.source_stats,
         )
 
     def _shard_path(self, name: str) -> str:
@@ -289,6 +291,7 @@ class RawSource:
             shards=[
                 ShardSpec(p.index, p.episodes, tuple(self.src.episode(e).length for e in p.episodes)) for p in plan
             ],
+            stats=self.src.stats,
         )
 
     def close(self) -> None:
