@@ -391,6 +391,23 @@ def section_fallback(raw: Path) -> dict[str, Any]:
     return result
 
 
+def section_train(conv: Path, work: Path, decode: str, workers: int, timeout_s: float) -> dict[str, Any]:
+    """examples/train.py end to end on this GPU (one process): it runs, and what it reports."""
+    example = Path(__file__).resolve().parents[1] / "examples" / "train.py"
+    cmd = [sys.executable, str(example), str(conv), "--ckpt", str(work / f"ckpt-{decode}.pt"), "--max-steps", "40"]
+    cmd += ["--ckpt-every", "20", "--log-every", "20", "--workers", str(workers), "--decode-device", decode]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    if done.returncode != 0:
+        raise RuntimeError(f"train.py exit {done.returncode}: {done.stderr[-1500:]}")
+    lines = done.stdout.splitlines()
+    return {
+        "workers": workers,
+        "decode": decode,
+        "done": next((x for x in lines if x.startswith("done:")), None),
+        "sha": next((x.split()[1][:16] for x in lines if x.startswith("final-params-sha256")), None),
+    }
+
+
 def table(report: dict[str, Any]) -> str:
     rows = [("section", "status", "s", "figures")]
     for name, entry in report["sections"].items():
@@ -448,6 +465,12 @@ def main() -> None:
         check.run("decode/cpu-0w", lambda: section_decode(conv, "cpu", "nvdec", seconds, 0))
         if cuda:
             check.run("decode/cuda-nvdec-2w", lambda: section_decode(conv, "cuda", "nvdec", seconds, 2), need_s=30)
+            for decode, workers in (("cpu", cpu_workers), ("cuda", 0)):
+                check.run(
+                    f"train/{decode}-decode",
+                    lambda d=decode, w=workers: section_train(conv, Path(tmp), d, w, max(10.0, check.left() - 5)),
+                    need_s=30,
+                )
         check.report["env_summary"] = env
     print(table(check.report))
     print(f"results: {out / 'gpu_check.json'}")

@@ -128,11 +128,12 @@ def main() -> None:
 
     world = int(os.environ.get("WORLD_SIZE", 1))
     distributed = world > 1
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if torch.cuda.is_available() else "cpu"
-    if device != "cpu":
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
+    if cuda:
         torch.cuda.set_device(device)
     if distributed:
-        dist.init_process_group("nccl" if device != "cpu" else "gloo")
+        dist.init_process_group("nccl" if cuda else "gloo")
     rank = dist.get_rank() if distributed else 0
     log = print if rank == 0 else (lambda *a, **k: None)
 
@@ -190,7 +191,9 @@ def main() -> None:
             True,
         )
         log(f"resumed from {ckpt_path} at step {step} (epoch {start_epoch}, batch {consumed})", flush=True)
-    ddp = DistributedDataParallel(model) if distributed and model is not None else model
+    ddp = model
+    if distributed and model is not None:
+        ddp = DistributedDataParallel(model, device_ids=[device.index] if cuda else None)
 
     def checkpoint() -> None:
         rngs: list[Any] = [None] * world
