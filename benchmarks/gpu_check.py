@@ -31,7 +31,7 @@ import tempfile
 import time
 import traceback
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -272,6 +272,7 @@ def section_vram(conv: Path, backend: str, quick: bool) -> dict[str, Any]:
     clips = [source.read_episode(s.index, s.episodes[0]).clips[CAM] for s in ds.shards]
     source.close()
     torch.cuda.synchronize()
+    torch.cuda.empty_cache()  # count the decoders, not blocks cached by the allocator
     free0 = torch.cuda.mem_get_info()[0]
     decoders = []
     for clip in clips:
@@ -281,9 +282,11 @@ def section_vram(conv: Path, backend: str, quick: bool) -> dict[str, Any]:
         d.get_frames_at([0, 1])
         decoders.append(d)
     torch.cuda.synchronize()
+    torch.cuda.empty_cache()
     free1 = torch.cuda.mem_get_info()[0]
     per_decoder = (free0 - free1) / len(decoders) / 2**20
     del decoders
+    torch.cuda.empty_cache()
     result = {"decoders": len(clips), "mib_per_decoder": round(per_decoder, 1)}
     # A spawned worker that decodes on CUDA also holds its own CUDA context.
     workers = 2
@@ -344,27 +347,32 @@ def section_feeder(conv: Path, seconds: float, workers: int, quick: bool) -> dic
 
         return it
 
+    def synced(batches: Iterable[Any]) -> Iterator[Any]:
+        """Each batch counts once it is on the device (the feeder's copies are asynchronous)."""
+        for b in batches:
+            if device != "cpu":
+                torch.cuda.current_stream().synchronize()
+            yield b
+
     feed_loader = loader(torch.uint8)
     feeder = DeviceFeeder(feed_loader, device, prefetch=4)
-    fed = _timed(epochs(lambda: feeder, feed_loader), seconds, count, skip=max(1, workers))
+    fed = _timed(epochs(lambda: synced(feeder), feed_loader), seconds, count, skip=max(1, workers))
     result["feeder_samples_per_s"] = fed["per_s"]
     result["feeder_wait"] = feeder.stats()
 
     float_loader = loader(torch.float32)
 
-    def moved() -> Iterable[Any]:
+    def moved() -> Iterator[Any]:
         for b in float_loader:
-            yield {k: v.to(device, non_blocking=False) if isinstance(v, torch.Tensor) else v for k, v in b.items()}
-            if device != "cpu":
-                torch.cuda.synchronize()
+            yield {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in b.items()}
 
-    plain = _timed(epochs(moved, float_loader), seconds, count, skip=max(1, workers))
+    plain = _timed(epochs(lambda: synced(moved()), float_loader), seconds, count, skip=max(1, workers))
     result["float32_loader_to_device_samples_per_s"] = plain["per_s"]
     result["ratio"] = round(fed["per_s"] / plain["per_s"], 2) if plain["per_s"] else None
     if device != "cpu":
         gpu_loader = loader(torch.uint8, decode="cuda", num_workers=0)
         gpu_feeder = DeviceFeeder(gpu_loader, device, prefetch=4)
-        gpu = _timed(epochs(lambda: gpu_feeder, gpu_loader), seconds, count)
+        gpu = _timed(epochs(lambda: synced(gpu_feeder), gpu_loader), seconds, count)
         result["feeder_gpu_decode_in_thread_samples_per_s"] = gpu["per_s"]
     return result
 
