@@ -14,6 +14,7 @@ import pytest
 import webdataset as wds
 
 from convert_helpers import assert_frame_identity, load, member_bytes, reencode_continuous, run_cli
+from lerobot_shards.convert.plan import ConvertOptions
 from lerobot_shards.convert.run import convert_dataset
 from lerobot_shards.convert.verify import verify_dataset
 from lerobot_shards.format import SHARDS_DIR, EpisodeHeader, clip_member, header_member, table_member
@@ -41,7 +42,7 @@ SHAPES = {
 def test_converts_synthetic_shapes(synth_factory, tmp_path: Path, shape: str) -> None:
     root = synth_factory(**SHAPES[shape])
     source = LeRobotV3Source(str(root))
-    manifest = convert_dataset(root, tmp_path / "out", episodes_per_shard=2, progress=False)
+    manifest = convert_dataset(root, tmp_path / "out", ConvertOptions(episodes_per_shard=2), progress=False)
     out = tmp_path / "out"
 
     assert manifest.total_episodes == len(source.episodes) and manifest.total_frames == source.total_frames
@@ -120,7 +121,7 @@ def test_real_fixture_every_frame(fixture_root: Path, tmp_path: Path) -> None:
 
 def test_plain_webdataset_reads_one_sample_per_episode(synth_factory, tmp_path: Path) -> None:
     root = synth_factory(**SHAPES["jitter-multi-file"])
-    manifest = convert_dataset(root, tmp_path / "out", episodes_per_shard=2, progress=False)
+    manifest = convert_dataset(root, tmp_path / "out", ConvertOptions(episodes_per_shard=2), progress=False)
     urls = [str(tmp_path / "out" / SHARDS_DIR / s.name) for s in manifest.shards]
     samples = list(wds.WebDataset(urls, shardshuffle=False, empty_check=False))
     assert [s["__key__"] for s in samples] == [f"e{e:06d}" for e in range(5)]
@@ -188,9 +189,9 @@ def test_shard_size_and_shuffle_plan(synth_factory, tmp_path: Path) -> None:
     root = synth_factory(num_episodes=8, cameras=("cam",), length_range=(10, 10))
     source = LeRobotV3Source(str(root))
     per_episode = source.episode_sizes()[0].est_bytes
-    a = convert_dataset(root, tmp_path / "a", shard_size=3 * per_episode, progress=False)
+    a = convert_dataset(root, tmp_path / "a", ConvertOptions(shard_bytes=3 * per_episode), progress=False)
     assert [len(s.episodes) for s in a.shards] == [3, 3, 2]  # the last holds 2 (at least half the target)
-    b = convert_dataset(root, tmp_path / "b", episodes_per_shard=3, shuffle_seed=7, progress=False)
+    b = convert_dataset(root, tmp_path / "b", ConvertOptions(episodes_per_shard=3, shuffle_seed=7), progress=False)
     order = [e for s in b.shards for e in s.episodes]
     assert sorted(order) == list(range(8)) and order != sorted(order)
     _, sidecars = load(tmp_path / "b")

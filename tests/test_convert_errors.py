@@ -10,6 +10,7 @@ import av
 import pytest
 
 from convert_helpers import edit_episodes, load, run_cli, set_column
+from lerobot_shards.convert.plan import ConvertOptions
 from lerobot_shards.convert.run import ConvertError, convert_dataset
 from lerobot_shards.convert.verify import verify_dataset
 from lerobot_shards.lerobot_v3 import SourceError
@@ -108,7 +109,7 @@ def test_skip_bad_episodes_converts_the_rest_and_records_reasons(src: Path, tmp_
 
 def test_skip_bad_episodes_skips_episodes_whose_files_are_missing(src: Path, tmp_path: Path) -> None:
     (src / "data/chunk-000/file-001.parquet").unlink()
-    manifest = _convert(src, tmp_path, episodes_per_shard=2, skip_bad_episodes=True)
+    manifest = _convert(src, tmp_path, options=ConvertOptions(episodes_per_shard=2), skip_bad_episodes=True)
     assert [s.episodes for s in manifest.shards] == [(0, 1)]
     assert sorted(manifest.skipped_episodes) == [2, 3]
     assert "data/chunk-000/file-001.parquet: file not found (needed by episode 2)" in manifest.skipped_episodes[2]

@@ -16,6 +16,7 @@ import psutil
 import pytest
 
 from convert_helpers import CLI, output_files, run_cli
+from lerobot_shards.convert.plan import ConvertOptions
 from lerobot_shards.convert.run import convert_dataset
 from lerobot_shards.convert.verify import verify_dataset
 from lerobot_shards.errors import explain, redact, register_secrets
@@ -185,7 +186,7 @@ def test_second_converter_into_the_same_destination_is_refused(synth_factory, tm
     assert f"{out}: another conversion is writing shards 0..23 here right now" in line and "re-run" in line
     assert first.wait(timeout=120) == 0, first.stderr.read()
     assert verify_dataset(out, root).ok
-    convert_dataset(root, tmp_path / "ref", episodes_per_shard=1, progress=False)
+    convert_dataset(root, tmp_path / "ref", ConvertOptions(episodes_per_shard=1), progress=False)
     assert output_files(out) == output_files(tmp_path / "ref")
 
     array = tmp_path / "array"

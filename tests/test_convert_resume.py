@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from convert_helpers import CLI, output_files, run_cli
+from lerobot_shards.convert.plan import ConvertOptions
 from lerobot_shards.convert.run import ConvertError, convert_dataset
 from lerobot_shards.format import MANIFEST_NAME, SHARDS_DIR
 
@@ -28,7 +29,7 @@ def source(synth_factory) -> Path:
 
 
 def test_byte_identical_across_runs_workers_and_tasks(source: Path, tmp_path: Path) -> None:
-    kw = dict(episodes_per_shard=2, progress=False)
+    kw = dict(options=ConvertOptions(episodes_per_shard=2), progress=False)
     convert_dataset(source, tmp_path / "one", **kw)
     reference = output_files(tmp_path / "one")
     assert len([p for p in reference if p.endswith(".tar")]) == 3
@@ -46,7 +47,10 @@ def test_byte_identical_across_runs_workers_and_tasks(source: Path, tmp_path: Pa
 
 def test_finalize_names_missing_shards(source: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    assert convert_dataset(source, out, episodes_per_shard=2, num_tasks=3, task_index=1, progress=False) is None
+    assert (
+        convert_dataset(source, out, ConvertOptions(episodes_per_shard=2), num_tasks=3, task_index=1, progress=False)
+        is None
+    )
     assert not (out / MANIFEST_NAME).exists()
     assert sorted(os.listdir(out / SHARDS_DIR)) == ["shard-000001.idx.json", "shard-000001.tar"]
     result = run_cli("convert", source, out, "--episodes-per-shard", "2", "--finalize")
@@ -54,10 +58,10 @@ def test_finalize_names_missing_shards(source: Path, tmp_path: Path) -> None:
     assert "2 of 3 shards are missing" in result.stderr
     assert "shard-000000.tar (no tar)" in result.stderr and "shard-000002.tar (no tar)" in result.stderr
     for task in (0, 2):
-        convert_dataset(source, out, episodes_per_shard=2, num_tasks=3, task_index=task, progress=False)
+        convert_dataset(source, out, ConvertOptions(episodes_per_shard=2), num_tasks=3, task_index=task, progress=False)
     (out / MANIFEST_NAME).unlink()  # the last task wrote it; --finalize must rebuild the same one
-    assert convert_dataset(source, out, episodes_per_shard=2, finalize_only=True) is not None
-    convert_dataset(source, tmp_path / "ref", episodes_per_shard=2, progress=False)
+    assert convert_dataset(source, out, ConvertOptions(episodes_per_shard=2), finalize_only=True) is not None
+    convert_dataset(source, tmp_path / "ref", ConvertOptions(episodes_per_shard=2), progress=False)
     assert output_files(out) == output_files(tmp_path / "ref")
 
 
@@ -90,13 +94,13 @@ def test_resume_after_kill(synth_factory, tmp_path: Path) -> None:
     result = run_cli("-v", "convert", root, out, *args[1:])
     assert result.returncode == 0, result.stderr
     assert "already complete" in result.stderr and "resuming" in result.stderr
-    convert_dataset(root, tmp_path / "clean", episodes_per_shard=1, progress=False)
+    convert_dataset(root, tmp_path / "clean", ConvertOptions(episodes_per_shard=1), progress=False)
     assert output_files(out) == output_files(tmp_path / "clean")
 
 
 def test_resume_rebuilds_only_damaged_shards(source: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    convert_dataset(source, out, episodes_per_shard=2, progress=False)
+    convert_dataset(source, out, ConvertOptions(episodes_per_shard=2), progress=False)
     reference = output_files(out)
     shards = out / SHARDS_DIR
     inode = {p.name: p.stat().st_ino for p in shards.iterdir()}
@@ -106,7 +110,7 @@ def test_resume_rebuilds_only_damaged_shards(source: Path, tmp_path: Path) -> No
     (shards / "shard-000002.idx.json").unlink()
     (out / MANIFEST_NAME).unlink()
 
-    convert_dataset(source, out, episodes_per_shard=2, progress=False)
+    convert_dataset(source, out, ConvertOptions(episodes_per_shard=2), progress=False)
     assert output_files(out) == reference
     assert (shards / "shard-000000.tar").stat().st_ino == inode["shard-000000.tar"]  # kept, not rewritten
     assert (shards / "shard-000001.tar").stat().st_ino != inode["shard-000001.tar"]
@@ -127,12 +131,12 @@ def test_refuses_foreign_destination_unless_overwrite(source: Path, tmp_path: Pa
 
 def test_refuses_other_settings_unless_overwrite(source: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    convert_dataset(source, out, episodes_per_shard=2, progress=False)
+    convert_dataset(source, out, ConvertOptions(episodes_per_shard=2), progress=False)
     with pytest.raises(ConvertError, match=r"other settings \(differs in: options, plan_sha256\)"):
-        convert_dataset(source, out, episodes_per_shard=3, progress=False)
+        convert_dataset(source, out, ConvertOptions(episodes_per_shard=3), progress=False)
     assert len(list((out / SHARDS_DIR).glob("*.tar"))) == 3
-    convert_dataset(source, out, episodes_per_shard=3, overwrite=True, progress=False)
-    convert_dataset(source, tmp_path / "ref", episodes_per_shard=3, progress=False)
+    convert_dataset(source, out, ConvertOptions(episodes_per_shard=3), overwrite=True, progress=False)
+    convert_dataset(source, tmp_path / "ref", ConvertOptions(episodes_per_shard=3), progress=False)
     assert output_files(out) == output_files(tmp_path / "ref")
 
 
@@ -158,5 +162,5 @@ def test_slurm_array_script(source: Path, tmp_path: Path) -> None:
         )
         assert result.returncode == 0, result.stderr
         assert f"task {task_id - 1} of 2" in result.stdout
-    convert_dataset(source, tmp_path / "one", episodes_per_shard=2, progress=False)
+    convert_dataset(source, tmp_path / "one", ConvertOptions(episodes_per_shard=2), progress=False)
     assert output_files(tmp_path / "array") == output_files(tmp_path / "one")

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from convert_helpers import output_files, run_cli
+from lerobot_shards.convert.plan import ConvertOptions
 from lerobot_shards.convert.run import convert_dataset
 from lerobot_shards.convert.verify import verify_dataset
 
@@ -15,7 +16,7 @@ def test_convert_to_bucket_and_verify_there(s3_server, small_synth: Path, tmp_pa
     fs.mkdir("convert-out")
     opts = s3_server.storage_options
     manifest = convert_dataset(
-        small_synth, "s3://convert-out/ds", episodes_per_shard=2, dest_options=opts, progress=False
+        small_synth, "s3://convert-out/ds", ConvertOptions(episodes_per_shard=2), dest_options=opts, progress=False
     )
     assert [s.episodes for s in manifest.shards] == [(0, 1), (2, 3)]
     keys = sorted(p.split("/", 2)[2] for p in fs.find("convert-out/ds"))
@@ -28,7 +29,7 @@ def test_convert_to_bucket_and_verify_there(s3_server, small_synth: Path, tmp_pa
         "shards/shard-000001.tar",
     ]  # no temporary objects
 
-    convert_dataset(small_synth, tmp_path / "local", episodes_per_shard=2, progress=False)
+    convert_dataset(small_synth, tmp_path / "local", ConvertOptions(episodes_per_shard=2), progress=False)
     local = output_files(tmp_path / "local")
     for key in keys:
         assert fs.cat_file(f"convert-out/ds/{key}") == local[key], key
@@ -40,7 +41,9 @@ def test_convert_to_bucket_and_verify_there(s3_server, small_synth: Path, tmp_pa
 
     # a re-run finds its own complete output and keeps it
     before = {k: fs.info(f"convert-out/ds/{k}")["ETag"] for k in keys if k.endswith(".tar")}
-    convert_dataset(small_synth, "s3://convert-out/ds", episodes_per_shard=2, dest_options=opts, progress=False)
+    convert_dataset(
+        small_synth, "s3://convert-out/ds", ConvertOptions(episodes_per_shard=2), dest_options=opts, progress=False
+    )
     fs.invalidate_cache()
     assert {k: fs.info(f"convert-out/ds/{k}")["ETag"] for k in before} == before
 
@@ -52,11 +55,11 @@ def test_convert_from_bucket(s3_server, small_synth: Path, tmp_path: Path) -> No
     convert_dataset(
         "s3://convert-src/ds",
         tmp_path / "from-s3",
-        episodes_per_shard=2,
+        ConvertOptions(episodes_per_shard=2),
         source_options=s3_server.storage_options,
         progress=False,
     )
-    convert_dataset(small_synth, tmp_path / "from-disk", episodes_per_shard=2, progress=False)
+    convert_dataset(small_synth, tmp_path / "from-disk", ConvertOptions(episodes_per_shard=2), progress=False)
     a, b = output_files(tmp_path / "from-s3"), output_files(tmp_path / "from-disk")
     shards = [k for k in b if k.startswith("shards/")]
     assert len(shards) == 4 and {k: a[k] for k in shards} == {k: b[k] for k in shards}

@@ -15,6 +15,7 @@ import pytest
 from convert_helpers import run_cli
 from lerobot_shards.convert.destination import Destination
 from lerobot_shards.convert.inspect import inspect_path
+from lerobot_shards.convert.plan import ConvertOptions
 from lerobot_shards.convert.run import convert_dataset
 from lerobot_shards.convert.verify import verify_dataset
 from lerobot_shards.format import MANIFEST_NAME, SHARDS_DIR, FormatError
@@ -38,7 +39,7 @@ ATTACKS = {
 @pytest.fixture(scope="module")
 def clean(tmp_path_factory, small_synth: Path) -> Path:
     out = tmp_path_factory.mktemp("hostile") / "out"
-    convert_dataset(small_synth, out, episodes_per_shard=2, progress=False)
+    convert_dataset(small_synth, out, ConvertOptions(episodes_per_shard=2), progress=False)
     return out
 
 

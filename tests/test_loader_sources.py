@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
+from lerobot_shards.convert.plan import ConvertOptions
 from lerobot_shards.convert.run import convert_dataset
 from lerobot_shards.format import Manifest
 from lerobot_shards.loader import EpisodePoolDataset
@@ -32,7 +33,7 @@ def pair(tmp_path_factory) -> tuple[Path, Path]:
         codec="av1",
         seed=8,
     )
-    convert_dataset(raw, base / "converted", episodes_per_shard=2, progress=False)
+    convert_dataset(raw, base / "converted", ConvertOptions(episodes_per_shard=2), progress=False)
     return raw, base / "converted"
 
 
@@ -66,7 +67,7 @@ def test_raw_and_converted_sources_give_identical_samples(pair) -> None:
 
 
 def test_fixture_end_to_end(fixture_root: Path, tmp_path: Path) -> None:
-    convert_dataset(fixture_root, tmp_path / "out", episodes_per_shard=1, progress=False)
+    convert_dataset(fixture_root, tmp_path / "out", ConvertOptions(episodes_per_shard=1), progress=False)
     ds = EpisodePoolDataset(
         str(tmp_path / "out"),
         delta_timestamps={"observation.images.top": [-2 / 30, 0.0, 2 / 30]},

@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 from lerobot_shards import video
-from lerobot_shards.convert import shard_writer
+from lerobot_shards.convert import tar_sink
 from lerobot_shards.convert.plan import ConvertOptions
-from lerobot_shards.convert.shard_writer import ConvertError, FileRanges, _cut_ranges, _TarSink, build_shard
+from lerobot_shards.convert.shard_writer import ConvertError, _cut_ranges, build_shard
+from lerobot_shards.convert.tar_sink import FileRanges, TarSink
 from lerobot_shards.lerobot_v3 import LeRobotV3Source
 from lerobot_shards.mp4cut import Mp4File
 from lerobot_shards.shard_plan import PlannedShard
@@ -70,7 +71,7 @@ def _plain(members: list[tuple[str, bytes | FileRanges]]) -> list[tuple[str, byt
 
 
 def _write(members: list[tuple[str, bytes | FileRanges]], out) -> tuple[dict, str, int]:  # type: ignore[no-untyped-def]
-    sink = _TarSink(out)
+    sink = TarSink(out)
     try:
         placed = {name: sink.add(name, payload) for name, payload in members}
         digest = sink.finish()
@@ -139,8 +140,8 @@ def test_kernel_copy_fallbacks(
 
 
 def test_small_hash_backlog(source_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(shard_writer, "HASH_BACKLOG", 1000)
-    monkeypatch.setattr(shard_writer, "SMALL_WRITE", 100)
+    monkeypatch.setattr(tar_sink, "HASH_BACKLOG", 1000)
+    monkeypatch.setattr(tar_sink, "SMALL_WRITE", 100)
     members = _members(source_file)
     out = tmp_path / "shard.tar"
     with open(out, "wb") as f:

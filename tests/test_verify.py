@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from convert_helpers import reencode_continuous, run_cli
+from lerobot_shards.convert.plan import ConvertOptions
 from lerobot_shards.convert.run import convert_dataset
 from lerobot_shards.convert.verify import verify_dataset
 from lerobot_shards.format import MANIFEST_NAME, SHARDS_DIR
@@ -21,7 +22,7 @@ from lerobot_shards.format import MANIFEST_NAME, SHARDS_DIR
 @pytest.fixture
 def converted(small_synth: Path, tmp_path: Path) -> Path:
     out = tmp_path / "out"
-    convert_dataset(small_synth, out, episodes_per_shard=2, progress=False)
+    convert_dataset(small_synth, out, ConvertOptions(episodes_per_shard=2), progress=False)
     return out
 
 

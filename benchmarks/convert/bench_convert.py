@@ -103,11 +103,16 @@ def run_child(source: Path, dest: Path, workers: int, reencode: str | None, shar
 
 
 def child(source: str, dest: str, workers: str, reencode: str, shard_size: str) -> None:
+    from lerobot_shards.convert.plan import ConvertOptions, parse_size
     from lerobot_shards.convert.run import convert_dataset
 
     start = time.perf_counter()
     convert_dataset(
-        source, dest, workers=int(workers), reencode=reencode or None, shard_size=shard_size, progress=False
+        source,
+        dest,
+        ConvertOptions(reencode=reencode or None, shard_bytes=parse_size(shard_size)),
+        workers=int(workers),
+        progress=False,
     )
     os.sync()
     print(json.dumps({"seconds": time.perf_counter() - start}))

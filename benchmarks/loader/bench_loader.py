@@ -854,6 +854,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     import torchcodec
 
+    from lerobot_shards.convert.plan import ConvertOptions
     from lerobot_shards.convert.run import convert_dataset
 
     started = time.time()
@@ -945,7 +946,9 @@ def main(argv: list[str] | None = None) -> int:
         converted = work / "converted"
         t = time.perf_counter()
         if not (converted / "manifest.json").exists():
-            manifest = convert_dataset(str(dataset), str(converted), episodes_per_shard=eps, workers=1, progress=False)
+            manifest = convert_dataset(
+                str(dataset), str(converted), ConvertOptions(episodes_per_shard=eps), workers=1, progress=False
+            )
         else:
             from lerobot_shards.format import Manifest
 

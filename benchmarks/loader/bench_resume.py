@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader
 
+from lerobot_shards.convert.plan import ConvertOptions
 from lerobot_shards.convert.run import convert_dataset
 from lerobot_shards.loader import EpisodePoolDataset
 from lerobot_shards.synth import synth_dataset
@@ -54,7 +55,7 @@ def main() -> None:
                 episodes_per_data_file=6,
             )
         )
-        convert_dataset(source, Path(tmp) / "out", episodes_per_shard=2, progress=False)
+        convert_dataset(source, Path(tmp) / "out", ConvertOptions(episodes_per_shard=2), progress=False)
 
         def dataset() -> EpisodePoolDataset:
             return EpisodePoolDataset(

@@ -6,6 +6,10 @@ import logging
 
 import click
 
+from .convert.plan import DEFAULT_CRF, DEFAULT_GOP
+from .format import CODECS
+from .shard_plan import DEFAULT_SHARD_BYTES
+
 log = logging.getLogger("lerobot_shards.cli")
 
 
@@ -63,7 +67,7 @@ def _locations(*urls: str | None) -> None:
 @click.option("--height", default=64, show_default=True)
 @click.option("--width", default=160, show_default=True)
 @click.option("--fps", default=30, show_default=True)
-@click.option("--codec", type=click.Choice(["h264", "hevc", "av1"]), default="h264", show_default=True)
+@click.option("--codec", type=click.Choice(list(CODECS)), default="h264", show_default=True)
 @click.option("--gop", default=2, show_default=True, help="Keyframe interval in frames.")
 @click.option("--crf", default=30, show_default=True)
 @click.option("--episodes-per-video-file", default=2, show_default=True)
@@ -165,7 +169,11 @@ _STORAGE_OPTIONS = click.option(
 @main.command()
 @click.argument("source")
 @click.argument("dest")
-@click.option("--shard-size", metavar="SIZE", help="Target shard size, e.g. 256MB or 1GB.  [default: 512MB]")
+@click.option(
+    "--shard-size",
+    metavar="SIZE",
+    help=f"Target shard size, e.g. 256MB or 1GB.  [default: {DEFAULT_SHARD_BYTES // 2**20}MB]",
+)
 @click.option("--episodes-per-shard", type=click.IntRange(min=1), help="Fixed number of episodes per shard instead.")
 @click.option(
     "--shuffle-episodes",
@@ -176,20 +184,20 @@ _STORAGE_OPTIONS = click.option(
 )
 @click.option(
     "--reencode",
-    type=click.Choice(["h264", "hevc", "av1"]),
+    type=click.Choice(list(CODECS)),
     help="Re-encode every clip (no B-frames, no scene-cut keyframes); default: stream copy.",
 )
 @click.option(
     "--gop",
     type=click.IntRange(min=1),
-    default=2,
+    default=DEFAULT_GOP,
     show_default=True,
     help="Keyframe interval of re-encoded clips (2: ~1.5 decoded frames per random access).",
 )
 @click.option(
     "--crf",
     type=click.IntRange(min=0, max=63),
-    help="Quality of re-encoded clips.  [default: h264 18, hevc 20, av1 30]",
+    help=f"Quality of re-encoded clips.  [default: {', '.join(f'{c} {q}' for c, q in DEFAULT_CRF.items())}]",
 )
 @click.option(
     "--workers",
@@ -239,24 +247,29 @@ def convert(
 
     Re-running the same command resumes: complete shards whose checksums match are kept.
     """
+    from .convert.plan import ConvertOptions, parse_size
     from .convert.run import ConvertError, convert_dataset
     from .format import FormatError
     from .lerobot_v3 import SourceError
 
-    if shard_size is not None and episodes_per_shard is not None:
-        raise click.UsageError("give --shard-size or --episodes-per-shard, not both")
     _locations(source, dest)
     options = _storage_options(storage_options)
     try:
-        manifest = convert_dataset(
-            source,
-            dest,
-            shard_size=shard_size,
+        convert_options = ConvertOptions(
+            shard_bytes=None if shard_size is None else parse_size(shard_size),
             episodes_per_shard=episodes_per_shard,
             shuffle_seed=shuffle_seed,
             reencode=reencode,
             gop=gop,
             crf=crf,
+        )
+    except ValueError as e:  # e.g. both a shard size and an episode count
+        raise click.UsageError(str(e)) from None
+    try:
+        manifest = convert_dataset(
+            source,
+            dest,
+            convert_options,
             workers=workers,
             num_tasks=num_tasks,
             task_index=task_index,

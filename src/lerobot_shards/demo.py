@@ -44,6 +44,7 @@ def run_demo(
     progress: bool = True,
 ) -> DemoResult:
     """Make (or reuse) the default dataset under ``out``, convert it, and stream batches from it."""
+    from .convert.plan import ConvertOptions
     from .convert.run import convert_dataset
 
     out = Path(out)
@@ -61,7 +62,9 @@ def run_demo(
             seed=0,
         )
     converted = out / "converted"
-    manifest = convert_dataset(source, converted, episodes_per_shard=2, workers=num_workers, progress=progress)
+    manifest = convert_dataset(
+        source, converted, ConvertOptions(episodes_per_shard=2), workers=num_workers, progress=progress
+    )
     if manifest is None:
         raise RuntimeError(f"{converted}: conversion did not finish")
     fps = manifest.fps

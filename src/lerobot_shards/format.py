@@ -37,6 +37,10 @@ MANIFEST_NAME = "manifest.json"
 SHARDS_DIR = "shards"
 TMP_SUFFIX = ".tmp"
 
+# Codecs a converted dataset's re-encoded clips may use, each with the FFmpeg encoder that writes it.
+# The one list: the converter's options, the CLI's choices, the synthesizer and the encoder read it.
+CODECS = {"h264": "libx264", "hevc": "libx265", "av1": "libsvtav1"}
+
 
 class FormatError(ValueError):
     """A converted dataset does not match the format this version reads."""

@@ -23,8 +23,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .format import TMP_SUFFIX
-from .video import CODECS, concat_clips, encode_video
+from .format import CODECS, TMP_SUFFIX
+from .video import concat_clips, encode_video
 
 FIXTURE_BITS = (10, 6)  # (frame_bits, episode_bits) of the real so101_record_test fixture
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, BinaryIO, Union
 import av
 import numpy as np
 
-from .format import ClipInfo, FrameEntry
+from .format import CODECS, ClipInfo, FrameEntry
 from .mp4cut import Mp4CutUnsupported, Mp4File, Mp4Layout, Mp4Track
 
 if TYPE_CHECKING:  # torch costs 1-2 s and ~180 MB per process: only decode_frames imports it
@@ -30,7 +30,6 @@ log = logging.getLogger(__name__)
 
 Source = Union[str, "os.PathLike[str]", bytes, bytearray, memoryview, BinaryIO]
 
-CODECS = {"h264": "libx264", "hevc": "libx265", "av1": "libsvtav1"}
 TICKS_PER_FRAME = 512  # stream time base 1/(fps*512), as LeRobot's mp4s have (1/15360 at 30 fps)
 _MUXER_OPTIONS = {"use_editlist": "0"}
 

@@ -1,7 +1,8 @@
 """The converter: LeRobot v3.0 -> episode-aligned tar shards with sidecars and a manifest.
 
-``plan`` (options, shard plan, task shares; pure), ``shard_writer`` (one deterministic tar),
-``destination`` (atomic writes to disk or fsspec), ``run`` (resume, workers, tasks, manifest),
+``plan`` (options, shard plan, task shares; pure), ``shard_writer`` (one deterministic tar)
+over ``tar_sink`` (tar bytes, hashed as written), ``destination`` (atomic writes to disk or
+fsspec), ``shard_status`` (is a shard complete?), ``run`` (resume, workers, tasks, manifest),
 ``verify`` and ``inspect``. The public names below load on first use, so ``inspect`` does not
 pay for the video stack's imports.
 """
@@ -10,7 +11,8 @@ from importlib import import_module
 from typing import Any
 
 _PUBLIC = {
-    "ConvertError": "shard_writer",
+    "ConvertError": "errors",
+    "ConvertOptions": "plan",
     "VerifyReport": "verify",
     "convert_dataset": "run",
     "inspect_path": "inspect",

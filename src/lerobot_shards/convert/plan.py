@@ -2,6 +2,8 @@
 
 Pure: everything here follows from the source metadata and the options, so every process,
 task and re-run computes the same plan and can tell its own output from foreign content.
+The options' defaults and choices live here (and in ``format.CODECS``, ``shard_plan``) once:
+the CLI reads them from this module, which is why it imports nothing heavy.
 """
 
 from __future__ import annotations
@@ -10,12 +12,14 @@ import hashlib
 import json
 import re
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..lerobot_v3 import LeRobotV3Source
-from ..shard_plan import DEFAULT_SHARD_BYTES, PlannedShard, plan_shards
+from ..format import CODECS
+from ..shard_plan import PlannedShard, plan_shards, shard_target
 
-CODECS = ("h264", "hevc", "av1")
+if TYPE_CHECKING:
+    from ..lerobot_v3 import LeRobotV3Source
+
 # g=2 as LeRobot itself encodes: a random frame costs ~1.5 decoded frames, which is what
 # training with random (episode, frame, delta) access needs; sequential readers lose little.
 DEFAULT_GOP = 2
@@ -43,9 +47,13 @@ def parse_size(text: str | int) -> int:
 
 @dataclass(frozen=True)
 class ConvertOptions:
-    """Options that decide the output bytes; ``convert.json`` and the manifest record them."""
+    """Options that decide the output bytes; ``convert.json`` and the manifest record them.
 
-    shard_bytes: int | None = DEFAULT_SHARD_BYTES
+    The shard target is a byte size or an episode count (``shard_plan.shard_target``): with
+    neither given, ``shard_bytes`` becomes the default size, so the record names it.
+    """
+
+    shard_bytes: int | None = None
     episodes_per_shard: int | None = None
     shuffle_seed: int | None = None
     reencode: str | None = None  # None: stream copy, re-encoding only episodes off a keyframe
@@ -53,8 +61,8 @@ class ConvertOptions:
     crf: int | None = None  # None: DEFAULT_CRF of the codec
 
     def __post_init__(self) -> None:
-        if self.episodes_per_shard is not None and self.shard_bytes is not None:
-            raise ValueError("give a shard size or a number of episodes per shard, not both")
+        shard_bytes, _ = shard_target(self.shard_bytes, self.episodes_per_shard)
+        object.__setattr__(self, "shard_bytes", shard_bytes)
         if self.reencode is not None and self.reencode not in CODECS:
             raise ValueError(f"reencode must be one of {', '.join(CODECS)}, got {self.reencode!r}")
         if self.gop < 1:
@@ -67,9 +75,11 @@ class ConvertOptions:
 
     @property
     def effective_crf(self) -> int:
+        """CRF of re-encoded clips: the one given, else the codec's default."""
         return self.crf if self.crf is not None else DEFAULT_CRF[self.codec]
 
     def video_settings(self) -> dict[str, Any]:
+        """The manifest's ``video`` entry: how clips were produced."""
         return {
             "mode": "reencode" if self.reencode else "copy",
             "codec": self.codec,
@@ -79,10 +89,12 @@ class ConvertOptions:
         }
 
     def to_dict(self) -> dict[str, Any]:
+        """Every option, for ``convert.json`` and the manifest's converter record."""
         return asdict(self)
 
 
 def make_plan(source: LeRobotV3Source, options: ConvertOptions) -> list[PlannedShard]:
+    """The conversion's shard plan: the source's episodes grouped by the options' shard target."""
     return plan_shards(
         source.episode_sizes(),
         target_bytes=options.shard_bytes,

@@ -2,8 +2,8 @@
 
 Order of writes: ``convert.json`` (the run's options) first, then per shard its tar and then
 its sidecar, the manifest last once every shard of the plan has a sidecar. A shard counts as
-done only when its sidecar exists, names the planned episodes and matches the tar's sha256,
-so a re-run after a kill rebuilds exactly the shards that are not complete.
+done only when its sidecar exists, names the planned episodes and matches the tar's sha256
+(``shard_status``), so a re-run after a kill rebuilds exactly the shards that are not complete.
 """
 
 from __future__ import annotations
@@ -28,12 +28,14 @@ from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from .. import __version__
-from ..format import MANIFEST_NAME, SHARDS_DIR, FormatError, Manifest, ShardRecord, Sidecar, shard_name, sidecar_name
+from ..format import MANIFEST_NAME, SHARDS_DIR, Manifest, ShardRecord, Sidecar, shard_name, sidecar_name
 from ..lerobot_v3 import LeRobotV3Source
 from ..shard_plan import PlannedShard
 from .destination import LOCK_NAME, RUN_RECORD, Destination, DestinationBusy
-from .plan import DEFAULT_GOP, ConvertOptions, make_plan, parse_size, plan_digest, task_share
-from .shard_writer import ConvertError, EpisodeCallback, build_shard
+from .errors import ConvertError
+from .plan import ConvertOptions, make_plan, plan_digest, task_share
+from .shard_status import shard_status
+from .shard_writer import EpisodeCallback, build_shard
 
 log = logging.getLogger(__name__)
 
@@ -97,20 +99,12 @@ def _claim(dest: Destination, record: dict[str, Any], *, clear: bool) -> None:
 
 
 def _shard_done(dest: Destination, shard: PlannedShard, present: set[str], *, skip_bad_episodes: bool) -> bool:
-    tar, side = shard_name(shard.index), sidecar_name(shard.index)
-    if tar not in present or side not in present:
+    """Resume keeps a shard that is complete (its sha256 checked) and holds the planned episodes."""
+    status = shard_status(dest, shard_name(shard.index), sidecar_name(shard.index), present=present, check_sha256=True)
+    if not status.complete or status.sidecar is None or not status.holds(shard.episodes):
         return False
-    try:
-        sidecar = Sidecar.from_json(dest.read_bytes(posixpath.join(SHARDS_DIR, side)))
-    except (FormatError, ValueError, KeyError):
-        return False
-    kept = [e for e in shard.episodes if e not in sidecar.skipped]
-    if [e.episode_index for e in sidecar.episodes] != kept or not set(sidecar.skipped) <= set(shard.episodes):
-        return False
-    if sidecar.skipped and not skip_bad_episodes:
-        return False  # without --skip-bad-episodes the bad episode must fail again, not vanish
-    rel = posixpath.join(SHARDS_DIR, tar)
-    return dest.size(rel) == sidecar.size and dest.sha256(rel) == sidecar.sha256
+    # Without --skip-bad-episodes a skipped episode must fail again, not vanish.
+    return skip_bad_episodes or not status.sidecar.skipped
 
 
 def write_shard(
@@ -286,19 +280,17 @@ def finalize(
     missing: list[str] = []
     for shard in plan:
         tar, side = shard_name(shard.index), sidecar_name(shard.index)
-        if tar not in present or side not in present:
-            missing.append(f"{tar} ({'no sidecar' if tar in present else 'no tar'})")
+        status = shard_status(dest, tar, side, present=present)  # no sha256: every shard would be read
+        if status.sidecar is not None and not status.holds(shard.episodes):
+            got = sorted([e.episode_index for e in status.sidecar.episodes] + list(status.sidecar.skipped))
+            raise ConvertError(
+                f"{dest.path(posixpath.join(SHARDS_DIR, side))}: holds episodes {got}, "
+                f"the plan puts {sorted(shard.episodes)} in this shard"
+            )
+        if status.sidecar is None or not status.complete:
+            missing.append(f"{tar} ({status.problem})")
             continue
-        where = dest.path(posixpath.join(SHARDS_DIR, side))
-        sidecar = Sidecar.from_json(dest.read_bytes(posixpath.join(SHARDS_DIR, side)), where=where)
-        got = sorted([e.episode_index for e in sidecar.episodes] + list(sidecar.skipped))
-        if got != sorted(shard.episodes):
-            raise ConvertError(f"{where}: holds episodes {got}, the plan puts {sorted(shard.episodes)} in this shard")
-        size = dest.size(posixpath.join(SHARDS_DIR, tar))
-        if size != sidecar.size:
-            missing.append(f"{tar} ({size} bytes, sidecar says {sidecar.size})")
-            continue
-        sidecars.append(sidecar)
+        sidecars.append(status.sidecar)
     if missing:
         raise ConvertError(
             f"{dest.url}: cannot write {MANIFEST_NAME}, {len(missing)} of {len(plan)} shards are missing or "
@@ -355,13 +347,8 @@ def finalize(
 def convert_dataset(
     source: str | Path,
     dest: str | Path,
+    options: ConvertOptions | None = None,
     *,
-    shard_size: int | str | None = None,
-    episodes_per_shard: int | None = None,
-    shuffle_seed: int | None = None,
-    reencode: str | None = None,
-    gop: int = DEFAULT_GOP,
-    crf: int | None = None,
     workers: int = 1,
     num_tasks: int = 1,
     task_index: int = 0,
@@ -374,19 +361,13 @@ def convert_dataset(
 ) -> Manifest | None:
     """Convert a LeRobot v3.0 dataset at ``source`` into tar shards at ``dest`` (both local or fsspec URLs).
 
-    Re-running resumes. With ``num_tasks`` > 1 each task converts shards ``i % num_tasks == task_index``;
+    ``options`` decide the output bytes (default ``ConvertOptions()``); the keyword arguments
+    decide only how the work is run. Re-running resumes. With ``num_tasks`` > 1 each task converts shards ``i % num_tasks == task_index``;
     the task that completes the plan writes the manifest and returns it, the others return None.
     ``finalize_only`` converts nothing and writes the manifest (or fails naming missing shards).
     """
     source_options, dest_options = source_options or {}, dest_options or {}
-    options = ConvertOptions(
-        shard_bytes=None if episodes_per_shard is not None else parse_size(shard_size or "512MB"),
-        episodes_per_shard=episodes_per_shard,
-        shuffle_seed=shuffle_seed,
-        reencode=reencode,
-        gop=gop,
-        crf=crf,
-    )
+    options = options or ConvertOptions()
     src = LeRobotV3Source(str(source), storage_options=source_options, allow_missing_files=skip_bad_episodes)
     plan = make_plan(src, options)
     share = task_share(plan, num_tasks, task_index)

@@ -5,28 +5,18 @@ tar headers carry no time, owner or permissions of the machine, members come in 
 (``key.json``, ``key.parquet``, then cameras sorted), parquet and JSON are written with fixed
 options. Each episode's members are prepared before any is written, so a bad episode can be
 skipped whole. A stream-copied clip of a local source is prepared as a layout (its new mp4
-header plus byte ranges of the source file) and written file to file with
-``os.copy_file_range`` while a helper thread hashes the same bytes from the page cache; other
-members (rows, header, re-encoded, PyAV-cut or remote clips) are held in memory, so the memory
-high-water mark is at most one episode's in-memory members. Tar headers and end-of-archive
-blocks are written here, byte for byte as ``tarfile`` writes them.
+header plus byte ranges of the source file, ``FileRanges``) that the tar sink (``tar_sink``)
+copies file to file; other members (rows, header, re-encoded, PyAV-cut or remote clips) are
+held in memory, so the memory high-water mark is at most one episode's in-memory members.
 """
 
 from __future__ import annotations
 
-import collections
-import errno
-import hashlib
-import io
 import json
 import logging
-import mmap
 import os
 import posixpath
-import stat
-import tarfile
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, BinaryIO, TypeVar
 
@@ -38,7 +28,6 @@ from ..format import (
     ClipInfo,
     EpisodeEntry,
     EpisodeHeader,
-    Member,
     Sidecar,
     clip_member,
     episode_key,
@@ -50,12 +39,12 @@ from ..lerobot_v3 import EpisodeMeta, LeRobotV3Source, SourceError
 from ..mp4cut import Mp4CutUnsupported
 from ..shard_plan import PlannedShard
 from ..video import ClipError, cut_clip, cut_clip_layout, reencode_clip
+from .errors import ConvertError
 from .plan import ConvertOptions
+from .tar_sink import FileRanges, Payload, TarSink, file_stat, payload_size
 
 log = logging.getLogger(__name__)
 
-TAR_FORMAT = tarfile.PAX_FORMAT  # ustar headers unless a name exceeds 100 characters
-MEMBER_MODE = 0o644
 # Fixed parquet writer options: one row group per episode, zstd, statistics for readers.
 PARQUET_OPTIONS: dict[str, Any] = dict(
     compression="zstd",
@@ -70,53 +59,9 @@ PARQUET_OPTIONS: dict[str, Any] = dict(
 # One encoder thread: x264 with automatic threads gives different bytes on another machine
 # (and under load), which would break byte-identical shards across tasks. --workers parallelises.
 REENCODE_THREADS = 1
-COPY_CHUNK = 16 * 1024 * 1024  # read+write fallback chunk when a range cannot be copied in the kernel
-SMALL_WRITE = 1024 * 1024  # headers, padding and small members are gathered up to this before a write
-HASH_BACKLOG = 64 * 1024 * 1024  # in-memory bytes the hasher may lag behind the writer
-_NO_KERNEL_COPY = {errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.EBADF, errno.EPERM, errno.ENOTSUP}
 
 T = TypeVar("T")
 EpisodeCallback = Callable[[int, int], None]  # (frames, bytes) after each episode
-
-
-class ConvertError(RuntimeError):
-    """An episode cannot be converted; the message names the episode and the file."""
-
-
-@dataclass(frozen=True)
-class FileRanges:
-    """A member's bytes without holding them: ``prefix``, then byte ranges of the local file ``path``.
-
-    ``stat`` (inode, size, mtime) is the file's when the ranges were taken; the writer refuses a
-    file that has changed since.
-    """
-
-    path: str
-    prefix: bytes
-    ranges: tuple[tuple[int, int], ...]
-    stat: tuple[int, int, int]
-
-    @property
-    def size(self) -> int:
-        return len(self.prefix) + sum(n for _, n in self.ranges)
-
-    def read(self) -> bytes:
-        """The member's bytes in memory (tests, and the rare uncached stream-facts probe)."""
-        with open(self.path, "rb") as f:
-            parts = [self.prefix]
-            for offset, n in self.ranges:
-                parts.append(os.pread(f.fileno(), n, offset))
-        data = b"".join(parts)
-        if len(data) != self.size:
-            raise ConvertError(f"{self.path}: file ended before the clip's bytes")
-        return data
-
-
-Payload = bytes | FileRanges
-
-
-def payload_size(payload: Payload) -> int:
-    return payload.size if isinstance(payload, FileRanges) else len(payload)
 
 
 @dataclass(frozen=True)
@@ -128,225 +73,6 @@ class EpisodeMembers:
     length: int
     payloads: tuple[tuple[str, Payload], ...]
     clips: dict[str, ClipInfo]
-
-
-def _file_stat(st: os.stat_result) -> tuple[int, int, int]:
-    return (st.st_ino, st.st_size, st.st_mtime_ns)
-
-
-def _fd_of(out: BinaryIO) -> int | None:
-    """``out``'s file descriptor when it is a regular file the kernel can copy into, else None."""
-    try:
-        fd = out.fileno()
-    except (AttributeError, OSError, io.UnsupportedOperation):
-        return None
-    try:
-        return fd if stat.S_ISREG(os.fstat(fd).st_mode) else None
-    except OSError:
-        return None
-
-
-class _TarSink:
-    """Writes the tar's bytes and hashes and counts them, reading nothing back.
-
-    Small pieces (tar headers, padding, small members) are gathered and written together.
-    Ranges of a local file go file to file: ``os.copy_file_range`` (then ``os.sendfile``, then
-    read+write, where the kernel refuses) while the helper thread hashes the same range through
-    a read-only memory map of the source (page cache, no copy). Hashing runs in order on one
-    helper thread (hashlib releases the GIL); in-memory data waiting for it is bounded by
-    HASH_BACKLOG. When ``out`` has no regular-file descriptor, everything goes through
-    ``out.write`` in chunks.
-    """
-
-    def __init__(self, out: BinaryIO) -> None:
-        self.out = out
-        self.offset = 0  # bytes of the tar so far, gathered ones included
-        self._buf = bytearray()
-        self._sha = hashlib.sha256()
-        self._hasher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sha256")
-        self._pending: collections.deque[tuple[Future[None], int]] = collections.deque()
-        self._held = 0
-        self._sources: dict[str, int] = {}  # open source file descriptors by path
-        self._fd = _fd_of(out)
-        self._copy = "copy_file_range" if hasattr(os, "copy_file_range") else "sendfile"
-        self._base = 0  # where the tar starts in the file
-        self._fadvise = self._fd is not None and hasattr(os, "posix_fadvise")
-        if self._fd is not None:
-            out.flush()  # from here on the descriptor is written directly
-            self._base = os.lseek(self._fd, 0, os.SEEK_CUR)
-
-    # -- hashing --------------------------------------------------------------------------
-
-    def _hash(self, fn: Callable[..., None], *args: Any, held: int = 0) -> None:
-        self._pending.append((self._hasher.submit(fn, *args), held))
-        self._held += held
-        while self._pending and (self._held > HASH_BACKLOG or self._pending[0][0].done()):
-            future, n = self._pending.popleft()
-            future.result()  # re-raises a hashing error
-            self._held -= n
-
-    def _hash_range(self, fd: int, offset: int, size: int) -> None:
-        start = offset - offset % mmap.ALLOCATIONGRANULARITY
-        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
-        with mmap.mmap(fd, offset + size - start, flags=flags, prot=mmap.PROT_READ, offset=start) as m:
-            with memoryview(m) as view, view[offset - start :] as data:
-                self._sha.update(data)
-
-    # -- writing --------------------------------------------------------------------------
-
-    def _write_out(self, data: bytes | memoryview) -> None:
-        if self._fd is None:
-            self.out.write(data)
-            return
-        with memoryview(data) as view:
-            while view:
-                n = os.write(self._fd, view)
-                view = view[n:]
-
-    def _emit(self, data: bytes) -> None:
-        """Hash (behind) and write an immutable buffer."""
-        self._hash(self._sha.update, data, held=len(data))
-        self._write_out(data)
-
-    def flush(self) -> None:
-        if self._buf:
-            data = bytes(self._buf)
-            self._buf.clear()
-            self._emit(data)
-
-    def write(self, data: bytes) -> None:
-        if len(data) < SMALL_WRITE:
-            self._buf += data
-            if len(self._buf) >= SMALL_WRITE:
-                self.flush()
-        else:
-            self.flush()
-            self._emit(bytes(data))  # no copy for bytes; the hasher needs an immutable buffer
-        self.offset += len(data)
-
-    def _source(self, path: str, expect: tuple[int, int, int]) -> int:
-        fd = self._sources.get(path)
-        if fd is None:
-            fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-            self._sources[path] = fd
-        if _file_stat(os.fstat(fd)) != expect:
-            raise ConvertError(f"{path}: the file changed while it was being converted")
-        return fd
-
-    def copy_range(self, path: str, offset: int, size: int, expect: tuple[int, int, int]) -> None:
-        """Append ``size`` bytes of ``path`` at ``offset``: hashed on the helper thread while copied."""
-        src = self._source(path, expect)
-        self.flush()
-        self._hash(self._hash_range, src, offset, size)
-        if self._fd is None:
-            self._copy_chunks(src, offset, size)
-        else:
-            self._copy_kernel(src, offset, size)
-            self._start_writeback(self.offset, size)
-        self.offset += size
-
-    def _start_writeback(self, offset: int, size: int) -> None:
-        """Start writing a copied range back to disk now, so the final fsync has little left to do.
-
-        POSIX_FADV_DONTNEED on dirty pages starts their writeback without waiting for it; pages
-        still dirty or under writeback stay cached (only already clean ones may be dropped).
-        """
-        if self._fadvise:
-            try:
-                os.posix_fadvise(self._fd, self._base + offset, size, os.POSIX_FADV_DONTNEED)  # type: ignore[arg-type]
-            except OSError:
-                self._fadvise = False
-
-    def _copy_kernel(self, src: int, offset: int, size: int) -> None:
-        assert self._fd is not None
-        done = 0
-        while done < size:
-            try:
-                if self._copy == "copy_file_range":
-                    n = os.copy_file_range(src, self._fd, size - done, offset + done)
-                elif self._copy == "sendfile":
-                    n = os.sendfile(self._fd, src, offset + done, size - done)
-                else:
-                    self._copy_chunks(src, offset + done, size - done)
-                    return
-            except OSError as e:
-                if e.errno not in _NO_KERNEL_COPY:
-                    raise
-                # This kernel or file system cannot do it: the next method, from where we are.
-                # (A failed call copies nothing, so the file position is still right.)
-                self._copy = "sendfile" if self._copy == "copy_file_range" else "read"
-                continue
-            if n == 0:
-                raise ConvertError(f"source file ended {size - done} bytes early while copying")
-            done += n
-
-    def _copy_chunks(self, src: int, offset: int, size: int) -> None:
-        end = offset + size
-        while offset < end:
-            data = os.pread(src, min(COPY_CHUNK, end - offset), offset)
-            if not data:
-                raise ConvertError(f"source file ended {end - offset} bytes early while copying")
-            self._write_out(data)
-            offset += len(data)
-
-    # -- tar ------------------------------------------------------------------------------
-
-    def add(self, name: str, payload: Payload) -> Member:
-        """One tar member, as tarfile.addfile writes it: header, data, zero padding to a block."""
-        size = payload_size(payload)
-        info = tarfile.TarInfo(name)
-        info.size = size
-        info.mtime = 0
-        info.mode = MEMBER_MODE
-        info.uid = info.gid = 0
-        info.uname = info.gname = ""
-        self.write(info.tobuf(TAR_FORMAT, tarfile.ENCODING, "surrogateescape"))
-        start = self.offset
-        if isinstance(payload, FileRanges):
-            self.write(payload.prefix)
-            for offset, n in payload.ranges:
-                self.copy_range(payload.path, offset, n, payload.stat)
-        else:
-            self.write(payload)
-        if self.offset - start != size:
-            raise ConvertError(f"{name}: wrote {self.offset - start} bytes, expected {size}")
-        remainder = size % tarfile.BLOCKSIZE
-        if remainder:
-            self.write(tarfile.NUL * (tarfile.BLOCKSIZE - remainder))
-        return Member(name, start, size)
-
-    def finish(self) -> str:
-        """End of archive as tarfile.close writes it (two zero blocks, zeros to a whole record); the sha256."""
-        self.write(tarfile.NUL * (2 * tarfile.BLOCKSIZE))
-        remainder = self.offset % tarfile.RECORDSIZE
-        if remainder:
-            self.write(tarfile.NUL * (tarfile.RECORDSIZE - remainder))
-        self.flush()
-        if self._fd is not None:
-            # Write back while the hasher catches up (fsync releases the GIL): the destination's
-            # fsync before its rename then finds nothing dirty. Local staging of a remote upload
-            # pays a little writeback for nothing; local output would pay it anyway.
-            os.fsync(self._fd)
-        self._drain()
-        return self._sha.hexdigest()
-
-    def _drain(self) -> None:
-        while self._pending:
-            future, n = self._pending.popleft()
-            future.result()
-            self._held -= n
-
-    def close(self) -> None:
-        """Wait for the hasher and release threads and source files (also after an error)."""
-        try:
-            for future, _ in self._pending:
-                future.exception()  # wait; an error here is secondary to the one being raised
-            self._pending.clear()
-        finally:
-            self._hasher.shutdown()
-            for fd in self._sources.values():
-                os.close(fd)
-            self._sources.clear()
 
 
 def header_bytes(header: EpisodeHeader) -> bytes:
@@ -388,7 +114,7 @@ def _with_video(source: LeRobotV3Source, rel_path: str, fn: Callable[[Any], T]) 
 def _cut_ranges(path: str, first_frame: int, num_frames: int) -> tuple[FileRanges, ClipInfo]:
     """``cut_clip``'s byte-level cut of a local file, as file ranges instead of bytes."""
     try:
-        st = _file_stat(os.stat(path))  # before the layout: a file changed later is caught at copy time
+        st = file_stat(os.stat(path))  # before the layout: a file changed later is caught at copy time
     except OSError as e:
         raise Mp4CutUnsupported(f"cannot open the source: {e}") from e
     layout, info = cut_clip_layout(path, first_frame, num_frames)
@@ -479,7 +205,7 @@ def build_shard(
     A bad episode raises ConvertError, or with ``skip_bad_episodes`` is left out and recorded
     in the sidecar's ``skipped`` with the reason.
     """
-    sink = _TarSink(out)
+    sink = TarSink(out)
     entries: list[EpisodeEntry] = []
     skipped: dict[int, str] = {}
     try:

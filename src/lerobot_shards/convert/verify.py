@@ -32,7 +32,6 @@ from ..format import (
     FormatError,
     Manifest,
     ShardRecord,
-    Sidecar,
     clip_member,
     header_member,
     table_member,
@@ -41,6 +40,7 @@ from ..lerobot_v3 import LeRobotV3Source, SourceError
 from ..names import UnsafeNameError, check_name
 from ..video import ClipError, decode_frames, probe_clip
 from .destination import Destination
+from .shard_status import shard_status
 
 log = logging.getLogger(__name__)
 
@@ -152,12 +152,13 @@ class _Verifier:
 
     def shard(self, record: ShardRecord, bar: tqdm) -> list[int]:
         """Check one shard; returns the indices of the sidecar's episodes that the tar really holds."""
-        rel, side = posixpath.join(SHARDS_DIR, record.name), posixpath.join(SHARDS_DIR, record.sidecar)
+        rel = posixpath.join(SHARDS_DIR, record.name)
         where = self.dest.path(rel)
-        try:
-            sidecar = Sidecar.from_json(self.dest.read_bytes(side), where=self.dest.path(side))
-        except (FileNotFoundError, FormatError, ValueError, KeyError) as e:
-            self.report.problem(f"{self.dest.path(side)}: unreadable sidecar ({e})")
+        # Size and sha256 are checked below against the manifest, while the tar streams by once.
+        status = shard_status(self.dest, record.name, record.sidecar)
+        sidecar = status.sidecar
+        if sidecar is None:
+            self.report.problem(f"{where}: {status.problem}")
             return []
         if (sidecar.sha256, sidecar.size) != (record.sha256, record.bytes):
             self.report.problem(f"{where}: manifest and sidecar disagree on sha256/size")

@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 from .. import format as fmt
 from ..lerobot_v3 import IMAGE_DTYPE, VIDEO_DTYPE, LeRobotV3Source, protocols
 from ..names import check_name, confined_join
-from ..shard_plan import DEFAULT_SHARD_BYTES, plan_shards
+from ..shard_plan import plan_shards
 from .partition import ShardSpec
 
 log = logging.getLogger(__name__)
@@ -280,8 +280,6 @@ class RawSource:
     ):
         self.url = url.rstrip("/")
         self.src = LeRobotV3Source(self.url, storage_options=storage_options)
-        if episodes_per_shard is None and shard_bytes is None:
-            shard_bytes = DEFAULT_SHARD_BYTES
         plan = plan_shards(self.src.episode_sizes(), target_bytes=shard_bytes, episodes_per_shard=episodes_per_shard)
         self.info = SourceInfo(
             fps=self.src.fps,
