@@ -59,7 +59,9 @@ def assert_frame_identity(out: Path, *, bits: tuple[int, int] = (10, 10), stride
                 data = member_bytes(out, record.name, sidecar, clip_member(entry.key, cam))
                 idx = sorted(set(boundary_frames(entry.length)) | set(range(0, entry.length, stride or entry.length)))
                 frames = decode_frames(data, idx, frame_mappings=clip.frame_mappings_json())
-                got = [read_identity(f, frame_bits=bits[0], episode_bits=bits[1]) for f in frames]
+                got = [
+                    read_identity(f, frame_bits=bits[0], episode_bits=bits[1], transform=clip.transform) for f in frames
+                ]
                 want = [(entry.episode_index, i) for i in idx]
                 assert got == want, f"episode {entry.episode_index} camera {cam}: frames {idx} read {got}"
                 checked += len(idx)

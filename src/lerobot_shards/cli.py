@@ -6,8 +6,9 @@ import logging
 
 import click
 
-from .convert.plan import DEFAULT_CRF, DEFAULT_GOP
-from .format import CODECS
+from .convert.plan import DEFAULT_CRF, DEFAULT_GOP, FALLBACK_CODEC
+from .format import CODECS, RESIZE_MODES
+from .resize import DEFAULT_MODE
 from .shard_plan import DEFAULT_SHARD_BYTES
 
 log = logging.getLogger("lerobot_shards.cli")
@@ -200,6 +201,21 @@ _STORAGE_OPTIONS = click.option(
     help=f"Quality of re-encoded clips.  [default: {', '.join(f'{c} {q}' for c, q in DEFAULT_CRF.items())}]",
 )
 @click.option(
+    "--resize",
+    "resize",
+    multiple=True,
+    metavar="[CAMERA=]WxH",
+    help="Store frames at the training size, e.g. 224x224 (every camera) or observation.images.top=96x96 "
+    f"(repeatable; a camera's own entry wins). Resized cameras are re-encoded (--reencode codec, else {FALLBACK_CODEC}).",
+)
+@click.option(
+    "--resize-mode",
+    type=click.Choice(list(RESIZE_MODES)),
+    default=DEFAULT_MODE,
+    show_default=True,
+    help="pad: keep the aspect and letterbox (pi0-style); crop: centre-crop to the aspect; stretch: ignore it.",
+)
+@click.option(
     "--workers",
     type=click.IntRange(min=1),
     default=1,
@@ -234,6 +250,8 @@ def convert(
     reencode: str | None,
     gop: int,
     crf: int | None,
+    resize: tuple[str, ...],
+    resize_mode: str,
     workers: int,
     num_tasks: int,
     task_index: int,
@@ -251,8 +269,13 @@ def convert(
     from .convert.run import ConvertError, convert_dataset
     from .format import FormatError
     from .lerobot_v3 import SourceError
+    from .resize import parse_resize
 
     _locations(source, dest)
+    try:
+        sizes = parse_resize(resize)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--resize") from None
     options = _storage_options(storage_options)
     try:
         convert_options = ConvertOptions(
@@ -262,6 +285,8 @@ def convert(
             reencode=reencode,
             gop=gop,
             crf=crf,
+            resize=sizes,
+            resize_mode=resize_mode,
         )
     except ValueError as e:  # e.g. both a shard size and an episode count
         raise click.UsageError(str(e)) from None

@@ -36,6 +36,7 @@ FORMAT_NAME = "lerobot-shards"
 MANIFEST_NAME = "manifest.json"
 SHARDS_DIR = "shards"
 TMP_SUFFIX = ".tmp"
+RESIZE_MODES = ("pad", "crop", "stretch")
 
 # Codecs a converted dataset's re-encoded clips may use, each with the FFmpeg encoder that writes it.
 # The one list: the converter's options, the CLI's choices, the synthesizer and the encoder read it.
@@ -98,6 +99,56 @@ class FrameEntry:
 
 
 @dataclass(frozen=True)
+class FrameTransform:
+    """How a clip's frames were made from the source's (``convert --resize``): crop, scale, pad.
+
+    Sizes and offsets are (height, width) / (top, left) in pixels. The source region
+    ``crop`` is scaled to ``scaled`` with an anti-aliased ``filter`` and placed at ``pad``
+    inside a ``size`` frame filled with black: ``pad`` mode letterboxes, ``crop`` mode crops
+    the source to the target aspect, ``stretch`` does neither.
+    """
+
+    mode: str  # "pad" | "crop" | "stretch"
+    source: tuple[int, int]  # source frame (height, width)
+    crop: tuple[int, int, int, int]  # (top, left, height, width) of the source region kept
+    scaled: tuple[int, int]  # (height, width) the region is scaled to
+    pad: tuple[int, int]  # (top, left) of the scaled region inside the stored frame
+    size: tuple[int, int]  # stored frame (height, width)
+    filter: str = "area"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode,
+            "source": list(self.source),
+            "crop": list(self.crop),
+            "scaled": list(self.scaled),
+            "pad": list(self.pad),
+            "size": list(self.size),
+            "filter": self.filter,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> FrameTransform:
+        def ints(key: str, n: int) -> tuple[int, ...]:
+            value = tuple(int(v) for v in d[key])
+            if len(value) != n or min(value) < 0:
+                raise FormatError(f"frame transform field {key!r}: expected {n} non-negative ints, got {d[key]!r}")
+            return value
+
+        if d.get("mode") not in RESIZE_MODES:
+            raise FormatError(f"frame transform mode {d.get('mode')!r} is not one of {', '.join(RESIZE_MODES)}")
+        return cls(
+            mode=str(d["mode"]),
+            source=ints("source", 2),  # type: ignore[arg-type]
+            crop=ints("crop", 4),  # type: ignore[arg-type]
+            scaled=ints("scaled", 2),  # type: ignore[arg-type]
+            pad=ints("pad", 2),  # type: ignore[arg-type]
+            size=ints("size", 2),  # type: ignore[arg-type]
+            filter=str(d.get("filter", "area")),
+        )
+
+
+@dataclass(frozen=True)
 class ClipInfo:
     """Facts about one camera clip, enough to decode any frame exactly without scanning."""
 
@@ -111,6 +162,7 @@ class ClipInfo:
     frames: tuple[FrameEntry, ...]  # presentation order; len == num_frames
     stream_copied: bool  # True: packets bit-identical to the source; False: re-encoded
     source_first_frame: int  # index of clip frame 0 in the source mp4 (frame count order)
+    transform: FrameTransform | None = None  # how frames were resized from the source's; None: as in the source
 
     def key_frame_indices(self) -> list[int]:
         return [i for i, f in enumerate(self.frames) if f.key_frame]
@@ -139,6 +191,8 @@ class ClipInfo:
             },
             "stream_copied": self.stream_copied,
             "source_first_frame": self.source_first_frame,
+            # Only when resized: sidecars of other conversions keep the bytes they always had.
+            **({"transform": self.transform.to_dict()} if self.transform is not None else {}),
         }
 
     @classmethod
@@ -158,6 +212,7 @@ class ClipInfo:
             frames=frames,
             stream_copied=bool(d["stream_copied"]),
             source_first_frame=int(d["source_first_frame"]),
+            transform=FrameTransform.from_dict(d["transform"]) if d.get("transform") else None,
         )
 
 
@@ -325,6 +380,9 @@ class Manifest:
     skipped_episodes: dict[int, str] = field(default_factory=dict)  # episode -> reason
     converter: dict[str, Any] = field(default_factory=dict)  # {"version", "arguments"}
     format_version: int = FORMAT_VERSION
+    # Cameras converted with --resize: camera -> the FrameTransform of its clips (the first
+    # episode's; sidecars hold each clip's). ``features`` then carries the stored shape.
+    transforms: dict[str, FrameTransform] = field(default_factory=dict)
 
     @property
     def total_episodes(self) -> int:
@@ -357,6 +415,7 @@ class Manifest:
                 "shards": [s.to_dict() for s in self.shards],
                 "skipped_episodes": {str(k): v for k, v in sorted(self.skipped_episodes.items())},
                 "converter": self.converter,
+                **({"transforms": {c: t.to_dict() for c, t in self.transforms.items()}} if self.transforms else {}),
                 "source_info": self.source_info,
                 "source_stats": self.source_stats,
             },
@@ -379,6 +438,7 @@ class Manifest:
                 skipped_episodes={int(k): v for k, v in d.get("skipped_episodes", {}).items()},
                 converter=d.get("converter", {}),
                 format_version=int(d["format_version"]),
+                transforms={c: FrameTransform.from_dict(t) for c, t in d.get("transforms", {}).items()},
             )
 
 

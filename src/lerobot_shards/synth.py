@@ -23,7 +23,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .format import CODECS, TMP_SUFFIX
+from .format import CODECS, TMP_SUFFIX, FrameTransform
+from .resize import map_box
 from .video import concat_clips, encode_video
 
 FIXTURE_BITS = (10, 6)  # (frame_bits, episode_bits) of the real so101_record_test fixture
@@ -148,12 +149,16 @@ def _shake(seed: int, episode: int, camera: int, frame: int) -> tuple[int, int]:
     return int(round(offset[0])), int(round(offset[1]))
 
 
-def read_identity(frame: Any, *, frame_bits: int = 10, episode_bits: int = 10) -> tuple[int, int]:
+def read_identity(
+    frame: Any, *, frame_bits: int = 10, episode_bits: int = 10, transform: FrameTransform | None = None
+) -> tuple[int, int]:
     """(episode_index, frame_index) painted in one decoded frame.
 
     Takes what decoders and the loader return: torch or numpy, CHW or HWC, uint8 or float in
     [0, 1]. Averages the middle half of each band over the lower two thirds, so codec blur at
-    band edges cannot flip a bit.
+    band edges cannot flip a bit. A frame stored at another size (``convert --resize``, the
+    loader's ``resize``) needs its ``transform``: bands are found where it put them, and a
+    band the crop cut away raises ValueError.
     """
     arr = frame.detach().cpu().numpy() if hasattr(frame, "detach") else np.asarray(frame)
     if arr.ndim != 3:
@@ -161,12 +166,26 @@ def read_identity(frame: Any, *, frame_bits: int = 10, episode_bits: int = 10) -
     if arr.shape[-1] not in (1, 3) and arr.shape[0] in (1, 3):
         arr = arr.transpose(1, 2, 0)
     arr = arr.astype(np.float32) * (255.0 if np.issubdtype(arr.dtype, np.floating) else 1.0)
-    lower = arr[arr.shape[0] // 3 :].mean(axis=2)
-    edges = _band_edges(lower.shape[1], frame_bits + episode_bits)
-    bits = []
-    for lo, hi in zip(edges, edges[1:]):
-        inset = (hi - lo) // 4
-        bits.append(int(lower[:, lo + inset : hi - inset].mean() > (DARK + BRIGHT) / 2))
+    luma = arr.mean(axis=2)
+    nbits = frame_bits + episode_bits
+    if transform is None:
+        lower = luma[luma.shape[0] // 3 :]
+        edges = _band_edges(lower.shape[1], nbits)
+        boxes = [(0, lo + (hi - lo) // 4, lower.shape[0], hi - (hi - lo) // 4) for lo, hi in zip(edges, edges[1:])]
+    else:
+        if luma.shape != tuple(transform.size):
+            raise ValueError(f"frame is {luma.shape}, the transform stores {transform.size}")
+        lower, (sh, sw) = luma, transform.source
+        edges = _band_edges(sw, nbits)
+        boxes = []
+        for bit, (lo, hi) in enumerate(zip(edges, edges[1:])):
+            inset = (hi - lo) / 4
+            top, left, bottom, right = map_box(transform, sh // 3, lo + inset, sh, hi - inset)
+            box = (int(np.ceil(top)) + 1, int(np.ceil(left)), int(bottom) - 1, int(right))
+            if box[2] <= box[0] or box[3] <= box[1]:
+                raise ValueError(f"identity band {bit} is not in the stored frame ({transform.mode} {transform.crop})")
+            boxes.append(box)
+    bits = [int(lower[t:b, lo:hi].mean() > (DARK + BRIGHT) / 2) for t, lo, b, hi in boxes]
     frame_index = sum(b << i for i, b in enumerate(bits[:frame_bits]))
     episode_index = sum(b << j for j, b in enumerate(bits[frame_bits:]))
     return episode_index, frame_index

@@ -20,8 +20,9 @@ from typing import TYPE_CHECKING, BinaryIO, Union
 import av
 import numpy as np
 
-from .format import CODECS, ClipInfo, FrameEntry
+from .format import CODECS, ClipInfo, FrameEntry, FrameTransform
 from .mp4cut import Mp4CutUnsupported, Mp4File, Mp4Layout, Mp4Track
+from .resize import plan_transform
 
 if TYPE_CHECKING:  # torch costs 1-2 s and ~180 MB per process: only decode_frames imports it
     import torch
@@ -55,7 +56,14 @@ class ProbeResult:
     def num_frames(self) -> int:
         return len(self.frames)
 
-    def clip_info(self, *, stream_copied: bool, source_first_frame: int, fps: float | None = None) -> ClipInfo:
+    def clip_info(
+        self,
+        *,
+        stream_copied: bool,
+        source_first_frame: int,
+        fps: float | None = None,
+        transform: FrameTransform | None = None,
+    ) -> ClipInfo:
         return ClipInfo(
             codec=self.codec,
             width=self.width,
@@ -67,6 +75,7 @@ class ProbeResult:
             frames=self.frames,
             stream_copied=stream_copied,
             source_first_frame=source_first_frame,
+            transform=transform,
         )
 
 
@@ -484,8 +493,73 @@ def _fresh_frame(frame: av.VideoFrame, pix_fmt: str) -> av.VideoFrame:
     return av.VideoFrame.from_ndarray(frame.to_ndarray(), format=pix_fmt)
 
 
+# Area averaging for the anti-aliased downscale; ACCURATE_RND and BITEXACT make libswscale's
+# output independent of the CPU's SIMD paths, so a re-run elsewhere writes the same bytes.
+_SCALE_FLAGS = av.video.reformatter.Interpolation.AREA | av.video.reformatter.Interpolation.ACCURATE_RND
+_SCALE_FLAGS |= av.video.reformatter.Interpolation.BITEXACT
+_BLACK_YUV = (16, 128, 128)  # limited-range black, what decoders turn into RGB (0, 0, 0)
+
+
+def _planes(frame: av.VideoFrame) -> list[np.ndarray]:
+    """The Y, U, V planes of a yuv420p frame as 2-D views without line padding."""
+    return [
+        np.frombuffer(p, np.uint8).reshape(-1, p.line_size)[: p.height, : p.width]
+        for p in frame.planes  # type: ignore[attr-defined]
+    ]
+
+
+def _from_planes(y: np.ndarray, u: np.ndarray, v: np.ndarray) -> av.VideoFrame:
+    """A fresh yuv420p frame (no side data, timestamps or flags) from even-sized planes."""
+    h, w = y.shape
+    packed = np.concatenate([y.reshape(-1), u.reshape(-1), v.reshape(-1)]).reshape(h * 3 // 2, w)
+    return av.VideoFrame.from_ndarray(packed, format=_REENCODE_PIX_FMT)
+
+
+def transform_frame(frame: av.VideoFrame, t: FrameTransform) -> av.VideoFrame:
+    """``frame`` cropped, scaled (area, single-threaded, bit-exact) and padded as ``t`` says, in yuv420p.
+
+    Crop and pad work on the planes at even offsets, so chroma never shifts by half a pixel;
+    the frame never leaves YUV, as in ``reencode_clip``.
+    """
+    if frame.format.name != _REENCODE_PIX_FMT:
+        frame = frame.reformat(format=_REENCODE_PIX_FMT)
+    if (frame.height, frame.width) != t.source:
+        raise ClipError(f"frame is {frame.height}x{frame.width}, the transform expects {t.source}")
+    top, left, ch, cw = t.crop
+    if (ch, cw) != t.source:
+        y, u, v = _planes(frame)
+        y = y[top : top + ch, left : left + cw]
+        u, v = (p[top // 2 : (top + ch) // 2, left // 2 : (left + cw) // 2] for p in (u, v))
+        frame = _from_planes(np.ascontiguousarray(y), np.ascontiguousarray(u), np.ascontiguousarray(v))
+    sh, sw = t.scaled
+    scaled = frame.reformat(
+        width=sw, height=sh, format=_REENCODE_PIX_FMT, interpolation=_SCALE_FLAGS, threads=1
+    )  # a new frame from swscale's output: no side data carried over
+    planes = _planes(scaled)
+    th, tw = t.size
+    if (sh, sw) == (th, tw):
+        return _from_planes(*planes)
+    out = []
+    for i, p in enumerate(planes):
+        k = 1 if i == 0 else 2
+        canvas = np.full((th // k, tw // k), _BLACK_YUV[i], np.uint8)
+        pt, pl = t.pad[0] // k, t.pad[1] // k
+        canvas[pt : pt + p.shape[0], pl : pl + p.shape[1]] = p
+        out.append(canvas)
+    return _from_planes(*out)
+
+
 def reencode_clip(
-    src: Source, first_frame: int, num_frames: int, *, codec: str, gop: int, crf: int, threads: int = 0
+    src: Source,
+    first_frame: int,
+    num_frames: int,
+    *,
+    codec: str,
+    gop: int,
+    crf: int,
+    threads: int = 0,
+    size: tuple[int, int] | None = None,
+    resize_mode: str = "pad",
 ) -> tuple[bytes, ClipInfo]:
     """Decode source frames [first_frame, first_frame+num_frames) and encode them as a fresh clip.
 
@@ -494,11 +568,15 @@ def reencode_clip(
     machine and under any load (x264 with automatic threads does not), as in ``encode_video``.
     The decoder always runs single-threaded, in this thread: no decoder threads run alongside
     the encoder. Frames go from decoder to encoder in YUV (yuv420p), copied into fresh frames.
+    ``size`` (height, width) stores the frames at that size (``transform_frame``, ``resize_mode``
+    pad/crop/stretch); the ClipInfo records the transform.
     """
     _check_range(src, first_frame, num_frames)
     end = first_frame + num_frames
     where = f"{_describe(src)} frames [{first_frame}, {end})"
     buf = io.BytesIO()
+    transform: FrameTransform | None = None
+    source_size: tuple[int, int] | None = None
     with _open(src) as container:
         stream = _video_stream(container, src)
         ctx = stream.codec_context
@@ -516,17 +594,23 @@ def reencode_clip(
                 if i < first_frame:
                     continue
                 if enc.stream is None:
-                    enc.open(frame.width, frame.height)
-                elif (frame.height, frame.width) != (enc.stream.height, enc.stream.width):
+                    source_size = (frame.height, frame.width)
+                    transform = plan_transform(source_size, size, resize_mode) if size is not None else None
+                    enc.open(*(transform.size[::-1] if transform is not None else (frame.width, frame.height)))
+                elif (frame.height, frame.width) != source_size:
                     raise ClipError(f"{where}: frame {i} changes size to {frame.width}x{frame.height}")
-                enc.encode(_fresh_frame(frame, _REENCODE_PIX_FMT))
+                if transform is None:
+                    enc.encode(_fresh_frame(frame, _REENCODE_PIX_FMT))
+                else:
+                    enc.encode(transform_frame(frame, transform))
             if enc.count < num_frames:
                 raise ClipError(f"{where}: source has only {enc.count} of those frames")
             enc.finish()
         finally:
             enc.close()
     data = buf.getvalue()
-    return data, probe_clip(data).clip_info(stream_copied=False, source_first_frame=first_frame, fps=fps)
+    info = probe_clip(data).clip_info(stream_copied=False, source_first_frame=first_frame, fps=fps, transform=transform)
+    return data, info
 
 
 def decode_frames(
@@ -542,3 +626,39 @@ def decode_frames(
     source = str(src) if isinstance(src, (str, os.PathLike)) else bytes(src)
     decoder = VideoDecoder(source, custom_frame_mappings=frame_mappings)
     return decoder.get_frames_at(list(indices)).data
+
+
+def transform_rgb(frames: torch.Tensor, t: FrameTransform) -> torch.Tensor:
+    """Decoded uint8 (N, C, H, W) frames cropped, scaled and padded as ``t`` says, in one batched call.
+
+    The RGB counterpart of ``transform_frame`` (anti-aliased bilinear instead of area, pads
+    black): the loader's decode-time resize, and the reference when comparing resized clips with
+    their source. On the CPU torch resizes uint8 directly (its vectorised path, ~10x faster than
+    a float round trip); CUDA tensors go through float.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    if tuple(frames.shape[-2:]) != t.source:
+        raise ValueError(f"frames are {tuple(frames.shape[-2:])}, the transform expects {t.source}")
+    top, left, ch, cw = t.crop
+    x = frames[..., top : top + ch, left : left + cw]
+    if (ch, cw) != t.scaled:
+        if x.is_cuda:
+            x = F.interpolate(x.float(), size=t.scaled, mode="bilinear", antialias=True, align_corners=False)
+            x = x.round_().clamp_(0, 255).to(torch.uint8)
+        else:
+            x = F.interpolate(x, size=t.scaled, mode="bilinear", antialias=True, align_corners=False)
+    return pad_rgb(x, t)
+
+
+def pad_rgb(frames: torch.Tensor, t: FrameTransform) -> torch.Tensor:
+    """Scaled (N, C, *t.scaled) frames placed at ``t.pad`` in black (N, C, *t.size) frames."""
+    import torch
+
+    if tuple(frames.shape[-2:]) == t.size:
+        return frames.contiguous()
+    out = torch.zeros((*frames.shape[:-2], *t.size), dtype=frames.dtype, device=frames.device)
+    (pt, pl), (sh, sw) = t.pad, t.scaled
+    out[..., pt : pt + sh, pl : pl + sw] = frames
+    return out

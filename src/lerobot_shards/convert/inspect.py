@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..format import MANIFEST_NAME, SHARDS_DIR, Manifest, Sidecar
+from ..format import MANIFEST_NAME, SHARDS_DIR, FrameTransform, Manifest, Sidecar
 from ..lerobot_v3 import LeRobotV3Source, SourceError
 from ..shard_plan import DEFAULT_SHARD_BYTES, plan_shards
 from .destination import Destination
@@ -68,6 +68,16 @@ def inspect_source(source: LeRobotV3Source) -> str:
     return "\n".join(lines)
 
 
+def _resized_from(t: FrameTransform | None) -> str:
+    """``640x480 pad (scaled 224x168 at +0+28)``: the source size and what was done, or ``-``."""
+    if t is None:
+        return "-"
+    (sh, sw), (ch, cw), (h, w) = t.source, t.crop[2:], t.scaled
+    crop = f", crop {cw}x{ch}+{t.crop[1]}+{t.crop[0]}" if (ch, cw) != t.source else ""
+    pad = f", pad at +{t.pad[1]}+{t.pad[0]}" if (h, w) != t.size else ""
+    return f"{sw}x{sh} {t.mode} ({t.filter} to {w}x{h}{crop}{pad})"
+
+
 def inspect_converted(dest: Destination) -> str:
     manifest = Manifest.from_json(dest.read_bytes(MANIFEST_NAME), where=dest.path(MANIFEST_NAME))
     video = manifest.video
@@ -84,17 +94,31 @@ def inspect_converted(dest: Destination) -> str:
             else f" to {video.get('codec')}, gop {video.get('gop')}, crf {video.get('crf')}"
         )
         + f"; {len(manifest.skipped_episodes)} episodes skipped",
+    ]
+    if video.get("resize"):
+        sizes = ", ".join(f"{'all' if c == '*' else c} {w}x{h}" for c, (h, w) in sorted(video["resize"].items()))
+        lines.append(f"  resized ({video.get('resize_mode')}, re-encoded {video.get('codec')}): {sizes}")
+    lines += [
         "",
     ]
     if manifest.shards:
         first = Sidecar.from_json(dest.read_bytes(posixpath.join(SHARDS_DIR, manifest.shards[0].sidecar)))
         if first.episodes:
             rows = [
-                [cam, c.codec, f"{c.width}x{c.height}", c.pix_fmt, f"{c.fps:g}", len(c.key_frame_indices())]
+                [
+                    cam,
+                    c.codec,
+                    f"{c.width}x{c.height}",
+                    c.pix_fmt,
+                    f"{c.fps:g}",
+                    len(c.key_frame_indices()),
+                    _resized_from(c.transform),
+                ]
                 for cam, c in sorted(first.episodes[0].clips.items())
             ]
             if rows:
-                lines += [table(["camera", "codec", "size", "pix_fmt", "fps", "keyframes (1st episode)"], rows), ""]
+                headers = ["camera", "codec", "size", "pix_fmt", "fps", "keyframes (1st episode)", "resized from"]
+                lines += [table(headers, rows), ""]
     lines.append(
         table(
             ["shard", "episodes", "n", "frames", "MB", "sha256"],

@@ -11,10 +11,12 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..format import CODECS
+from ..resize import DEFAULT_MODE, camera_sizes, check_mode, check_size
 from ..shard_plan import PlannedShard, plan_shards, shard_target
 
 if TYPE_CHECKING:
@@ -25,7 +27,10 @@ if TYPE_CHECKING:
 DEFAULT_GOP = 2
 # Visually lossless-ish defaults per codec (libx264/libx265 CRF scales differ from SVT-AV1's).
 DEFAULT_CRF = {"h264": 18, "hevc": 20, "av1": 30}
-FALLBACK_CODEC = "h264"  # stream-copy mode re-encodes off-keyframe episodes with this
+# Stream-copy mode re-encodes off-keyframe episodes with this, and --resize without --reencode
+# stores resized cameras in it: fast to encode, decoded by NVDEC, and at training sizes
+# (224 px and below) it decodes about as fast as AV1 on a CPU.
+FALLBACK_CODEC = "h264"
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?)b?\s*$", re.IGNORECASE)
 
@@ -59,6 +64,11 @@ class ConvertOptions:
     reencode: str | None = None  # None: stream copy, re-encoding only episodes off a keyframe
     gop: int = DEFAULT_GOP
     crf: int | None = None  # None: DEFAULT_CRF of the codec
+    # Stored frame size per camera: (camera or "*" for all, height, width), sorted; given as
+    # that or as ``{camera or "*": (height, width)}`` (``resize.parse_resize``). Resized cameras
+    # are always re-encoded (in ``codec``); the others follow ``reencode``.
+    resize: tuple[tuple[str, int, int], ...] | Mapping[str, Sequence[int]] = ()
+    resize_mode: str = DEFAULT_MODE
 
     def __post_init__(self) -> None:
         shard_bytes, _ = shard_target(self.shard_bytes, self.episodes_per_shard)
@@ -67,6 +77,23 @@ class ConvertOptions:
             raise ValueError(f"reencode must be one of {', '.join(CODECS)}, got {self.reencode!r}")
         if self.gop < 1:
             raise ValueError(f"gop must be at least 1, got {self.gop}")
+        check_mode(self.resize_mode)
+        entries = self.resize.items() if isinstance(self.resize, Mapping) else ((c, s) for c, *s in self.resize)
+        resize = tuple(sorted((str(c), int(size[0]), int(size[1])) for c, size in entries))
+        for camera, height, width in resize:
+            check_size((height, width), camera)
+        if len({c for c, _, _ in resize}) != len(resize):
+            raise ValueError(f"resize names a camera twice: {resize}")
+        object.__setattr__(self, "resize", resize)
+
+    def camera_sizes(self, cameras: Iterable[str]) -> dict[str, tuple[int, int]]:
+        """Stored (height, width) of each resized camera; raises ValueError naming unknown cameras."""
+        return camera_sizes({c: (h, w) for c, h, w in self.resize}, cameras)
+
+    def size_of(self, camera: str) -> tuple[int, int] | None:
+        """Stored (height, width) of ``camera``, None when it keeps the source's size."""
+        sizes = {c: (h, w) for c, h, w in self.resize}
+        return sizes.get(camera, sizes.get("*"))
 
     @property
     def codec(self) -> str:
@@ -80,17 +107,27 @@ class ConvertOptions:
 
     def video_settings(self) -> dict[str, Any]:
         """The manifest's ``video`` entry: how clips were produced."""
-        return {
+        settings: dict[str, Any] = {
             "mode": "reencode" if self.reencode else "copy",
             "codec": self.codec,
             "gop": self.gop,
             "crf": self.effective_crf,
             "bframes": 0,
         }
+        if self.resize:
+            settings["resize"] = {c: [h, w] for c, h, w in self.resize}
+            settings["resize_mode"] = self.resize_mode
+        return settings
 
     def to_dict(self) -> dict[str, Any]:
-        """Every option, for ``convert.json`` and the manifest's converter record."""
-        return asdict(self)
+        """Every option, for ``convert.json`` and the manifest's converter record; JSON-ready, and
+        without --resize exactly what earlier versions recorded, so their runs resume."""
+        d = asdict(self)
+        if self.resize:
+            d["resize"] = {c: [h, w] for c, h, w in self.resize}
+        else:
+            del d["resize"], d["resize_mode"]
+        return d
 
 
 def make_plan(source: LeRobotV3Source, options: ConvertOptions) -> list[PlannedShard]:

@@ -28,8 +28,18 @@ from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from .. import __version__
-from ..format import MANIFEST_NAME, SHARDS_DIR, Manifest, ShardRecord, Sidecar, shard_name, sidecar_name
+from ..format import (
+    MANIFEST_NAME,
+    SHARDS_DIR,
+    FrameTransform,
+    Manifest,
+    ShardRecord,
+    Sidecar,
+    shard_name,
+    sidecar_name,
+)
 from ..lerobot_v3 import LeRobotV3Source
+from ..resize import resized_features
 from ..shard_plan import PlannedShard
 from .destination import LOCK_NAME, RUN_RECORD, Destination, DestinationBusy
 from .errors import ConvertError
@@ -298,16 +308,21 @@ def finalize(
         )
     skipped = {ep: reason for s in sidecars for ep, reason in s.skipped.items()}
     video = options.video_settings()
+    sizes = options.camera_sizes(source.camera_keys)
     if options.reencode is None:
         video["fallback_reencoded_episodes"] = sorted(
-            e.episode_index for s in sidecars for e in s.episodes if not all(c.stream_copied for c in e.clips.values())
+            e.episode_index
+            for s in sidecars
+            for e in s.episodes
+            if not all(c.stream_copied for cam, c in e.clips.items() if cam not in sizes)
         )
     manifest = Manifest(
         source_info=source.info,
         source_stats=source.stats,
         tasks=source.tasks,
         fps=source.fps,
-        features=source.features,
+        features=resized_features(source.features, sizes, codec=options.codec),
+        transforms=_camera_transforms(sidecars),
         cameras=tuple(sorted(source.camera_keys)),
         video=video,
         shards=tuple(
@@ -341,6 +356,36 @@ def finalize(
     return manifest
 
 
+def _camera_transforms(sidecars: Sequence[Sidecar]) -> dict[str, FrameTransform]:
+    """Each resized camera's transform for the manifest: the first clip's (all clips share it unless
+    the source changes frame size between episodes, which is logged; sidecars keep every clip's)."""
+    out: dict[str, FrameTransform] = {}
+    for sidecar in sidecars:
+        for entry in sidecar.episodes:
+            for cam, clip in sorted(entry.clips.items()):
+                if clip.transform is None:
+                    continue
+                first = out.setdefault(cam, clip.transform)
+                if clip.transform != first:
+                    log.warning(
+                        "camera %s: episode %d was resized from %s, earlier episodes from %s (see the sidecars)",
+                        cam,
+                        entry.episode_index,
+                        clip.transform.source,
+                        first.source,
+                    )
+    return out
+
+
+def _check_resize(src: LeRobotV3Source, options: ConvertOptions) -> None:
+    """Unknown cameras fail before anything is written; upscaling is allowed but logged."""
+    for cam, (h, w) in options.camera_sizes(src.camera_keys).items():
+        info = src.features[cam].get("info", {})
+        sh, sw = info.get("video.height"), info.get("video.width")
+        if isinstance(sh, int) and isinstance(sw, int) and (h > sh or w > sw):
+            log.warning("camera %s: --resize %dx%d is larger than the source's %dx%d (upscaling)", cam, w, h, sw, sh)
+
+
 # -- entry point --------------------------------------------------------------------------------
 
 
@@ -369,6 +414,7 @@ def convert_dataset(
     source_options, dest_options = source_options or {}, dest_options or {}
     options = options or ConvertOptions()
     src = LeRobotV3Source(str(source), storage_options=source_options, allow_missing_files=skip_bad_episodes)
+    _check_resize(src, options)
     plan = make_plan(src, options)
     share = task_share(plan, num_tasks, task_index)
     out = Destination(str(dest), storage_options=dest_options)

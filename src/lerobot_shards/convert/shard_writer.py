@@ -133,12 +133,14 @@ def _stream_copy(source: LeRobotV3Source, rel_path: str, first: int, n: int) -> 
 
 
 def _clip(source: LeRobotV3Source, ep: EpisodeMeta, cam: str, options: ConvertOptions) -> tuple[Payload, ClipInfo]:
-    """Stream copy when asked and possible, else re-encode; errors name the episode and the file."""
+    """Stream copy when asked and possible, else re-encode (always for a resized camera); errors name
+    the episode and the file."""
     ref = ep.videos[cam]
     first, n = ref.first_frame(source.fps), ep.length
     where = f"{_where(source, ref.path)}: episode {ep.episode_index} camera {cam}"
+    size = options.size_of(cam)
     try:
-        if options.reencode is None:
+        if options.reencode is None and size is None:
             try:
                 return _stream_copy(source, ref.path, first, n)
             except ClipError as e:
@@ -147,7 +149,15 @@ def _clip(source: LeRobotV3Source, ep: EpisodeMeta, cam: str, options: ConvertOp
             source,
             ref.path,
             lambda src: reencode_clip(
-                src, first, n, codec=options.codec, gop=options.gop, crf=options.effective_crf, threads=REENCODE_THREADS
+                src,
+                first,
+                n,
+                codec=options.codec,
+                gop=options.gop,
+                crf=options.effective_crf,
+                threads=REENCODE_THREADS,
+                size=size,
+                resize_mode=options.resize_mode,
             ),
         )
     except (ClipError, av.FFmpegError) as e:

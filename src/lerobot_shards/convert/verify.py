@@ -38,7 +38,7 @@ from ..format import (
 )
 from ..lerobot_v3 import LeRobotV3Source, SourceError
 from ..names import UnsafeNameError, check_name
-from ..video import ClipError, decode_frames, probe_clip
+from ..video import ClipError, decode_frames, probe_clip, transform_rgb
 from .destination import Destination
 from .shard_status import shard_status
 
@@ -297,6 +297,10 @@ class _Verifier:
             )
             return
         want = self.source_frames.get(ref.path, [clip.source_first_frame + i for i in indices])
+        if clip.transform is not None:  # compare with the source frames resized the same way
+            import torch  # as decode_frames: only a decode check pays for it
+
+            want = transform_rgb(torch.from_numpy(want), clip.transform).numpy()
         self.report.frames_compared += len(indices)
         for i, a, b in zip(indices, got, want):
             if clip.stream_copied:

@@ -21,7 +21,8 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from ..lerobot_v3 import IMAGE_DTYPE
-from .decode import DecoderCache, check_cuda_backend, decode_image
+from ..resize import DEFAULT_MODE, resized_features
+from .decode import DecoderCache, check_cuda_backend, decode_image, decode_sizes
 from .device import rank_device
 from .partition import Consumer, ConsumerPlan, PlanOptions, ShardSpec, filter_shards, plan_consumer
 from .reader import EpisodeReader
@@ -65,6 +66,9 @@ class EpisodePoolDataset(IterableDataset):
         num_ffmpeg_threads: decoder threads per clip. 1 is fastest for random access (threaded
             decoders flush on every seek) and keeps many workers from oversubscribing cores.
         prefetch_episodes: episodes read ahead in the background (default the pool size).
+        resize, resize_mode: decode video at (height, width) (or ``{camera: (height, width)}``),
+            ``"pad"``/``"crop"``/``"stretch"`` as ``convert --resize`` stores it; for raw datasets
+            and full-size shards (shards converted with ``--resize`` are already that size).
     """
 
     def __init__(
@@ -93,6 +97,8 @@ class EpisodePoolDataset(IterableDataset):
         decoder_cache_size: int | None = None,
         num_ffmpeg_threads: int = 1,
         prefetch_episodes: int | None = None,
+        resize: Sequence[int] | Mapping[str, Sequence[int]] | None = None,
+        resize_mode: str = DEFAULT_MODE,
     ) -> None:
         super().__init__()
         if episode_pool_size < 1:
@@ -124,6 +130,9 @@ class EpisodePoolDataset(IterableDataset):
         if unknown:
             raise ValueError(f"{self.source_url}: unknown cameras {unknown}; the dataset has {list(info.cameras)}")
         self.cameras = tuple(cameras)
+        self.resize_mode = resize_mode
+        self.resize_sizes = decode_sizes(resize, resize_mode, self.cameras)
+        self.features = resized_features(self.features, self.resize_sizes)
         self.image_keys = tuple(k for k, v in self.features.items() if v["dtype"] == IMAGE_DTYPE)
         known = [k for k, v in self.features.items() if v["dtype"] != "video"] + list(self.cameras)
         self.delta_offsets = delta_frame_offsets(delta_timestamps or {}, self.fps, tolerance_s, known_keys=known)
@@ -264,6 +273,7 @@ class EpisodePoolDataset(IterableDataset):
             storage_options=self.storage_options,
             cuda_backend=self.cuda_decode_backend,
             strict_cuda=self.strict_cuda_decode,
+            resize_mode=self.resize_mode,
         )
         pool: dict[tuple[int, int], ResidentEpisode] = {}
         try:
@@ -313,10 +323,10 @@ class EpisodePoolDataset(IterableDataset):
         for cam in self.cameras:
             offsets = self.delta_offsets.get(cam)
             if offsets is None:
-                item[cam] = self._images(decoders.frames(episode.clips[cam], [frame]))[0]
+                item[cam] = self._images(decoders.frames(episode.clips[cam], [frame], self.resize_sizes.get(cam)))[0]
             else:
                 idx, pad = window_indices(frame, episode.length, offsets)
-                item[cam] = self._images(decoders.frames(episode.clips[cam], idx.tolist()))
+                item[cam] = self._images(decoders.frames(episode.clips[cam], idx.tolist(), self.resize_sizes.get(cam)))
                 item[f"{cam}_is_pad"] = torch.from_numpy(pad)
         item["task"] = self.tasks[int(episode.columns["task_index"][frame])]
         return item

@@ -3,16 +3,22 @@
 Decoders are built lazily inside the process that iterates (never in the DataLoader parent:
 forked decoders share file offsets), and the cache is bounded because each decoder holds
 megabytes of codec state and, for source mp4s, an open file.
+
+The decode-time resize (for raw datasets and full-size shards) is one batched uint8 resize of
+each call's frames after decoding. torchcodec 0.13's decoder transforms (``VideoDecoder(
+transforms=[Resize(...)])``) do the same inside FFmpeg, but measured 3-4x slower per frame on
+480p (``benchmarks/resize``): they cost more than the decode itself, the uint8 resize less.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import time
 import warnings
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import av
@@ -21,6 +27,8 @@ import numpy as np
 import torch
 from torchcodec.decoders import VideoDecoder, set_cuda_backend
 
+from ..resize import DEFAULT_MODE, camera_sizes, check_mode, check_size, plan_transform
+from ..video import transform_rgb
 from .sources import ClipRef
 
 CUDA_BACKENDS = ("nvdec", "ffmpeg")
@@ -52,6 +60,22 @@ def fallback_message(where: str, device: str, codec: str, status: str) -> str:
     )
 
 
+_plan_transform = functools.lru_cache(maxsize=64)(plan_transform)  # pure: once per (size, target, mode)
+
+
+def decode_sizes(
+    resize: Sequence[int] | Mapping[str, Sequence[int]] | None, mode: str, cameras: Sequence[str]
+) -> dict[str, tuple[int, int]]:
+    """The loader's ``resize`` argument, (height, width) for every camera or per camera, checked."""
+    check_mode(mode)
+    if resize is None:
+        return {}
+    per_camera = dict(resize) if isinstance(resize, Mapping) else {"*": tuple(resize)}
+    for cam, size in per_camera.items():
+        check_size(tuple(size), cam)
+    return camera_sizes(per_camera, cameras)
+
+
 class DecoderCache:
     """LRU cache of ``VideoDecoder`` by clip, with hit/miss/eviction counters."""
 
@@ -64,6 +88,7 @@ class DecoderCache:
         storage_options: dict[str, Any] | None = None,
         cuda_backend: str = "nvdec",
         strict_cuda: bool = False,
+        resize_mode: str = DEFAULT_MODE,
     ) -> None:
         if capacity < 1:
             raise ValueError(f"decoder cache capacity must be at least 1, got {capacity}")
@@ -73,6 +98,7 @@ class DecoderCache:
         self.storage_options = storage_options or {}
         self.cuda_backend = check_cuda_backend(cuda_backend)
         self.strict_cuda = strict_cuda
+        self.resize_mode = resize_mode
         self._decoders: OrderedDict[str, tuple[VideoDecoder, Any]] = OrderedDict()
         self.hits = self.misses = self.evictions = 0
         self.decode_seconds = 0.0
@@ -124,14 +150,18 @@ class DecoderCache:
         if entry is not None and entry[1] is not None:
             entry[1].close()
 
-    def frames(self, clip: ClipRef, indices: Sequence[int]) -> torch.Tensor:
-        """Frames ``indices`` of the episode (not of the file) as uint8 (N, C, H, W), one call."""
+    def frames(self, clip: ClipRef, indices: Sequence[int], size: tuple[int, int] | None = None) -> torch.Tensor:
+        """Frames ``indices`` of the episode (not of the file) as uint8 (N, C, H, W), one call;
+        resized to ``size`` (height, width) as ``resize_mode`` says when given."""
         decoder = self._decoder(clip)
         start = time.perf_counter()
         frames = decoder.get_frames_at([clip.first_frame + int(i) for i in indices]).data
         if self.device != "cpu":
             self._check_fallback(decoder, clip)
             frames = frames.to(self.device)  # a CPU fallback's frames join the other clips' device
+        if size is not None:
+            t = _plan_transform(tuple(frames.shape[-2:]), tuple(size), self.resize_mode)
+            frames = transform_rgb(frames, t) if t is not None else frames
         self.decode_seconds += time.perf_counter() - start
         self.frames_decoded += len(indices)
         return frames
