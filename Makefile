@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 DEMO   ?= out/demo
 
-.PHONY: setup demo test lint bench lerobot-venv clean
+.PHONY: setup demo test lint bench bench-convert lerobot-venv clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	@command -v ffmpeg >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -qq ffmpeg; }
@@ -29,10 +29,14 @@ lint: setup
 	$(VENV)/bin/ruff check src tests benchmarks examples
 	$(VENV)/bin/ruff format --check src tests benchmarks examples
 
-## Benchmarks (figures land in benchmarks/*/results/). The LeRobot baseline needs `make lerobot-venv`.
+## The loader benchmark's quick matrix (benchmarks/README.md): JSON per case, summary.md, summary.csv and
+## charts in benchmarks/results/latest. LeRobot baselines: `make lerobot-venv` (and LEROBOT_LATEST_ROOTFS).
 bench: setup
+	$(PY) benchmarks/bench.py $(BENCH_ARGS)
+
+## Conversion throughput against a plain copy (benchmarks/convert/results/).
+bench-convert: setup
 	$(PY) benchmarks/convert/bench_convert.py
-	$(PY) benchmarks/loader/bench_loader.py
 
 ## A separate venv with LeRobot 0.4.4 for the loader benchmark's baseline (never a dependency).
 lerobot-venv:

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Create (or check) the separate venv that runs the LeRobot baseline of bench_loader.py.
+# Create (or check) the separate venv that runs the LeRobot 0.4.4 baseline of benchmarks/bench.py.
 #
 #   benchmarks/loader/setup_lerobot_venv.sh [DIR]      # default DIR: <repo>/.venv-lerobot
 #
 # LeRobot is never a dependency of lerobot-shards: it lives only in this venv, and the benchmark
-# runs lerobot_baseline.py with this venv's python as a subprocess. Idempotent: when DIR already
+# runs harness/run_lerobot.py with this venv's python as a subprocess. Idempotent: when DIR already
 # holds the pinned versions it does nothing. Needs PyPI (pip as configured on the machine) and
 # ~8 GB of disk (torch 2.9.1 wheels from PyPI bundle CUDA libraries).
 set -euo pipefail

@@ -1,0 +1,284 @@
+"""The loader benchmark: how many samples/s a training loop gets, from local disk and from a shaped bucket.
+
+    .venv/bin/python benchmarks/bench.py                      # the quick matrix (make bench)
+    .venv/bin/python benchmarks/bench.py --size full --batches 200 --out benchmarks/results/full
+    .venv/bin/python benchmarks/bench.py --modes act --sources converted-local \\
+        --opt num_ffmpeg_threads=2 --label ffmpeg2            # one more case: any loader option
+
+Builds (once) a synthetic LeRobot v3.0 dataset with the weight of real footage and its conversion,
+serves both from the real S3-protocol server behind our shaper (30 ms per request, 100 MB/s
+shared by default), and runs every case of the matrix (sources x modes x decodes x workers x
+image dtypes, then the LeRobot baselines, the pure-decode limit and the DataLoader ceiling) in
+its own process with a timeout. One JSON per case lands in ``--out``; ``summarize.py`` then
+writes the table, ``summary.csv`` and the charts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(HERE))
+
+from harness import data  # noqa: E402
+from harness.cases import DECODES, MODES, SOURCES, Case, expand  # noqa: E402
+from harness.runner import LEROBOT, baseline_command, our_command, run_case  # noqa: E402
+from harness.shaper import PROFILES, Profile  # noqa: E402
+
+LEROBOT_LATEST_SH = Path("/work/shared/tools/lerobot-latest.sh")
+
+
+def _list(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def _options(pairs: list[str]) -> dict[str, Any]:
+    """``KEY=VALUE`` pairs; a VALUE that parses as JSON is taken as such (numbers, true, lists)."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise SystemExit(f"option {pair!r} is not KEY=VALUE")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
+def default_baselines() -> list[str]:
+    """LeRobot interpreters found on this machine (see README): NAME=COMMAND."""
+    found = []
+    rootfs = os.environ.get("LEROBOT_LATEST_ROOTFS")
+    if rootfs and LEROBOT_LATEST_SH.is_file():
+        found.append(f"lerobot-0.6.1=bash {LEROBOT_LATEST_SH} run {rootfs} {{dirs}} --")
+    venv = Path(os.environ.get("LEROBOT_VENV", REPO / ".venv-lerobot"))
+    if (venv / "bin/python").is_file():
+        found.append(f"lerobot-0.4.4={venv}/bin/python")
+    return found
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--size", choices=sorted(data.SIZES), default="quick", help="dataset size")
+    ap.add_argument("--data-dir", type=Path, default=REPO / "data/bench", help="where datasets are built and kept")
+    ap.add_argument("--out", type=Path, default=HERE / "results/latest", help="results directory")
+    ap.add_argument("--sources", default=",".join(SOURCES), help=f"subset of {','.join(SOURCES)} ('' for none)")
+    ap.add_argument("--modes", default="frame,act,long", help=f"subset of {','.join(MODES)}")
+    ap.add_argument("--decodes", default="cpu,cuda", help=f"subset of {','.join(DECODES)} (cuda: skipped without GPU)")
+    ap.add_argument("--workers", default="2", help="DataLoader worker counts, e.g. 1,2,4")
+    ap.add_argument("--cuda-workers", type=int, default=1, help="workers for cuda cases (each holds a CUDA context)")
+    ap.add_argument("--image-dtypes", default="uint8", help="uint8,float32")
+    ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--pool-size", type=int, default=8)
+    ap.add_argument("--prefetch-factor", type=int, default=4)
+    ap.add_argument("--resize", help="HxW: resize frames in the loader (passed as resize=(H, W))")
+    ap.add_argument("--warmup-batches", type=int, default=3)
+    ap.add_argument("--batches", type=int, default=40, help="measured batches per case (after warm-up)")
+    ap.add_argument("--timeout", type=float, default=300, help="seconds per case before it is killed")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--profile", choices=sorted(PROFILES), default="cross-region", help="bucket network shape")
+    ap.add_argument("--latency-ms", type=float, help="override the profile's per-request latency")
+    ap.add_argument("--bandwidth-mbps", type=float, help="override the profile's bandwidth (MB/s, 0: none)")
+    ap.add_argument("--opt", action="append", default=[], help="KEY=VALUE for EpisodePoolDataset (repeatable)")
+    ap.add_argument("--convert-opt", action="append", default=[], help="KEY=VALUE for convert_dataset (repeatable)")
+    ap.add_argument("--label", default="", help="names this variant in case names and the table")
+    ap.add_argument(
+        "--baseline",
+        action="append",
+        default=None,
+        help="NAME=COMMAND: a LeRobot interpreter (a python, or a wrapper with {dirs}); default: those found",
+    )
+    ap.add_argument("--baseline-datasets", default="map,streaming", help="LeRobot datasets to run: map,streaming")
+    ap.add_argument("--no-baselines", action="store_true")
+    ap.add_argument("--no-limits", action="store_true", help="skip the pure-decode limit and the DataLoader ceiling")
+    ap.add_argument("--no-summary", action="store_true")
+    ap.add_argument("--prepare-only", action="store_true", help="build the datasets and exit (SLURM's first job)")
+    return ap.parse_args(argv)
+
+
+def _profile(args: argparse.Namespace) -> Profile:
+    p = PROFILES[args.profile]
+    return Profile(
+        p.latency_s if args.latency_ms is None else args.latency_ms / 1000,
+        p.bandwidth if args.bandwidth_mbps is None else args.bandwidth_mbps * 1e6,
+    )
+
+
+def _last_line(text: str) -> str:
+    """The exception message of a (DataLoader-wrapped) traceback, or the note."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    return lines[-1][:300] if lines else ""
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def skip(case: Case, config: dict[str, Any], out: Path, note: str) -> dict[str, Any]:
+    """A case not run, recorded so the table says why."""
+    result = {"status": "skipped", "note": note, "name": case.name, "case": case.to_dict(), "config": config}
+    (out / f"{case.name}.json").write_text(json.dumps(result, indent=1))
+    return result
+
+
+def _git() -> str | None:
+    try:
+        return subprocess.run(
+            ["git", "-C", str(REPO), "describe", "--always", "--dirty"], capture_output=True, text=True, timeout=10
+        ).stdout.strip()
+    except OSError:
+        return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    sources, modes, decodes = _list(args.sources), _list(args.modes), _list(args.decodes)
+    for values, allowed, what in ((sources, SOURCES, "source"), (modes, MODES, "mode"), (decodes, DECODES, "decode")):
+        bad = sorted(set(values) - set(allowed))
+        if bad:
+            raise SystemExit(f"unknown {what} {bad}; choose from {', '.join(allowed)}")
+    baselines = {} if args.no_baselines else dict(b.split("=", 1) for b in (args.baseline or default_baselines()))
+    resize = [int(x) for x in args.resize.lower().split("x")] if args.resize else None
+    cases = expand(
+        sources=sources,
+        modes=modes,
+        decodes=decodes,
+        workers=[int(w) for w in _list(args.workers)],
+        image_dtypes=_list(args.image_dtypes),
+        baselines=list(baselines),
+        baseline_datasets=_list(args.baseline_datasets),
+        limits=not args.no_limits,
+        batch_size=args.batch_size,
+        pool_size=args.pool_size,
+        prefetch_factor=args.prefetch_factor,
+        resize=resize,
+        label=args.label,
+        loader_opts=_options(args.opt),
+    )
+    for case in cases:
+        if case.decode == "cuda":
+            case.workers = min(case.workers, args.cuda_workers)
+    no_cuda = "cuda" in decodes and not _cuda_available()
+
+    out = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    data_dir = args.data_dir.resolve()
+    raw = data.raw_dataset(data_dir, args.size, seed=args.seed)
+    convert_opts = {**data.CONVERT_DEFAULTS[args.size], **_options(args.convert_opt)}
+    converted = data.converted_dataset(raw, convert_opts)
+    if args.prepare_only:
+        print(f"[bench] datasets ready: {raw} and {converted}")
+        return 0
+    info = json.loads((raw / "meta/info.json").read_text())
+    cameras = [k for k, v in info["features"].items() if v["dtype"] == "video"]
+    paths: dict[str, str] = {"raw-local": str(raw), "converted-local": str(converted)}
+    profile = _profile(args)
+    config = {
+        "size": args.size,
+        "dataset": {"episodes": info["total_episodes"], "frames": info["total_frames"], "cameras": len(cameras)},
+        "raw_bytes": data.tree_bytes(raw),
+        "converted_bytes": data.tree_bytes(converted),
+        "convert_options": convert_opts,
+        "network": {
+            "profile": args.profile,
+            "latency_ms": profile.latency_s * 1000,
+            "bandwidth_mb_s": profile.bandwidth / 1e6,
+        },
+        "warmup_batches": args.warmup_batches,
+        "batches": args.batches,
+        "seed": args.seed,
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
+        "git": _git(),
+        "baselines": baselines or "none found (make lerobot-venv; LEROBOT_LATEST_ROOTFS, see README)",
+    }
+    bucket = None
+    if any("bucket" in c.source for c in cases):
+        from harness.storage import Bucket
+
+        bucket = Bucket(profile, out / "logs")
+        print(f"[bench] bucket behind the shaper at {bucket.proxy.url} ({profile.describe()}); uploading", flush=True)
+        paths["raw-bucket"] = bucket.upload(raw, "raw")
+        paths["converted-bucket"] = paths["converted-bucket-warm"] = bucket.upload(converted, "converted")
+    failed = 0
+    try:
+        for i, case in enumerate(cases, 1):
+            if case.decode == "cuda" and no_cuda:
+                result = skip(case, config, out, "no CUDA device on this machine")
+            else:
+                result = _run(case, args, config, paths, cameras, info["fps"], baselines, bucket, out, data_dir)
+            failed += result["status"] not in ("ok", "skipped")
+            rate = result.get("samples_per_s")
+            detail = (
+                f"{rate} samples/s, first batch {result.get('first_batch_s')} s"
+                if rate
+                else _last_line(result.get("note") or result.get("error") or "")
+            )
+            print(
+                f"[bench {time.strftime('%H:%M:%S')}] {i}/{len(cases)} {case.name}: {result['status']}: {detail}",
+                flush=True,
+            )
+    finally:
+        if bucket is not None:
+            bucket.close()
+    if not args.no_summary:
+        from summarize import summarize
+
+        print(summarize(out))
+    return 1 if failed == len(cases) else 0
+
+
+def _run(
+    case: Case,
+    args: argparse.Namespace,
+    config: dict[str, Any],
+    paths: dict[str, str],
+    cameras: list[str],
+    fps: float,
+    baselines: dict[str, str],
+    bucket: Any,
+    out: Path,
+    data_dir: Path,
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "name": case.name,
+        "case": case.to_dict(),
+        "config": config,
+        "paths": paths,
+        "cameras": cameras,
+        "fps": fps,
+        "seed": args.seed,
+        "warmup_batches": args.warmup_batches,
+        "batches": args.batches,
+        "storage_options": bucket.storage_options if bucket else None,
+        "cache_dir": str(out / "cache" / case.name),
+        "hf_home": str(data_dir / "hf-home"),
+    }
+    if ":" in case.kind:
+        command = [*baseline_command(baselines[case.kind.split(":")[0]], [REPO, data_dir, out]), str(LEROBOT)]
+    else:
+        command = our_command()
+    proxy = bucket.proxy if bucket else None
+    try:
+        if case.source == "converted-bucket-warm":  # fill the cache with what the measured run will read
+            primed = run_case({**spec, "name": case.name + "__prime"}, command, out / "priming", args.timeout, proxy)
+            spec["config"] = {**config, "prime": {k: primed.get(k) for k in ("status", "samples", "storage_bytes")}}
+        return run_case(spec, command, out, args.timeout, proxy)
+    finally:
+        shutil.rmtree(out / "cache" / case.name, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

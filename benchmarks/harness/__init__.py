@@ -1,0 +1,1 @@
+"""The loader benchmark harness (see benchmarks/bench.py): cases, runners, shaper, report."""

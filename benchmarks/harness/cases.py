@@ -1,0 +1,111 @@
+"""The benchmark matrix: what a case is, the sample windows (modes), and how the matrix expands.
+
+A case is one loader configuration run in its own process. ``kind`` says which loader:
+``ours`` (EpisodePoolDataset), a LeRobot baseline (``<name>:map`` or ``<name>:streaming`` where
+``<name>`` names an interpreter command), ``pure-decode`` (torchcodec alone, the decode limit per
+core) or ``ceiling`` (same-shape samples with no I/O through the same DataLoader).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+SOURCES = ("raw-local", "converted-local", "raw-bucket", "converted-bucket", "converted-bucket-warm")
+MODES = ("frame", "act", "long")
+DECODES = ("cpu", "cuda")
+STATE, ACTION = "observation.state", "action"
+ACT_CHUNK = 50  # ACT / pi0-like action chunk
+LONG_STEPS, LONG_FRAMES = 160, 8  # reward-model window: 160 steps of state/action, 8 frames over it
+
+
+def camera_offsets(mode: str) -> list[int]:
+    """Frame offsets of each camera's window, in frames."""
+    if mode == "frame":
+        return [0]
+    if mode == "act":
+        return [-1, 0]
+    if mode == "long":
+        step = (LONG_STEPS - 1) / (LONG_FRAMES - 1)
+        return sorted({round(-(LONG_STEPS - 1) + k * step) for k in range(LONG_FRAMES)})
+    raise ValueError(f"unknown mode {mode!r}; choose from {MODES}")
+
+
+def delta_timestamps(mode: str, fps: float, cameras: list[str]) -> dict[str, list[float]] | None:
+    """LeRobot ``delta_timestamps`` of a mode (seconds on the frame grid); None for ``frame``."""
+    if mode == "frame":
+        return None
+    out = {cam: [o / fps for o in camera_offsets(mode)] for cam in cameras}
+    if mode == "act":  # 2 frames per camera, the current state, 50 future actions
+        out[ACTION] = [i / fps for i in range(ACT_CHUNK)]
+    else:  # the past 160 steps of state and action
+        steps = [(i - LONG_STEPS + 1) / fps for i in range(LONG_STEPS)]
+        out[STATE], out[ACTION] = steps, steps
+    return out
+
+
+@dataclass
+class Case:
+    kind: str  # ours | pure-decode | ceiling | <baseline>:map | <baseline>:streaming
+    source: str
+    mode: str
+    decode: str = "cpu"
+    workers: int = 2
+    batch_size: int = 16
+    pool_size: int = 8
+    prefetch_factor: int = 4  # LeRobot's training runs use 4
+    image_dtype: str = "uint8"
+    resize: list[int] | None = None
+    label: str = ""  # names a variant (e.g. loader options under test); part of the case name
+    loader_opts: dict[str, Any] = field(default_factory=dict)  # passed to EpisodePoolDataset as is
+
+    @property
+    def name(self) -> str:
+        parts = [self.kind.replace(":", "-"), self.source, self.mode, self.decode, f"w{self.workers}", self.image_dtype]
+        if self.label:
+            parts.append(self.label)
+        if self.loader_opts:  # distinct options never overwrite each other's results
+            parts.append(hashlib.sha1(json.dumps(self.loader_opts, sort_keys=True).encode()).hexdigest()[:6])
+        return "__".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def expand(
+    *,
+    sources: list[str],
+    modes: list[str],
+    decodes: list[str],
+    workers: list[int],
+    image_dtypes: list[str],
+    baselines: list[str],
+    baseline_datasets: list[str],
+    limits: bool,
+    **common: Any,
+) -> list[Case]:
+    """Every case of the matrix, ours first, then baselines and limits (raw-local, cpu), per mode."""
+    cases = [
+        Case("ours", s, m, d, w, image_dtype=t, **common)
+        for m in modes
+        for s in sources
+        for d in decodes
+        for w in workers
+        for t in image_dtypes
+    ]
+    for m in modes:
+        for w in workers:
+            for b in baselines:
+                cases += [
+                    Case(f"{b}:{kind}", "raw-local", m, "cpu", w, image_dtype=t, **common)
+                    for kind in baseline_datasets
+                    for t in image_dtypes
+                ]
+            if limits:
+                cases.append(Case("pure-decode", "converted-local", m, "cpu", w, image_dtype="uint8", **common))
+                cases += [
+                    Case("ceiling", "converted-local", m, "cpu", w, image_dtype=t, **common) for t in image_dtypes
+                ]
+    return cases

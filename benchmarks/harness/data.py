@@ -1,0 +1,65 @@
+"""The benchmark's datasets: a synthetic LeRobot v3.0 dataset with the weight of real footage, and its conversion.
+
+Built once per size and options under ``DATA_DIR/<key>/`` (``raw/`` and ``converted-<hash>/``)
+and reused by later runs; a build killed half-way is redone (synth_dataset writes info.json last,
+the converter writes its manifest last). Frames are 640x480 AV1 (LeRobot's encoder settings: g=2,
+crf=30) from ``synth --texture realistic``: about 21 KB per frame, like real robot footage.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+CAMERAS = ("observation.images.front", "observation.images.top")
+SIZES: dict[str, dict[str, Any]] = {
+    # the end-to-end test: seconds to build
+    "tiny": dict(num_episodes=6, height=96, width=128, length_range=(30, 50), episodes_per_video_file=3),
+    # `make bench`: ~150 MB, 24 episodes of 3-7 s at 30 fps, two cameras
+    "quick": dict(num_episodes=24, height=480, width=640, length_range=(100, 200), episodes_per_video_file=8),
+    # the README figures: ~2.5 GB
+    "full": dict(num_episodes=160, height=480, width=640, length_range=(150, 450), episodes_per_video_file=20),
+}
+# shards small enough that every worker owns several (the default 512 MB suits TB-scale datasets)
+CONVERT_DEFAULTS: dict[str, dict[str, Any]] = {
+    "tiny": {"episodes_per_shard": 1},
+    "quick": {"shard_size": "16MB"},
+    "full": {"shard_size": "128MB"},
+}
+
+
+def _key(obj: Any) -> str:
+    return hashlib.sha1(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:10]
+
+
+def raw_dataset(data_dir: Path, size: str, codec: str = "av1", seed: int = 0) -> Path:
+    """The raw dataset of ``size`` (built on first use)."""
+    from lerobot_shards.synth import synth_dataset
+
+    spec = dict(SIZES[size], cameras=CAMERAS, codec=codec, gop=2, crf=30, texture="realistic", seed=seed)
+    root = data_dir / f"{size}-{_key(spec)}" / "raw"
+    if not (root / "meta/info.json").is_file():
+        shutil.rmtree(root, ignore_errors=True)
+        print(f"[bench] building the {size} dataset in {root} (once; later runs reuse it)", flush=True)
+        synth_dataset(root, episodes_per_data_file=SIZES[size]["episodes_per_video_file"], **spec)
+    return root
+
+
+def converted_dataset(raw: Path, options: dict[str, Any]) -> Path:
+    """``raw`` converted with ``options`` (``convert_dataset`` keywords), next to it."""
+    from lerobot_shards.convert.run import convert_dataset
+    from lerobot_shards.format import MANIFEST_NAME
+
+    dest = raw.parent / f"converted-{_key(options)}"
+    if not (dest / MANIFEST_NAME).is_file():
+        print(f"[bench] converting into {dest} with {options or 'defaults'}", flush=True)
+        convert_dataset(raw, dest, workers=min(4, os.cpu_count() or 1), progress=False, **options)
+    return dest
+
+
+def tree_bytes(root: Path) -> int:
+    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())

@@ -1,0 +1,198 @@
+"""How every case is measured: one timing loop and one RSS/IO monitor, the same for us and for LeRobot.
+
+Standalone on purpose (standard library only, no lerobot_shards or psutil; Linux /proc): the LeRobot runners import it
+from their own interpreters (a separate venv, or a Debian 13 root where this folder is mounted at
+the same path), so both sides are timed by the same code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+MiB = 1 << 20
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def _children(pid: int) -> list[int]:
+    """Every descendant of ``pid`` (Linux /proc; no psutil, which LeRobot's environments may lack)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        for task in Path(f"/proc/{p}/task").glob("*/children"):
+            try:
+                kids = [int(x) for x in task.read_text().split()]
+            except OSError:
+                continue
+            out += kids
+            todo += kids
+    return out
+
+
+def _rss_and_reads(pid: int) -> tuple[int, int] | None:
+    """(resident bytes, bytes passed to read() calls so far) of one process, None once it is gone."""
+    try:
+        rss = int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE
+        io = dict(line.split(": ") for line in Path(f"/proc/{pid}/io").read_text().splitlines())
+        return rss, int(io["rchar"])
+    except (OSError, ValueError, KeyError, IndexError):
+        return None
+
+
+class Monitor:
+    """Samples RSS and bytes read (``rchar``) of this process and its descendants every ``interval`` s.
+
+    Descendants are the DataLoader workers; those alive before ``start`` are ignored. ``warm()``
+    marks the end of the warm-up so growth is measured from there.
+    """
+
+    def __init__(self, interval: float = 0.1) -> None:
+        self.interval = interval
+        self._series: dict[int, list[tuple[float, int, int]]] = {}  # pid -> (t, rss, rchar)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._ignore: set[int] = set()
+        self.t0 = time.perf_counter()
+        self.t_warm: float | None = None
+
+    def start(self) -> Monitor:
+        self._ignore = set(_children(os.getpid()))
+        self.t0 = time.perf_counter()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def warm(self) -> None:
+        self.t_warm = time.perf_counter() - self.t0
+
+    def _sample(self) -> None:
+        now = time.perf_counter() - self.t0
+        for pid in [os.getpid()] + [c for c in _children(os.getpid()) if c not in self._ignore]:
+            got = _rss_and_reads(pid)
+            if got and got[0]:  # zombies report 0
+                self._series.setdefault(pid, []).append((now, *got))
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._sample()
+            self._stop.wait(self.interval)
+
+    def stop(self) -> dict[str, Any]:
+        """Per-process memory (MiB) and total bytes read since ``start``; call before workers exit."""
+        self._sample()
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        main, workers, read = None, [], 0
+        for pid, series in self._series.items():
+            read += series[-1][2] - series[0][2]
+            row = _memory_row(series, self.t_warm)
+            if pid == os.getpid():
+                main = row
+            else:
+                workers.append(row)
+        workers.sort(key=lambda r: r.pop("first_seen_s"))
+        return {"main": main, "workers": workers, "read_bytes": read}
+
+
+def _memory_row(series: list[tuple[float, int, int]], t_warm: float | None) -> dict[str, Any]:
+    t_warm = series[0][0] if t_warm is None else t_warm
+    after = [rss for t, rss, _ in series if t >= t_warm] or [series[-1][1]]
+    half = after[len(after) // 2 :]
+    return {
+        "first_seen_s": series[0][0],
+        "warm_mb": round(after[0] / MiB, 1),
+        "peak_mb": round(max(rss for _, rss, _ in series) / MiB, 1),
+        "end_mb": round(series[-1][1] / MiB, 1),
+        # a leak lifts the floor that batch buffers come and go above: min of the 2nd half - min of the 1st
+        "floor_growth_mb": round((min(half) - min(after[: max(1, len(after) // 2)])) / MiB, 1),
+    }
+
+
+def percentiles(values: list[float], qs: Iterable[int] = (50, 95, 99)) -> dict[str, float | None]:
+    ordered = sorted(values)
+    out: dict[str, float | None] = {}
+    for q in qs:
+        out[f"p{q}"] = ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))] if ordered else None
+    return out
+
+
+def drive(
+    loader: Iterable[Any],
+    *,
+    warmup_batches: int,
+    batches: int,
+    frames_per_sample: int,
+    batch_len: Callable[[Any], int],
+) -> dict[str, Any]:
+    """Iterate ``loader`` as a training loop that does nothing else and time what it waits for.
+
+    Rates are over the post-warm-up wall clock (from the end of batch ``warmup_batches`` to the
+    last batch), so worker start-up and pool fill show only in ``first_batch_s``. Each wait is the
+    time one ``next()`` blocked; their percentiles are over the measured batches only. Memory and
+    bytes read cover the process tree from ``iter()`` on.
+    """
+    monitor = Monitor().start()
+    t0 = time.perf_counter()
+    it = iter(loader)
+    waits: list[float] = []
+    first = t_warm = None
+    samples = warm_samples = 0
+    while len(waits) < warmup_batches + batches:
+        t = time.perf_counter()
+        try:
+            batch = next(it)
+        except StopIteration:
+            break
+        now = time.perf_counter()
+        waits.append(now - t)
+        samples += batch_len(batch)
+        del batch
+        if first is None:
+            first = now - t0
+        if len(waits) == warmup_batches or (warmup_batches == 0 and t_warm is None):
+            t_warm, warm_samples = (now, samples) if warmup_batches else (t0, 0)
+            monitor.warm()
+    end = time.perf_counter()
+    measured = waits[warmup_batches:]
+    span = end - t_warm if t_warm is not None and measured else None
+    sps = (samples - warm_samples) / span if span else None
+    out = {
+        "batches": len(waits),
+        "measured_batches": len(measured),
+        "samples": samples,
+        "measured_samples": samples - warm_samples,
+        "wall_s": round(end - t0, 3),
+        "measured_s": round(span, 3) if span else None,
+        "first_batch_s": round(first, 3) if first is not None else None,
+        "samples_per_s": round(sps, 2) if sps else None,
+        "frames_per_s": round(sps * frames_per_sample, 1) if sps else None,
+        "wait_s": {k: (round(v, 4) if v is not None else None) for k, v in percentiles(measured).items()},
+        "epoch_ended": len(waits) < warmup_batches + batches,
+    }
+    out["memory"] = monitor.stop()  # while the workers are still alive
+    del it  # shuts the workers down
+    return out
+
+
+def run_main(body: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+    """Entry point of a case process: read the case JSON (argv[1]), run ``body``, write argv[2].
+
+    A Python exception becomes ``status: error`` with its traceback; a crash or an OOM kill
+    leaves no file and the parent records it from the exit code.
+    """
+    case = json.loads(Path(sys.argv[1]).read_text())
+    try:
+        result = {"status": "ok", **body(case)}
+    except Exception as e:  # reported in the results, the matrix goes on
+        result = {"status": "error", "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-3000:]}
+    tmp = Path(sys.argv[2] + ".tmp")
+    tmp.write_text(json.dumps(result, indent=1, default=str))
+    os.replace(tmp, sys.argv[2])

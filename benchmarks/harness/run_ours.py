@@ -1,0 +1,166 @@
+"""One case of ours, or a limit, in its own process: ``run_ours.py CASE.json RESULT.json``.
+
+- ``ours``: EpisodePoolDataset on the case's source through a DataLoader, timed by ``measure.drive``.
+- ``ceiling``: samples shaped exactly like ours (same keys, dtypes, shapes; float images converted
+  per sample as the loader does) made without I/O, through the same DataLoader: the most any
+  DataLoader-based loader can deliver here.
+- ``pure-decode``: the library's own ``DecoderCache`` decoding the frames of random samples of
+  pool-resident episodes, in this one process (one core): the decode limit per core. The limit
+  for N workers is N times that, as long as N <= cores.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info  # noqa: E402
+
+from harness.cases import camera_offsets, delta_timestamps  # noqa: E402
+from harness.measure import drive, run_main  # noqa: E402
+
+DTYPES = {"uint8": torch.uint8, "float32": torch.float32}
+
+
+def _dataset(spec: dict[str, Any], source: str | None = None, **overrides: Any) -> Any:
+    from lerobot_shards.loader import EpisodePoolDataset
+
+    case = spec["case"]
+    source = source or case["source"]
+    kwargs: dict[str, Any] = dict(
+        delta_timestamps=delta_timestamps(case["mode"], spec["fps"], spec["cameras"]),
+        episode_pool_size=case["pool_size"],
+        seed=spec["seed"],
+        image_dtype=DTYPES[case["image_dtype"]],
+        video_decode_device=case["decode"],
+    )
+    if "bucket" in source:
+        kwargs["storage_options"] = spec["storage_options"]
+    if source == "converted-bucket-warm":
+        kwargs["cache_dir"] = spec["cache_dir"]
+    if case["resize"]:
+        kwargs["resize"] = tuple(case["resize"])
+    kwargs.update(case["loader_opts"], **overrides)
+    return EpisodePoolDataset(spec["paths"][source], **kwargs)
+
+
+def _loader(spec: dict[str, Any], dataset: Any) -> DataLoader:
+    case = spec["case"]
+    extra: dict[str, Any] = {}
+    if case["workers"]:
+        extra["prefetch_factor"] = case["prefetch_factor"]
+        if case["decode"] != "cpu":
+            extra["multiprocessing_context"] = "spawn"  # CUDA cannot start in forked workers
+    return DataLoader(dataset, batch_size=case["batch_size"], num_workers=case["workers"], **extra)
+
+
+def _frames_per_sample(spec: dict[str, Any]) -> int:
+    return len(camera_offsets(spec["case"]["mode"])) * len(spec["cameras"])
+
+
+def _drive(spec: dict[str, Any], loader: Any) -> dict[str, Any]:
+    return drive(
+        loader,
+        warmup_batches=spec["warmup_batches"],
+        batches=spec["batches"],
+        frames_per_sample=_frames_per_sample(spec),
+        batch_len=lambda b: len(b["index"]),
+    )
+
+
+def run_loader(spec: dict[str, Any]) -> dict[str, Any]:
+    if spec["case"]["decode"] != "cpu" and not torch.cuda.is_available():
+        return {"status": "skipped", "note": "no CUDA device on this machine"}
+    dataset = _dataset(spec)
+    result = _drive(spec, _loader(spec, dataset))
+    total = dataset.stats()["total"]
+    lookups = total["decoder_hits"] + total["decoder_misses"]
+    result["decoder_hit_rate"] = round(total["decoder_hits"] / lookups, 4) if lookups else None
+    result["loader_stats"] = total
+    return result
+
+
+class TemplateDataset(IterableDataset):
+    """``num_samples`` copies of one real sample, made the way the loader makes them, without I/O."""
+
+    def __init__(self, template: dict[str, Any], num_samples: int, float_images: bool) -> None:
+        super().__init__()
+        self.num_samples, self.float_images = num_samples, float_images
+        self.template = {k: (v * 255).round().to(torch.uint8) if self._image(k, v) else v for k, v in template.items()}
+
+    def _image(self, key: str, value: Any) -> bool:
+        return self.float_images and isinstance(value, torch.Tensor) and value.is_floating_point() and value.dim() >= 3
+
+    def __iter__(self):
+        info = get_worker_info()
+        worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
+        for _ in range(worker, self.num_samples, workers):
+            out = {}
+            for k, v in self.template.items():
+                if isinstance(v, torch.Tensor):
+                    out[k] = (
+                        v.float().div_(255)
+                        if self.float_images and v.dtype == torch.uint8 and v.dim() >= 3
+                        else v.clone()
+                    )
+                else:
+                    out[k] = v
+            yield out
+
+
+def run_ceiling(spec: dict[str, Any]) -> dict[str, Any]:
+    case = spec["case"]
+    sample = next(iter(_dataset(spec)))
+    n = (spec["warmup_batches"] + spec["batches"]) * case["batch_size"]
+    dataset = TemplateDataset(sample, n, float_images=case["image_dtype"] == "float32")
+    return _drive(spec, _loader(spec, dataset))
+
+
+def run_pure_decode(spec: dict[str, Any]) -> dict[str, Any]:
+    from lerobot_shards.loader.decode import DecoderCache
+    from lerobot_shards.loader.sources import open_source
+
+    case = spec["case"]
+    source = open_source(spec["paths"]["converted-local"])
+    rng = random.Random(spec["seed"])
+    resident = []
+    for shard in rng.sample(source.info.shards, len(source.info.shards)):
+        resident += [source.read_episode(shard.index, e) for e in shard.episodes]
+        if len(resident) >= case["pool_size"]:
+            break
+    resident = resident[: case["pool_size"]]
+    cache = DecoderCache(len(resident) * len(spec["cameras"]), device=case["decode"])
+    offsets = camera_offsets(case["mode"])
+    n = (spec["warmup_batches"] + spec["batches"]) * case["batch_size"]
+    frames, start = 0, time.perf_counter()
+    for _ in range(n):
+        ep = rng.choice(resident)
+        f = rng.randrange(ep.length)
+        for cam in spec["cameras"]:
+            frames += len(cache.frames(ep.clips[cam], [min(max(f + o, 0), ep.length - 1) for o in offsets]))
+    wall = time.perf_counter() - start
+    per_core = n / wall
+    cores = min(max(1, case["workers"]), os.cpu_count() or 1)
+    return {
+        "samples": n,
+        "wall_s": round(wall, 3),
+        "per_core_samples_per_s": round(per_core, 2),
+        "per_core_frames_per_s": round(frames / wall, 1),
+        "cores": cores,
+        "samples_per_s": round(per_core * cores, 2),  # the limit for this case's worker count
+        "frames_per_s": round(frames / wall * cores, 1),
+        "decode_seconds": round(cache.decode_seconds, 3),
+    }
+
+
+RUNNERS = {"ours": run_loader, "ceiling": run_ceiling, "pure-decode": run_pure_decode}
+
+if __name__ == "__main__":
+    run_main(lambda spec: RUNNERS[spec["case"]["kind"]](spec))

@@ -1,0 +1,152 @@
+"""The benchmark harness (benchmarks/): the shaper shapes, a tiny matrix runs end to end, scripts parse.
+
+The harness reports figures and never asserts them; these tests only keep it from rotting. The
+shaper test asserts lower bounds (a response can never come sooner than the latency it adds, a
+transfer never faster than the cap), which machine load cannot break.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from harness.cases import Case, camera_offsets, delta_timestamps, expand  # noqa: E402
+from harness.shaper import Profile, ShapedProxy  # noqa: E402
+
+RESPONSE = 1 << 20
+
+
+def _upstream() -> tuple[socket.socket, int]:
+    """A server that answers every line it receives with RESPONSE bytes."""
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        conn, _ = server.accept()
+        with conn, conn.makefile("rb") as lines:
+            for _ in lines:
+                conn.sendall(b"x" * RESPONSE)
+
+    threading.Thread(target=serve, daemon=True).start()
+    return server, server.getsockname()[1]
+
+
+def _request(conn: socket.socket) -> tuple[float, float]:
+    """Seconds to the first byte and to the whole response of one request."""
+    start = time.monotonic()
+    conn.sendall(b"GET\n")
+    got, first = 0, None
+    while got < RESPONSE:
+        chunk = conn.recv(1 << 16)
+        assert chunk, "connection closed mid-response"
+        first = first if first is not None else time.monotonic() - start
+        got += len(chunk)
+    return first, time.monotonic() - start
+
+
+def test_shaper_delays_each_request_and_caps_bandwidth() -> None:
+    server, port = _upstream()
+    latency, rate = 0.2, 4e6  # 1 MiB at 4 MB/s: at least ~0.25 s
+    with server, ShapedProxy(("127.0.0.1", port), Profile(latency, rate)) as proxy:
+        with socket.create_connection(("127.0.0.1", proxy.port)) as conn:
+            for _ in range(2):  # every request on a kept-alive connection pays the latency
+                first, whole = _request(conn)
+                assert first >= latency
+                assert whole >= latency + (RESPONSE - proxy._down.burst) / rate
+        assert proxy.bytes_down == 2 * RESPONSE and proxy.requests == 2
+
+
+def test_modes_match_their_definition() -> None:
+    fps, cams = 30, ["a", "b"]
+    assert delta_timestamps("frame", fps, cams) is None
+    act = delta_timestamps("act", fps, cams)
+    assert act["a"] == act["b"] == [-1 / fps, 0.0] and len(act["action"]) == 50 and act["action"][0] == 0
+    long = delta_timestamps("long", fps, cams)
+    assert len(long["observation.state"]) == len(long["action"]) == 160 and long["action"][-1] == 0
+    assert len(long["a"]) == 8 and camera_offsets("long")[0] == -159 and camera_offsets("long")[-1] == 0
+    with pytest.raises(ValueError, match="unknown mode"):
+        camera_offsets("huge")
+
+
+def test_matrix_names_are_unique() -> None:
+    cases = expand(
+        sources=["raw-local", "converted-bucket"],
+        modes=["act", "long"],
+        decodes=["cpu", "cuda"],
+        workers=[1, 2],
+        image_dtypes=["uint8", "float32"],
+        baselines=["lerobot-0.6.1"],
+        baseline_datasets=["map", "streaming"],
+        limits=True,
+    )
+    names = [c.name for c in cases]
+    assert len(names) == len(set(names)) == 2 * 2 * 2 * 2 * 2 + 2 * 2 * (2 * 2 + 1 + 2)
+    assert Case("ours", "raw-local", "act", loader_opts={"x": 1}).name != Case("ours", "raw-local", "act").name
+
+
+def test_tiny_matrix_end_to_end(tmp_path: Path) -> None:
+    """One source per kind (local raw, bucket converted), the limits, two batches each; then the summary."""
+    out = tmp_path / "results"
+    args = ["--size", "tiny", "--data-dir", str(tmp_path / "data"), "--out", str(out), "--modes", "act"]
+    args += ["--sources", "raw-local,converted-bucket", "--decodes", "cpu", "--workers", "1", "--no-baselines"]
+    args += ["--batch-size", "4", "--warmup-batches", "1", "--batches", "2", "--timeout", "240"]
+    run = subprocess.run([sys.executable, str(REPO / "benchmarks/bench.py"), *args], capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    results = {p.stem: json.loads(p.read_text()) for p in out.glob("*.json")}
+    assert {r["case"]["kind"] for r in results.values()} == {"ours", "pure-decode", "ceiling"}
+    for name, r in results.items():
+        assert r["status"] == "ok", (name, r.get("error"), r.get("log_tail"))
+        assert r["samples_per_s"] > 0 and r["config"]["size"] == "tiny"
+    loaders = [r for r in results.values() if r["case"]["kind"] == "ours"]
+    assert {r["case"]["source"] for r in loaders} == {"raw-local", "converted-bucket"}
+    for r in loaders:
+        assert r["measured_batches"] == 2 and r["samples"] == 12 and r["first_batch_s"] > 0
+        assert r["wait_s"]["p50"] is not None and r["decoder_hit_rate"] is not None
+        assert r["storage_bytes_per_sample"] > 0 and r["memory"]["workers"]
+    summary = (out / "summary.md").read_text()
+    assert "## Targets" in summary and "converted-bucket >= 0.8x converted-local" in summary
+    with open(out / "summary.csv") as f:
+        assert len(list(csv.DictReader(f))) == len(results)
+    for png in ("throughput.png", "wait.png"):
+        assert (out / png).read_bytes()[:4] == b"\x89PNG"
+    (out / "summary.md").unlink()
+    again = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks/summarize.py"), str(out)], capture_output=True, text=True
+    )
+    assert again.returncode == 0 and (out / "summary.md").read_text() == summary
+    bad = subprocess.run([sys.executable, str(REPO / "benchmarks/summarize.py")], capture_output=True, text=True)
+    assert bad.returncode != 0 and "usage" in bad.stderr
+
+
+@pytest.mark.parametrize("script", sorted(p.name for p in (REPO / "slurm").iterdir()))
+def test_slurm_scripts_parse(script: str) -> None:
+    subprocess.run(["bash", "-n", str(REPO / "slurm" / script)], check=True)
+    if shutil.which("shellcheck"):
+        subprocess.run(["shellcheck", "-S", "warning", str(REPO / "slurm" / script)], check=True)
+
+
+def test_slurm_matrix_submits_one_job_per_case_then_the_summary(tmp_path: Path) -> None:
+    env = {"PATH": "/usr/bin:/bin", "DRY_RUN": "1", "SOURCES": "raw-local,converted-bucket", "MODES": "act"}
+    env |= {"DECODES": "cpu,cuda", "WORKERS": "2,4", "RESULTS": str(tmp_path / "r"), "ACCOUNT": "acct"}
+    run = subprocess.run(
+        ["bash", str(REPO / "slurm/benchmark_matrix.sh")], env=env, cwd=REPO, capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stderr
+    submitted = [line for line in run.stderr.splitlines() if line.startswith("sbatch ")]
+    # prepare + 2 sources x (2 cpu worker counts + 1 cuda) + 1 baselines/limits + summary
+    assert len(submitted) == 1 + 2 * 3 + 1 + 1
+    assert all("--account=acct" in line and "--gres=gpu:1" in line for line in submitted)
+    cuda = [line for line in submitted if "--decodes\\ cuda" in line]
+    assert len(cuda) == 2 and all("--workers\\ 2\\ " in line for line in cuda)
+    assert "afterany:" in submitted[-1] and "summarize.py" in submitted[-1]
