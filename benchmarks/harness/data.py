@@ -17,12 +17,13 @@ from typing import Any
 
 CAMERAS = ("observation.images.front", "observation.images.top")
 SIZES: dict[str, dict[str, Any]] = {
-    # the end-to-end test: seconds to build
-    "tiny": dict(num_episodes=6, height=96, width=128, length_range=(30, 50), episodes_per_video_file=3),
-    # `make bench`: ~150 MB, 24 episodes of 3-7 s at 30 fps, two cameras
-    "quick": dict(num_episodes=24, height=480, width=640, length_range=(100, 200), episodes_per_video_file=8),
-    # the README figures: ~2.5 GB
-    "full": dict(num_episodes=160, height=480, width=640, length_range=(150, 450), episodes_per_video_file=20),
+    # the end-to-end test: seconds to build; several mp4s per camera, as large datasets have
+    "tiny": dict(num_episodes=6, height=96, width=128, length_range=(30, 50), episodes_per_file=3),
+    # `make bench`: ~150 MB, 24 episodes of 3-7 s at 30 fps, two cameras; one mp4 per camera, as
+    # LeRobot writes a dataset this small (it starts a new file at 500 MB of video, 100 MB of data)
+    "quick": dict(num_episodes=24, height=480, width=640, length_range=(100, 200), episodes_per_file=24),
+    # the README figures: ~2.5 GB, ~500 MB mp4s
+    "full": dict(num_episodes=160, height=480, width=640, length_range=(150, 450), episodes_per_file=40),
 }
 # shards small enough that every worker owns several (the default 512 MB suits TB-scale datasets)
 CONVERT_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -42,10 +43,11 @@ def raw_dataset(data_dir: Path, size: str, codec: str = "av1", seed: int = 0) ->
 
     spec = dict(SIZES[size], cameras=CAMERAS, codec=codec, gop=2, crf=30, texture="realistic", seed=seed)
     root = data_dir / f"{size}-{_key(spec)}" / "raw"
+    per_file = spec.pop("episodes_per_file")
     if not (root / "meta/info.json").is_file():
         shutil.rmtree(root, ignore_errors=True)
         print(f"[bench] building the {size} dataset in {root} (once; later runs reuse it)", flush=True)
-        synth_dataset(root, episodes_per_data_file=SIZES[size]["episodes_per_video_file"], **spec)
+        synth_dataset(root, episodes_per_video_file=per_file, episodes_per_data_file=per_file, **spec)
     return root
 
 
