@@ -8,6 +8,7 @@ crf=30) from ``synth --texture realistic``: about 21 KB per frame, like real rob
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -28,8 +29,8 @@ SIZES: dict[str, dict[str, Any]] = {
 # shards small enough that every worker owns several (the default 512 MB suits TB-scale datasets)
 CONVERT_DEFAULTS: dict[str, dict[str, Any]] = {
     "tiny": {"episodes_per_shard": 1},
-    "quick": {"shard_size": "16MB"},
-    "full": {"shard_size": "128MB"},
+    "quick": {"shard_bytes": "16MB"},
+    "full": {"shard_bytes": "128MB"},
 }
 
 
@@ -52,14 +53,19 @@ def raw_dataset(data_dir: Path, size: str, codec: str = "av1", seed: int = 0) ->
 
 
 def converted_dataset(raw: Path, options: dict[str, Any]) -> Path:
-    """``raw`` converted with ``options`` (``convert_dataset`` keywords), next to it."""
+    """``raw`` converted with ``options``, next to it: ``ConvertOptions`` fields (sizes such as
+    ``shard_bytes=16MB`` parsed) and any other ``convert_dataset`` keyword."""
+    from lerobot_shards.convert.plan import ConvertOptions, parse_size
     from lerobot_shards.convert.run import convert_dataset
     from lerobot_shards.format import MANIFEST_NAME
 
     dest = raw.parent / f"converted-{_key(options)}"
     if not (dest / MANIFEST_NAME).is_file():
         print(f"[bench] converting into {dest} with {options or 'defaults'}", flush=True)
-        convert_dataset(raw, dest, workers=min(4, os.cpu_count() or 1), progress=False, **options)
+        fields = {f.name for f in dataclasses.fields(ConvertOptions)}
+        given = {k: parse_size(v) if k == "shard_bytes" else v for k, v in options.items() if k in fields}
+        run = {k: v for k, v in options.items() if k not in fields}
+        convert_dataset(raw, dest, ConvertOptions(**given), workers=min(4, os.cpu_count() or 1), progress=False, **run)
     return dest
 
 
