@@ -21,13 +21,14 @@ setup: $(VENV)/.installed
 demo: setup
 	$(VENV)/bin/lerobot-shards demo --out $(DEMO)
 
-## Lint (ruff) and the test suite.
+## Lint (ruff, mypy) and the test suite.
 test: setup lint
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check src tests benchmarks examples
 	$(VENV)/bin/ruff format --check src tests benchmarks examples
+	$(VENV)/bin/mypy src
 
 ## The loader benchmark's quick matrix (benchmarks/README.md): JSON per case, summary.md, summary.csv and
 ## charts in benchmarks/results/latest. LeRobot baselines: `make lerobot-venv` (and LEROBOT_LATEST_ROOTFS).

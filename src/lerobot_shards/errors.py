@@ -96,7 +96,7 @@ def explain(exc: BaseException, urls: Iterable[str | None] = ()) -> str:
     ``urls`` are the locations the command was given (source, destination), used to say which
     of them an object-store error concerns when the exception itself does not.
     """
-    urls = [u for u in urls if u]
+    given = [u for u in urls if u]
     for e in _chain(exc):
         name = type(e).__name__
         kwargs = getattr(e, "kwargs", None) or {}
@@ -106,14 +106,14 @@ def explain(exc: BaseException, urls: Iterable[str | None] = ()) -> str:
             request = str(kwargs["endpoint_url"])
             m = re.match(r"^([a-z0-9+.-]+://[^/]+)", request)
             endpoint = m.group(1) if m else request
-            where = next((u for u in urls if "://" in u and u.split("://", 1)[1].split("/", 1)[0] in request), None)
+            where = next((u for u in given if "://" in u and u.split("://", 1)[1].split("/", 1)[0] in request), None)
             what = "cannot connect to" if name == "EndpointConnectionError" else "timed out talking to"
             return (
                 f"{where or request}: {what} the storage endpoint {endpoint}; check endpoint_url in "
                 f"--storage-options (or AWS_ENDPOINT_URL) and that the server is up"
             )
         if name in ("NoCredentialsError", "PartialCredentialsError"):
-            where = next((u for u in urls if u.startswith("s3://")), "s3")
+            where = next((u for u in given if u.startswith("s3://")), "s3")
             return (
                 f"{where}: no credentials found; set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or pass "
                 f'"key"/"secret" (or "anon": true for public buckets) in --storage-options'
@@ -122,7 +122,7 @@ def explain(exc: BaseException, urls: Iterable[str | None] = ()) -> str:
         if isinstance(response, dict) and isinstance(response.get("Error"), dict):
             error = response["Error"]
             code, bucket = str(error.get("Code", "")), str(error.get("BucketName", ""))
-            where = _matching(urls, bucket) or (f"s3://{bucket}" if bucket else (urls[0] if urls else "storage"))
+            where = _matching(given, bucket) or (f"s3://{bucket}" if bucket else (given[0] if given else "storage"))
             if code == "NoSuchBucket":
                 return f"{where}: bucket {bucket!r} does not exist; create it or correct the URL"
             if code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403"):
@@ -136,7 +136,7 @@ def explain(exc: BaseException, urls: Iterable[str | None] = ()) -> str:
                 "remove it or check the file system's documentation (e.g. s3fs.S3FileSystem)"
             )
         if isinstance(e, OSError) and e.errno in _ERRNO_HINTS:
-            where = e.filename or (urls[-1] if urls else "")
+            where = e.filename or (given[-1] if given else "")
             return f"{where}: {_ERRNO_HINTS[e.errno]}" if where else _ERRNO_HINTS[e.errno]
     text = str(exc) or type(exc).__name__
     return f"{type(exc).__name__}: {text} (run with -vv for the traceback)"

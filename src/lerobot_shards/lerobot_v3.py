@@ -243,7 +243,7 @@ class LeRobotV3Source:
         return tuple(episodes), stats
 
     def _episode_from_row(self, row: dict[str, Any], where: str) -> EpisodeMeta:
-        ep = row.get("episode_index")
+        ep: Any = row.get("episode_index")  # checked below with the other required fields
         at = f"{where}: episode {ep}"
         for key in (
             "episode_index",
@@ -271,7 +271,7 @@ class LeRobotV3Source:
         )
         videos: dict[str, VideoRef] = {}
         for cam in self.camera_keys:
-            fields = {
+            fields: dict[str, Any] = {
                 k: row.get(f"videos/{cam}/{k}") for k in ("chunk_index", "file_index", "from_timestamp", "to_timestamp")
             }
             missing = [f"videos/{cam}/{k}" for k, v in fields.items() if v is None]

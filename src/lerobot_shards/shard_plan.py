@@ -35,6 +35,8 @@ def shard_target(
 
 @dataclass(frozen=True)
 class EpisodeSize:
+    """What planning needs of one source episode: its frames and its estimated bytes in a shard."""
+
     episode_index: int
     length: int  # frames
     est_bytes: int  # estimated bytes of its members in a shard
@@ -42,6 +44,8 @@ class EpisodeSize:
 
 @dataclass(frozen=True)
 class PlannedShard:
+    """One shard of the plan: its episodes in order, with their frame and estimated byte totals."""
+
     index: int
     episodes: tuple[int, ...]
     frames: int
@@ -69,23 +73,21 @@ def plan_shards(
         perm = np.random.default_rng(shuffle_seed).permutation(len(order))
         order = [order[i] for i in perm]
 
+    # A shard's fill: its episode count, or its bytes, measured against the one target.
+    by_count = episodes_per_shard is not None
+    target = episodes_per_shard if by_count else target_bytes
+    assert target is not None  # shard_target sets exactly one of them
     groups: list[list[EpisodeSize]] = []
     current: list[EpisodeSize] = []
-    current_bytes = 0
+    fill = 0
     for ep in order:
         current.append(ep)
-        current_bytes += ep.est_bytes
-        full = len(current) >= episodes_per_shard if episodes_per_shard is not None else current_bytes >= target_bytes
-        if full:
+        fill += 1 if by_count else ep.est_bytes
+        if fill >= target:
             groups.append(current)
-            current, current_bytes = [], 0
+            current, fill = [], 0
     if current:
-        small = (
-            len(current) * 2 < episodes_per_shard
-            if episodes_per_shard is not None
-            else current_bytes * 2 < target_bytes
-        )
-        if groups and small:
+        if groups and fill * 2 < target:
             groups[-1].extend(current)
         else:
             groups.append(current)

@@ -16,7 +16,7 @@ import json
 import os
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import av
 import numpy as np
@@ -135,7 +135,8 @@ def _realistic_scene(seed: int, episode: int, camera: int, height: int, width: i
     """
     rng = np.random.default_rng([seed, episode, camera, 7])
     h, w = height + 2 * SHAKE_MARGIN, width + 2 * SHAKE_MARGIN
-    scene = sum(amp * _smooth_noise(rng, h, w, cell) for amp, cell in ((1.0, 64), (0.6, 16), (0.4, 4), (0.25, 2)))
+    layers = (amp * _smooth_noise(rng, h, w, cell) for amp, cell in ((1.0, 64), (0.6, 16), (0.4, 4), (0.25, 2)))
+    scene = cast(np.ndarray, sum(layers))
     scene *= REALISTIC_AMPLITUDE / scene.std()
     colour = rng.uniform(0.5, 1.0, 3).astype(np.float32)
     return scene[..., None] * colour
@@ -263,7 +264,7 @@ def _stats_type(stat: str, dtype: str) -> pa.DataType:
 # ---------------------------------------------------------------- writing helpers
 
 
-def _write_atomic(path: Path, write: Callable[[Path], None]) -> None:
+def _write_atomic(path: Path, write: Callable[[Path], object]) -> None:
     """Write to a temporary name and rename, so a crash never leaves a half file under the real name."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + TMP_SUFFIX)

@@ -89,10 +89,10 @@ def _describe(src: Source) -> str:
 
 def _open(src: Source) -> av.container.InputContainer:
     if isinstance(src, (str, os.PathLike)):
-        return av.open(str(src))
+        return av.open(str(src), "r")
     if isinstance(src, (bytes, bytearray, memoryview)):
-        return av.open(io.BytesIO(bytes(src)))
-    return av.open(src)
+        return av.open(io.BytesIO(bytes(src)), "r")
+    return av.open(src, "r")
 
 
 def _open_output(dst: str | os.PathLike[str] | BinaryIO) -> av.container.OutputContainer:
@@ -103,6 +103,19 @@ def _video_stream(container: av.container.InputContainer, src: Source) -> av.vid
     if not container.streams.video:
         raise ClipError(f"{_describe(src)}: no video stream")
     return container.streams.video[0]
+
+
+def _time_base(stream: av.video.stream.VideoStream) -> Fraction:
+    if stream.time_base is None:
+        raise ClipError(f"stream {stream.index}: time base unknown")
+    return stream.time_base
+
+
+def _ts(value: int | None, what: str) -> int:
+    """A packet's pts/dts/duration where the clip must have one (PyAV gives None when absent)."""
+    if value is None:
+        raise ClipError(f"a packet has no {what}")
+    return value
 
 
 def _stream_fps(stream: av.video.stream.VideoStream) -> Fraction:
@@ -161,6 +174,8 @@ class _Encoder:
 
     def open(self, width: int, height: int) -> None:
         stream = self._out.add_stream(CODECS[self._codec], rate=self._rate, options=self._options)
+        if not isinstance(stream, av.video.stream.VideoStream):
+            raise TypeError(f"{CODECS[self._codec]} is not a video encoder")
         stream.height, stream.width = height, width
         stream.pix_fmt = self._pix_fmt
         stream.codec_context.thread_count = self._threads
@@ -169,6 +184,8 @@ class _Encoder:
         self.stream = stream
 
     def encode(self, frame: av.VideoFrame) -> None:
+        if self.stream is None:
+            raise ValueError(f"{_describe(self._dst)}: open() the encoder before encoding")
         frame.pts = self.count
         self.count += 1
         self._out.mux(self.stream.encode(frame))
@@ -248,10 +265,11 @@ def concat_clips(srcs: Sequence[Source], dst: str | os.PathLike[str] | BinaryIO)
             with _open(src) as container:
                 stream = _video_stream(container, src)
                 ctx = stream.codec_context
-                signature = (ctx.codec.canonical_name, ctx.width, ctx.height, stream.time_base, ctx.extradata)
-                if out_stream is None:
+                tb = _time_base(stream)
+                signature = (ctx.codec.canonical_name, ctx.width, ctx.height, tb, ctx.extradata)
+                if out_stream is None or first is None:
                     out_stream = out.add_stream_from_template(stream, opaque=True)
-                    out_stream.time_base = stream.time_base
+                    out_stream.time_base = tb
                     first = signature
                 elif signature != first:
                     raise ClipError(
@@ -262,13 +280,13 @@ def concat_clips(srcs: Sequence[Source], dst: str | os.PathLike[str] | BinaryIO)
                 if not packets:
                     raise ClipError(f"{_describe(src)}: no video packets")
                 _check_order(packets, _describe(src))
-                start = packets[0].pts
-                end = max(p.pts + p.duration for p in packets)
+                start = _ts(packets[0].pts, "pts")
+                end = max(_ts(p.pts, "pts") + _ts(p.duration, "duration") for p in packets)
                 for p in packets:
-                    p.pts = p.dts = p.pts - start + offset
+                    p.pts = p.dts = _ts(p.pts, "pts") - start + offset
                     p.stream = out_stream
                     out.mux(p)
-                starts.append(float(offset * stream.time_base))
+                starts.append(float(offset * tb))
                 offset += end - start
     finally:
         out.close()
@@ -281,12 +299,15 @@ def probe_clip(src: Source) -> ProbeResult:
         stream = _video_stream(container, src)
         ctx = stream.codec_context
         frames = sorted(
-            (FrameEntry(int(p.pts), int(p.duration), bool(p.is_keyframe)) for p in _packets(container, stream)),
+            (
+                FrameEntry(_ts(p.pts, "pts"), _ts(p.duration, "duration"), bool(p.is_keyframe))
+                for p in _packets(container, stream)
+            ),
             key=lambda f: f.pts,
         )
         if not frames:
             raise ClipError(f"{_describe(src)}: no video packets")
-        tb = stream.time_base
+        tb = _time_base(stream)
         span = frames[-1].pts + frames[-1].duration - frames[0].pts
         return ProbeResult(
             codec=ctx.codec.canonical_name,
@@ -314,7 +335,7 @@ class _Indexer:
     """
 
     def __init__(self, stream: av.video.stream.VideoStream) -> None:
-        fps, tb = _stream_fps(stream), stream.time_base
+        fps, tb = _stream_fps(stream), _time_base(stream)
         self.fps = fps
         self.start = stream.start_time or 0
         self._num = tb.numerator * fps.numerator  # index = (ts - start) * _num / _den
@@ -462,15 +483,15 @@ def _cut_clip_pyav(src: Source, first_frame: int, num_frames: int, where: str) -
         if len(packets) < num_frames:
             raise ClipError(f"{where}: source has only {len(packets)} of those frames")
         _check_order(packets, where)
-        if ix.index(packets[0].pts) != first_frame or not packets[0].is_keyframe:
+        if ix.index(_ts(packets[0].pts, "pts")) != first_frame or not packets[0].is_keyframe:
             raise ClipError(f"{where}: frame {first_frame} is not a keyframe; stream copy would not decode")
         buf = io.BytesIO()
         with _open_output(buf) as out:
             out_stream = out.add_stream_from_template(stream, opaque=True)
             out_stream.time_base = stream.time_base
-            start = packets[0].pts
+            start = _ts(packets[0].pts, "pts")
             for p in packets:
-                p.pts = p.dts = p.pts - start
+                p.pts = p.dts = _ts(p.pts, "pts") - start
                 p.stream = out_stream
                 out.mux(p)
     data = buf.getvalue()
@@ -503,8 +524,7 @@ _BLACK_YUV = (16, 128, 128)  # limited-range black, what decoders turn into RGB 
 def _planes(frame: av.VideoFrame) -> list[np.ndarray]:
     """The Y, U, V planes of a yuv420p frame as 2-D views without line padding."""
     return [
-        np.frombuffer(p, np.uint8).reshape(-1, p.line_size)[: p.height, : p.width]
-        for p in frame.planes  # type: ignore[attr-defined]
+        np.frombuffer(memoryview(p), np.uint8).reshape(-1, p.line_size)[: p.height, : p.width] for p in frame.planes
     ]
 
 

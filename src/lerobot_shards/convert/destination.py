@@ -50,6 +50,12 @@ def _named_errors(path: str) -> Iterator[None]:
 
 
 class Destination:
+    """A conversion's output root (local path or fsspec URL): every read and write by relative name.
+
+    Names are confined to the root (``path``), local writes go through a temporary name and a
+    rename, remote ones through one whole-object upload.
+    """
+
     def __init__(self, url: str, *, storage_options: dict[str, Any] | None = None) -> None:
         self.fs, root = fsspec.core.url_to_fs(str(url), **(storage_options or {}))
         self.root = root.rstrip("/")
@@ -62,15 +68,19 @@ class Destination:
         return posixpath.join(self.root, check_relpath(rel, f"{self.url}: path"))
 
     def exists(self, rel: str) -> bool:
+        """Whether ``rel`` exists under the root."""
         return self.fs.exists(self.path(rel))
 
     def size(self, rel: str) -> int:
+        """Size of ``rel`` in bytes."""
         return int(self.fs.size(self.path(rel)))
 
     def read_bytes(self, rel: str) -> bytes:
+        """The whole content of a small file (run record, sidecar, manifest)."""
         return self.fs.cat_file(self.path(rel))
 
     def sha256(self, rel: str) -> str:
+        """sha256 of ``rel``, read in chunks (a shard does not fit memory)."""
         h = hashlib.sha256()
         with self.fs.open(self.path(rel), "rb") as f:
             while chunk := f.read(HASH_CHUNK):
@@ -87,6 +97,7 @@ class Destination:
             return []
 
     def remove(self, rel: str) -> None:
+        """Delete ``rel``; a file already gone is fine."""
         with contextlib.suppress(FileNotFoundError):
             self.fs.rm_file(self.path(rel))
 

@@ -39,6 +39,7 @@ def _episode_ranges(episodes: Sequence[int]) -> str:
 
 
 def inspect_source(source: LeRobotV3Source) -> str:
+    """A LeRobot dataset in a few lines: sizes, files, cameras and codecs, and the shards it would make."""
     sizes = source.episode_sizes()
     files = {e.data_path for e in source.episodes}
     videos = {v.path for e in source.episodes for v in e.videos.values()}
@@ -79,6 +80,7 @@ def _resized_from(t: FrameTransform | None) -> str:
 
 
 def inspect_converted(dest: Destination) -> str:
+    """A converted dataset in a few lines, from its manifest alone: totals, video settings, shard sizes."""
     manifest = Manifest.from_json(dest.read_bytes(MANIFEST_NAME), where=dest.path(MANIFEST_NAME))
     video = manifest.video
     lines = [

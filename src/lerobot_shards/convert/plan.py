@@ -13,7 +13,7 @@ import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ..format import CODECS
 from ..resize import DEFAULT_MODE, camera_sizes, check_mode, check_size
@@ -86,13 +86,18 @@ class ConvertOptions:
             raise ValueError(f"resize names a camera twice: {resize}")
         object.__setattr__(self, "resize", resize)
 
+    @property
+    def _resize(self) -> tuple[tuple[str, int, int], ...]:
+        """``resize`` as ``__post_init__`` normalised it (the field also accepts a mapping)."""
+        return cast("tuple[tuple[str, int, int], ...]", self.resize)
+
     def camera_sizes(self, cameras: Iterable[str]) -> dict[str, tuple[int, int]]:
         """Stored (height, width) of each resized camera; raises ValueError naming unknown cameras."""
-        return camera_sizes({c: (h, w) for c, h, w in self.resize}, cameras)
+        return camera_sizes({c: (h, w) for c, h, w in self._resize}, cameras)
 
     def size_of(self, camera: str) -> tuple[int, int] | None:
         """Stored (height, width) of ``camera``, None when it keeps the source's size."""
-        sizes = {c: (h, w) for c, h, w in self.resize}
+        sizes = {c: (h, w) for c, h, w in self._resize}
         return sizes.get(camera, sizes.get("*"))
 
     @property
@@ -115,7 +120,7 @@ class ConvertOptions:
             "bframes": 0,
         }
         if self.resize:
-            settings["resize"] = {c: [h, w] for c, h, w in self.resize}
+            settings["resize"] = {c: [h, w] for c, h, w in self._resize}
             settings["resize_mode"] = self.resize_mode
         return settings
 
@@ -124,7 +129,7 @@ class ConvertOptions:
         without --resize exactly what earlier versions recorded, so their runs resume."""
         d = asdict(self)
         if self.resize:
-            d["resize"] = {c: [h, w] for c, h, w in self.resize}
+            d["resize"] = {c: [h, w] for c, h, w in self._resize}
         else:
             del d["resize"], d["resize_mode"]
         return d

@@ -26,6 +26,7 @@ class ShardStatus:
 
     @property
     def complete(self) -> bool:
+        """True when the shard needs no rebuilding (``problem`` is None)."""
         return self.problem is None
 
     def holds(self, planned: Sequence[int]) -> bool:

@@ -76,6 +76,7 @@ class EpisodeMembers:
 
 
 def header_bytes(header: EpisodeHeader) -> bytes:
+    """The episode's ``.json`` member: sorted keys, no spaces, so the bytes are reproducible."""
     return json.dumps(header.to_dict(), sort_keys=True, separators=(",", ":")).encode()
 
 

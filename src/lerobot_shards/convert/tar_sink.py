@@ -20,12 +20,12 @@ import tarfile
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Final
 
 from ..format import Member
 from .errors import ConvertError
 
-TAR_FORMAT = tarfile.PAX_FORMAT  # ustar headers unless a name exceeds 100 characters
+TAR_FORMAT: Final = tarfile.PAX_FORMAT  # ustar headers unless a name exceeds 100 characters
 MEMBER_MODE = 0o644
 
 COPY_CHUNK = 16 * 1024 * 1024  # read+write fallback chunk when a range cannot be copied in the kernel
@@ -49,6 +49,7 @@ class FileRanges:
 
     @property
     def size(self) -> int:
+        """The member's size in bytes."""
         return len(self.prefix) + sum(n for _, n in self.ranges)
 
     def read(self) -> bytes:
@@ -67,6 +68,7 @@ Payload = bytes | FileRanges
 
 
 def payload_size(payload: Payload) -> int:
+    """Bytes of a member, whether held in memory or as file ranges."""
     return payload.size if isinstance(payload, FileRanges) else len(payload)
 
 
@@ -150,12 +152,14 @@ class TarSink:
         self._write_out(data)
 
     def flush(self) -> None:
+        """Write out the gathered small pieces."""
         if self._buf:
             data = bytes(self._buf)
             self._buf.clear()
             self._emit(data)
 
     def write(self, data: bytes) -> None:
+        """Append bytes to the tar (gathered while small, so many headers cost one write)."""
         if len(data) < SMALL_WRITE:
             self._buf += data
             if len(self._buf) >= SMALL_WRITE:

@@ -65,9 +65,11 @@ class VerifyReport:
 
     @property
     def ok(self) -> bool:
+        """True when nothing was wrong."""
         return not self.problems
 
     def problem(self, message: str) -> None:
+        """Record (and log) one problem; the message names the file and what is wrong."""
         log.error(message)
         self.problems.append(message)
 
@@ -111,6 +113,7 @@ class _HashingReader:
 
 
 def psnr(a: np.ndarray, b: np.ndarray) -> float:
+    """Peak signal-to-noise ratio of two uint8 images in dB (inf when identical)."""
     mse = float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2))
     return math.inf if mse == 0 else 10 * math.log10(255.0**2 / mse)
 
@@ -284,16 +287,17 @@ class _Verifier:
         except (RuntimeError, ValueError) as e:
             self.report.problem(f"{at}: {clip_member(entry.key, cam)} does not decode ({e})")
             return
-        if self.source_frames is None:
+        source = self.source
+        if self.source_frames is None or source is None:
             return  # decodable is all that can be said without a source
         try:
-            ref = self.source.episode(entry.episode_index).videos[cam]
+            ref = source.episode(entry.episode_index).videos[cam]
         except (SourceError, KeyError):
             return  # reported by the coverage check
-        if clip.source_first_frame != ref.first_frame(self.source.fps):
+        if clip.source_first_frame != ref.first_frame(source.fps):
             self.report.problem(
                 f"{at} camera {cam}: clip starts at source frame {clip.source_first_frame}, the "
-                f"source episode at {ref.first_frame(self.source.fps)} of {ref.path}"
+                f"source episode at {ref.first_frame(source.fps)} of {ref.path}"
             )
             return
         want = self.source_frames.get(ref.path, [clip.source_first_frame + i for i in indices])

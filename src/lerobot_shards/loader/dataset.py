@@ -112,15 +112,15 @@ class EpisodePoolDataset(IterableDataset):
         video_decode_device = rank_device(video_decode_device, what="video_decode_device")
         check_cuda_backend(cuda_decode_backend)
         self.source_url = str(source)
-        self._open_kwargs = dict(
+        self._open_kwargs: dict[str, Any] = dict(
             storage_options=storage_options,
             cache_dir=cache_dir,
             shard_bytes=shard_bytes,
             episodes_per_shard=episodes_per_shard,
         )
-        source = open_source(self.source_url, **self._open_kwargs)  # for its metadata only
-        source.close()
-        info = source.info
+        meta = open_source(self.source_url, **self._open_kwargs)  # for its metadata only
+        meta.close()
+        info = meta.info
         self.fps = info.fps
         self.features = info.features
         self.tasks = info.tasks

@@ -183,6 +183,7 @@ class DecoderCache:
             warnings.warn(f"{message}; decoding it on the CPU instead", RuntimeWarning, stacklevel=2)
 
     def close(self) -> None:
+        """Release every decoder and the files they hold (end of an iteration)."""
         for _, handle in self._decoders.values():
             if handle is not None:
                 handle.close()

@@ -30,6 +30,7 @@ class ShardSpec:
 
     @property
     def frames(self) -> int:
+        """Frames in the shard: what partitioning balances."""
         return sum(self.lengths)
 
 
@@ -66,10 +67,12 @@ class Consumer:
 
     @property
     def index(self) -> int:
+        """Position among all consumers (rank-major): the slot of its shards in an assignment."""
         return self.rank * self.num_workers + self.worker
 
     @property
     def count(self) -> int:
+        """Consumers over all ranks: how many ways the shards are split."""
         return self.world_size * self.num_workers
 
 

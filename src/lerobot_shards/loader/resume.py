@@ -19,6 +19,8 @@ from typing import NamedTuple
 
 
 class ResumePoint(NamedTuple):
+    """Where one DataLoader worker picks up a resumed epoch."""
+
     stream: int  # the original worker (consumer) whose samples this DataLoader worker yields
     skip: int  # samples of that stream already consumed: fast-forward them
 

@@ -39,6 +39,8 @@ def consumer_rng(seed: int, epoch: int, rank: int, worker: int) -> np.random.Gen
 
 
 class Emission(NamedTuple):
+    """One sample to emit: which episode of the list, which frame, and whether it is the episode's last."""
+
     position: int  # index into the consumer's episode list (reading order)
     frame: int  # frame index within that episode
     last: bool  # final emission of this episode in the current pass: evict it now

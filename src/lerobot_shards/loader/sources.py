@@ -168,6 +168,7 @@ class ShardSource:
         return posixpath.join(self.root, fmt.SHARDS_DIR, check_name(name, f"{self.url}: shard name"))
 
     def sidecar(self, shard: int) -> fmt.Sidecar:
+        """The shard's index (member offsets, clip frame tables), read once and kept."""
         if shard not in self._sidecars:
             rec = self._records[shard]
             path = self._shard_path(rec.sidecar)
@@ -198,6 +199,8 @@ class ShardSource:
             self._downloads[name] = self._downloader.submit(self._download, name)
 
     def _download(self, name: str) -> str:
+        if self.cache_dir is None:
+            raise RuntimeError(f"{self.url}: shard download without a cache_dir")
         sub = hashlib.sha1(self.url.encode()).hexdigest()[:16]
         dst = confined_join(os.path.join(self.cache_dir, sub), name, f"{self.url}: shard name")
         if not os.path.exists(dst):
