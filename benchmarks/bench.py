@@ -78,13 +78,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--decodes", default="cpu,cuda", help=f"subset of {','.join(DECODES)} (cuda: skipped without GPU)")
     ap.add_argument("--workers", default="2", help="DataLoader worker counts, e.g. 1,2,4")
     ap.add_argument("--cuda-workers", type=int, default=1, help="workers for cuda cases (each holds a CUDA context)")
+    ap.add_argument(
+        "--cuda-reencode",
+        default="h264",
+        help="codec of the conversion cuda cases read ('' reads the AV1 one; Hopper NVDEC cannot decode AV1)",
+    )
     ap.add_argument("--image-dtypes", default="uint8", help="uint8,float32")
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--pool-size", type=int, default=8)
     ap.add_argument("--prefetch-factor", type=int, default=4)
     ap.add_argument("--resize", help="HxW: resize frames in the loader (passed as resize=(H, W))")
     ap.add_argument("--warmup-batches", type=int, default=3)
-    ap.add_argument("--batches", type=int, default=40, help="measured batches per case (after warm-up)")
+    ap.add_argument("--batches", type=int, default=30, help="measured batches per case (after warm-up)")
     ap.add_argument("--timeout", type=float, default=300, help="seconds per case before it is killed")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--profile", choices=sorted(PROFILES), default="cross-region", help="bucket network shape")
@@ -185,6 +190,11 @@ def main(argv: list[str] | None = None) -> int:
     info = json.loads((raw / "meta/info.json").read_text())
     cameras = [k for k, v in info["features"].items() if v["dtype"] == "video"]
     paths: dict[str, str] = {"raw-local": str(raw), "converted-local": str(converted)}
+    gpu = "cuda" in decodes and not no_cuda and args.cuda_reencode
+    if gpu:  # NVDEC of Hopper GPUs (H100/H200) cannot decode AV1: cuda cases read an H.264 conversion
+        paths["converted-local@cuda"] = str(
+            data.converted_dataset(raw, {**convert_opts, "reencode": args.cuda_reencode})
+        )
     profile = _profile(args)
     config = {
         "size": args.size,
@@ -212,6 +222,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[bench] bucket behind the shaper at {bucket.proxy.url} ({profile.describe()}); uploading", flush=True)
         paths["raw-bucket"] = bucket.upload(raw, "raw")
         paths["converted-bucket"] = paths["converted-bucket-warm"] = bucket.upload(converted, "converted")
+        if gpu:
+            url = bucket.upload(Path(paths["converted-local@cuda"]), "converted-cuda")
+            paths["converted-bucket@cuda"] = paths["converted-bucket-warm@cuda"] = url
     failed = 0
     try:
         for i, case in enumerate(cases, 1):

@@ -48,7 +48,9 @@ def _dataset(spec: dict[str, Any], source: str | None = None, **overrides: Any) 
     if case["resize"]:
         kwargs["resize"] = tuple(case["resize"])
     kwargs.update(case["loader_opts"], **overrides)
-    return EpisodePoolDataset(spec["paths"][source], **kwargs)
+    paths = spec["paths"]
+    url = paths.get(f"{source}@cuda", paths[source]) if case["decode"] != "cpu" else paths[source]
+    return EpisodePoolDataset(url, **kwargs)
 
 
 def _loader(spec: dict[str, Any], dataset: Any) -> DataLoader:
