@@ -278,6 +278,7 @@ def _run(
         "storage_options": bucket.storage_options if bucket else None,
         "cache_dir": str(out / "cache" / case.name),
         "hf_home": str(data_dir / "hf-home"),
+        "raw_plan": data.raw_plan(config["convert_options"]),
     }
     if ":" in case.kind:
         command = [*baseline_command(baselines[case.kind.split(":")[0]], [REPO, data_dir, out]), str(LEROBOT)]

@@ -69,5 +69,14 @@ def converted_dataset(raw: Path, options: dict[str, Any]) -> Path:
     return dest
 
 
+def raw_plan(options: dict[str, Any]) -> dict[str, int]:
+    """The virtual shard plan a raw source needs to emit what the conversion with ``options`` emits."""
+    from lerobot_shards.convert.plan import ConvertOptions, parse_size
+
+    if options.get("episodes_per_shard"):
+        return {"episodes_per_shard": int(options["episodes_per_shard"])}
+    return {"shard_bytes": parse_size(options.get("shard_bytes") or ConvertOptions().shard_bytes)}
+
+
 def tree_bytes(root: Path) -> int:
     return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())

@@ -45,6 +45,8 @@ def _dataset(spec: dict[str, Any], source: str | None = None, **overrides: Any) 
         kwargs["storage_options"] = spec["storage_options"]
     if source == "converted-bucket-warm":
         kwargs["cache_dir"] = spec["cache_dir"]
+    if source.startswith("raw"):  # the conversion's shard plan: same consumers, same samples
+        kwargs.update(spec["raw_plan"])
     if case["resize"]:
         kwargs["resize"] = tuple(case["resize"])
     kwargs.update(case["loader_opts"], **overrides)

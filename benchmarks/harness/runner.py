@@ -49,8 +49,11 @@ def run_case(
             rc = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
-            rc = proc.wait()
+            proc.wait()
             rc = "timeout"
+        except BaseException:  # the benchmark itself is stopped: take the case (and its workers) along
+            os.killpg(proc.pid, signal.SIGKILL)
+            raise
     elapsed = time.perf_counter() - start
     if out_file.is_file():
         result = json.loads(out_file.read_text())
