@@ -224,3 +224,12 @@ def test_image_features_decode_like_lerobot(tmp_path: Path) -> None:
         assert image.shape == (2, 3, 64, 160) and image.dtype == torch.float32
         assert [read_identity(f) for f in image] == [(ep, max(frame - 1, 0)), (ep, frame)]
         assert sample[f"{key}_is_pad"].tolist() == [frame == 0, False]
+
+
+def test_one_shard_keeps_every_worker_busy_and_every_frame_once(raw: Path) -> None:
+    """Default shard size: the tiny dataset is one shard, split into episode ranges per worker."""
+    ds = EpisodePoolDataset(str(raw), cameras=[], episode_pool_size=3, seed=2)
+    assert len(ds.shards) == 1
+    assert all(ds.plan(rank=0, worker=w, num_workers=2).num_samples > 0 for w in range(2))
+    seen = collections.Counter(k for batch in _epoch(ds, 2) for k in batch)
+    assert seen == _all_frames(raw)

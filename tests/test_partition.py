@@ -13,6 +13,8 @@ from lerobot_shards.loader.partition import (
     consumer_frames,
     equal_sample_count,
     plan_consumer,
+    split_shards,
+    work_units,
 )
 from lerobot_shards.loader.resume import num_batches
 
@@ -166,3 +168,87 @@ def test_consumer_plans_cover_every_episode_once_and_agree_on_counts(equal):
         assert p.rank_samples == tuple(q.num_samples for q in plans if q.consumer.rank == p.consumer.rank)
     total = sum(s.frames for s in shards)
     assert sum(p.num_samples for p in plans) == (total // 4 * 4 if equal else total)
+
+
+def _random_shards(rng: np.random.Generator, num_shards: int) -> list[ShardSpec]:
+    shards, episode = [], 0
+    for index in range(num_shards):
+        lengths = tuple(int(n) for n in rng.integers(1, 60, size=int(rng.integers(1, 12))))
+        shards.append(ShardSpec(index, tuple(range(episode, episode + len(lengths))), lengths))
+        episode += len(lengths)
+    return shards
+
+
+@pytest.mark.parametrize("num_shards", [1, 2, 3, 5, 13])
+@pytest.mark.parametrize("world_size, num_workers", [(1, 1), (1, 2), (2, 2), (1, 5), (3, 4), (8, 2)])
+@pytest.mark.parametrize("equal", [False, True])
+def test_every_frame_once_and_no_idle_consumer_when_episodes_suffice(num_shards, world_size, num_workers, equal):
+    rng = np.random.default_rng(num_shards * 100 + world_size * 10 + num_workers)
+    shards = _random_shards(rng, num_shards)
+    episodes = sum(len(s.episodes) for s in shards)
+    options = PlanOptions(shuffle=True, equal_samples_per_rank=equal)
+    count = world_size * num_workers
+    if equal and episodes < count:
+        return  # equal-count mode refuses idle consumers (tested elsewhere)
+    plans = [
+        plan_consumer(shards, seed=7, epoch=2, consumer=Consumer(r, world_size, w, num_workers), options=options)
+        for r in range(world_size)
+        for w in range(num_workers)
+    ]
+    seen = [e for p in plans for _, e in p.episodes]
+    assert sorted(seen) == list(range(episodes))  # every episode (hence frame) exactly once
+    shard_of = {e: s.index for s in shards for e in s.episodes}
+    assert all(shard_of[e] == s for p in plans for s, e in p.episodes)  # read from the shard that holds it
+    loads = [sum(p.lengths) for p in plans]
+    if episodes >= count:
+        assert min(loads) > 0  # no idle consumer
+    longest = max(n for s in shards for n in s.lengths)
+    mean = sum(loads) / count
+    whole = consumer_frames(
+        assign_shards([s.frames for s in shards], count, seed=7, epoch=2), [s.frames for s in shards]
+    )
+    # balanced within one episode of the mean, unless whole shards already balanced better
+    assert max(loads) <= max(mean + longest, min(max(whole), mean * 1.05)), (loads, whole)
+    # same inputs, same plan: every rank and worker computes it independently
+    again = plan_consumer(shards, seed=7, epoch=2, consumer=plans[-1].consumer, options=options)
+    assert again == plans[-1]
+
+
+@pytest.mark.parametrize("num_consumers", [2, 3, 4, 7])
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_split_cuts_contiguous_ranges_within_one_episode_of_the_mean(num_consumers, shuffle):
+    shards = _random_shards(np.random.default_rng(num_consumers), 3)
+    parts = split_shards(shards, num_consumers, seed=1, epoch=0, shuffle=shuffle)
+    episodes = [e for part in parts for piece in part for e in piece.episodes]
+    assert sorted(episodes) == sorted(e for s in shards for e in s.episodes)
+    totals = [sum(p.frames for p in part) for part in parts]
+    longest = max(n for s in shards for n in s.lengths)
+    mean = sum(totals) / num_consumers
+    assert all(abs(t - mean) <= longest for t in totals), (totals, mean, longest)
+    for part in parts:  # pieces are runs of a shard's episodes in the shard's order
+        for piece in part:
+            source = next(s for s in shards if s.index == piece.index)
+            start = source.episodes.index(piece.episodes[0])
+            assert source.episodes[start : start + len(piece.episodes)] == piece.episodes
+            assert source.lengths[start : start + len(piece.episodes)] == piece.lengths
+    if not shuffle:  # source order, consumer k gets the k-th range
+        assert [e for part in parts for piece in part for e in piece.episodes] == sorted(episodes)
+
+
+def test_one_shard_is_split_across_workers_and_many_shards_stay_whole():
+    one = [ShardSpec(0, tuple(range(93)), (300,) * 93)]
+    units = work_units(one, 2, seed=0, epoch=0)
+    assert [sum(p.frames for p in part) for part in units] == [300 * 46, 300 * 47] or [
+        sum(p.frames for p in part) for part in units
+    ] == [300 * 47, 300 * 46]
+    many = [ShardSpec(i, (2 * i, 2 * i + 1), (50, 50)) for i in range(8)]
+    units = work_units(many, 4, seed=0, epoch=0)
+    assert sorted(len(part) for part in units) == [2, 2, 2, 2]
+    assert all(piece in many for part in units for piece in part)  # whole shards: no piece is cut
+
+
+def test_split_changes_with_the_epoch_and_is_deterministic():
+    shards = _random_shards(np.random.default_rng(9), 2)
+    a = split_shards(shards, 3, seed=4, epoch=0)
+    assert a == split_shards(shards, 3, seed=4, epoch=0)
+    assert a != split_shards(shards, 3, seed=4, epoch=1)

@@ -1,17 +1,23 @@
 """Which whole shards each (rank x worker) consumer reads in an epoch. Pure functions of metadata.
 
 Whole shards per consumer keep reads sequential and make duplicates across ranks impossible;
-balancing by frame count keeps consumers finishing together. ``plan_consumer`` is the one place
-that turns (shards, seed, epoch, consumer, options) into a consumer's episodes and sample count.
+balancing by frame count keeps consumers finishing together. When whole shards cannot keep
+every consumer busy and balanced (fewer shards than consumers, or a few large ones),
+``split_shards`` cuts the shard sequence into contiguous episode ranges instead (``work_units``
+picks). ``plan_consumer`` is the one place that turns (shards, seed, epoch, consumer, options)
+into a consumer's episodes and sample count.
 """
 
 from __future__ import annotations
 
 import heapq
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from lerobot_shards.loader.sampling import PARTITION_STREAM, keyed_rng
+
+SPLIT_STREAM = 0x5350_4C54  # "SPLT": the split's own random stream, apart from assign_shards'
 
 
 @dataclass(frozen=True)
@@ -77,6 +83,7 @@ class Consumer:
 
 
 SIZE_BUCKETS = 20  # shards within 5% of the largest shard's size count as equal for balancing
+SPLIT_TOLERANCE = 0.05  # whole shards are kept while no consumer holds more than 5% above the mean
 
 
 def assign_shards(
@@ -176,6 +183,85 @@ def equal_sample_count(assignment: Sequence[Sequence[int]], shard_frames: Sequen
     return sum(frames) // len(frames)
 
 
+def split_shards(
+    shards: Sequence[ShardSpec], num_consumers: int, *, seed: int, epoch: int, shuffle: bool = True
+) -> list[list[ShardSpec]]:
+    """Contiguous episode ranges of the shard sequence per consumer: every episode exactly once.
+
+    The shards are laid end to end (in a (seed, epoch)-permuted order, or source order without
+    ``shuffle``), episodes keeping their order inside a shard, and the sequence is cut at the
+    episode boundary nearest to each multiple of ``total_frames / num_consumers``. Each cut is
+    within half an episode of its target, so every consumer holds the mean within one longest
+    episode; with at least as many episodes as consumers, a cut that would leave a range empty
+    moves by one episode (no consumer idles, none exceeds the mean by more than one episode). A consumer's range is returned as pieces of shards (``ShardSpec`` with the shard's
+    index and a run of its episodes), so reads stay sequential and at most ``num_consumers - 1``
+    shards are shared by two or more consumers. Which consumer gets which range is permuted per
+    (seed, epoch) too, so no consumer always reads the shared boundaries.
+    """
+    if num_consumers < 1:
+        raise ValueError(f"num_consumers must be at least 1, got {num_consumers}")
+    rng = keyed_rng(SPLIT_STREAM, seed, epoch)
+    order = [int(i) for i in rng.permutation(len(shards))] if shuffle else list(range(len(shards)))
+    runs = [(shards[i].index, e, n) for i in order for e, n in zip(shards[i].episodes, shards[i].lengths)]
+    bounds = [0, *itertools.accumulate(n for _, _, n in runs)]
+    total = bounds[-1]
+    cuts = [0]
+    for k in range(1, num_consumers):
+        target = k * total / num_consumers
+        j = _nearest_boundary(bounds, target)
+        if len(runs) >= num_consumers:  # enough episodes: none of the ranges is left empty
+            j = min(max(j, cuts[-1] + 1), len(runs) - (num_consumers - k))
+        cuts.append(max(j, cuts[-1]))
+    cuts.append(len(runs))
+    owner = [int(c) for c in rng.permutation(num_consumers)] if shuffle else list(range(num_consumers))
+    out: list[list[ShardSpec]] = [[] for _ in range(num_consumers)]
+    for part in range(num_consumers):
+        for shard, group in itertools.groupby(runs[cuts[part] : cuts[part + 1]], key=lambda r: r[0]):
+            items = list(group)
+            out[owner[part]].append(ShardSpec(shard, tuple(e for _, e, _ in items), tuple(n for _, _, n in items)))
+    return out
+
+
+def _nearest_boundary(bounds: Sequence[int], target: float) -> int:
+    """Index j of the prefix sum ``bounds[j]`` nearest to ``target`` (the lower one on a tie)."""
+    lo, hi = 0, len(bounds) - 1
+    while lo < hi:  # first j with bounds[j] >= target
+        mid = (lo + hi) // 2
+        if bounds[mid] < target:
+            lo = mid + 1
+        else:
+            hi = mid
+    if lo > 0 and target - bounds[lo - 1] <= bounds[lo] - target:
+        return lo - 1
+    return lo
+
+
+def work_units(
+    shards: Sequence[ShardSpec], num_consumers: int, *, seed: int, epoch: int, shuffle: bool = True
+) -> list[list[ShardSpec]]:
+    """Each consumer's shards (or pieces of shards) for ``epoch``: whole shards when they suffice.
+
+    Whole shards (``assign_shards``) are kept when every consumer gets one and frame totals stay
+    within ``SPLIT_TOLERANCE`` of the mean. Otherwise (fewer shards than consumers, or too few
+    for balance, as a small dataset in one default-size shard read by several workers) the
+    contiguous split (``split_shards``) is used if it lowers the heaviest consumer's frames,
+    which is what decides when the epoch's tail ends.
+    """
+    shard_frames = [s.frames for s in shards]
+    whole = [
+        [shards[i] for i in mine]
+        for mine in assign_shards(shard_frames, num_consumers, seed=seed, epoch=epoch, shuffle=shuffle)
+    ]
+    loads = [sum(s.frames for s in mine) for mine in whole]
+    mean = sum(loads) / num_consumers
+    if all(loads) and max(loads) <= mean * (1 + SPLIT_TOLERANCE):
+        return whole
+    split = split_shards(shards, num_consumers, seed=seed, epoch=epoch, shuffle=shuffle)
+    if max(sum(s.frames for s in mine) for mine in split) < max(loads):
+        return split
+    return whole
+
+
 @dataclass(frozen=True)
 class PlanOptions:
     """The dataset settings that shape every consumer's plan."""
@@ -204,13 +290,16 @@ def plan_consumer(
     Every consumer computes the same assignment of all shards independently, so no coordination
     is needed across ranks or workers.
     """
-    shard_frames = [s.frames for s in shards]
-    assignment = assign_shards(shard_frames, consumer.count, seed=seed, epoch=epoch, shuffle=options.shuffle)
+    units = work_units(shards, consumer.count, seed=seed, epoch=epoch, shuffle=options.shuffle)
+    pieces = [s for mine in units for s in mine]
+    shard_frames = [s.frames for s in pieces]
+    starts = [0, *itertools.accumulate(len(mine) for mine in units)]
+    assignment = [list(range(a, b)) for a, b in itertools.pairwise(starts)]
     if options.equal_samples_per_rank:
         counts = [equal_sample_count(assignment, shard_frames)] * len(assignment)
     else:
         counts = consumer_frames(assignment, shard_frames)
-    mine = [shards[pos] for pos in assignment[consumer.index]]
+    mine = units[consumer.index]
     first = consumer.rank * consumer.num_workers
     return ConsumerPlan(
         consumer=consumer,
