@@ -149,3 +149,45 @@ def test_planning_reads_no_sidecar(pair) -> None:
     lengths = [dict(zip(spec.episodes, spec.lengths)) for spec in fresh.info.shards]
     assert sum(sum(d.values()) for d in lengths) == manifest.total_frames
     assert not fresh._sidecars
+
+
+@pytest.mark.parametrize("which", [0, 1])
+def test_decode_threads_give_identical_samples_in_the_same_order(pair, which: int) -> None:
+    """0 (inline), 1 and 3 decode threads, raw and converted: same samples, same order, same pixels."""
+    window = {CAMS[0]: [-1 / 30, 0.0], "action": [0.0, 1 / 30]}
+    for workers in (0, 2):
+        inline = _stream(pair[which], workers, delta_timestamps=window, decode_threads=0, image_dtype=torch.uint8)
+        for threads in (1, 3) if workers == 0 else (3,):
+            threaded = _stream(
+                pair[which], workers, delta_timestamps=window, decode_threads=threads, image_dtype=torch.uint8
+            )
+            _assert_same_batches(inline, threaded)
+        for batch in inline:
+            for i, (ep, frame) in enumerate(zip(batch["episode_index"].tolist(), batch["frame_index"].tolist())):
+                assert read_identity(batch[CAMS[1]][i]) == (ep, frame)
+
+
+def test_decode_lookahead_is_bounded(pair, monkeypatch) -> None:
+    """Frames are decoded at most 2 x decode_threads samples ahead of what was emitted."""
+    import lerobot_shards.loader.dataset as dataset_module
+
+    submitted = []
+
+    class CountingPool(dataset_module.DecodePool):
+        def submit(self, clip, indices, then):
+            submitted.append(clip.cache_key)
+            return super().submit(clip, indices, then)
+
+    monkeypatch.setattr(dataset_module, "DecodePool", CountingPool)
+    ds = EpisodePoolDataset(str(pair[1]), seed=13, episode_pool_size=2, decode_threads=2)
+    it = iter(ds)
+    for emitted in range(1, 12):
+        next(it)
+        assert len(submitted) <= (emitted + 4) * len(CAMS)
+    assert len(submitted) > 11 * len(CAMS)  # it did decode ahead
+    it.close()
+
+
+def test_decode_threads_rejects_bad_values(pair) -> None:
+    with pytest.raises(ValueError, match="decode_threads must be an int >= 0"):
+        EpisodePoolDataset(str(pair[1]), decode_threads=-1)

@@ -13,7 +13,9 @@ import logging
 import os
 import time
 import warnings
+from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
@@ -22,7 +24,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from ..lerobot_v3 import IMAGE_DTYPE
 from ..resize import DEFAULT_MODE, resized_features
-from .decode import DecoderCache, check_cuda_backend, decode_image, decode_sizes
+from .decode import DecodePool, DecoderCache, check_cuda_backend, decode_image, decode_sizes
 from .device import rank_device
 from .partition import Consumer, ConsumerPlan, PlanOptions, ShardSpec, filter_shards, plan_consumer
 from .reader import EpisodeReader
@@ -33,6 +35,8 @@ from .stats import SharedStats, StatSlot
 from .windows import delta_frame_offsets, window_indices
 
 log = logging.getLogger(__name__)
+
+DEFAULT_DECODE_THREADS = 1  # chosen by measurement: benchmarks/loader/README.md
 
 
 class EpisodePoolDataset(IterableDataset):
@@ -69,6 +73,10 @@ class EpisodePoolDataset(IterableDataset):
         resize, resize_mode: decode video at (height, width) (or ``{camera: (height, width)}``),
             ``"pad"``/``"crop"``/``"stretch"`` as ``convert --resize`` stores it; for raw datasets
             and full-size shards (shards converted with ``--resize`` are already that size).
+        decode_threads: threads decoding video in each consumer (0: in the iterating thread).
+            torchcodec releases the GIL while decoding, so threads decode in parallel and overlap
+            decoding with collation and the copy to the main process; the frames of the next
+            ``2 x decode_threads`` samples are decoded ahead, and samples keep their order.
     """
 
     def __init__(
@@ -99,6 +107,7 @@ class EpisodePoolDataset(IterableDataset):
         prefetch_episodes: int | None = None,
         resize: Sequence[int] | Mapping[str, Sequence[int]] | None = None,
         resize_mode: str = DEFAULT_MODE,
+        decode_threads: int = DEFAULT_DECODE_THREADS,
     ) -> None:
         super().__init__()
         if episode_pool_size < 1:
@@ -107,6 +116,8 @@ class EpisodePoolDataset(IterableDataset):
             raise ValueError(
                 f"num_ffmpeg_threads must be an int >= 0 (0 = FFmpeg's choice), got {num_ffmpeg_threads!r}"
             )
+        if not isinstance(decode_threads, int) or decode_threads < 0:
+            raise ValueError(f"decode_threads must be an int >= 0 (0 = decode inline), got {decode_threads!r}")
         if image_dtype not in (torch.float32, torch.uint8):
             raise ValueError(f"image_dtype must be torch.float32 or torch.uint8, got {image_dtype}")
         video_decode_device = rank_device(video_decode_device, what="video_decode_device")
@@ -151,6 +162,7 @@ class EpisodePoolDataset(IterableDataset):
         self.decoder_cache_size = decoder_cache_size or min(64, episode_pool_size * max(1, len(self.cameras)))
         self.num_ffmpeg_threads = num_ffmpeg_threads
         self.prefetch_episodes = prefetch_episodes or episode_pool_size
+        self.decode_threads = decode_threads
         self.rank, self.world_size = _distributed(rank, world_size)
         self.epoch = 0
         self._resume: dict[str, int] | None = None
@@ -266,16 +278,21 @@ class EpisodePoolDataset(IterableDataset):
         # reader thread is the only one reading it, and it is closed here once that thread stopped.
         source = open_source(self.source_url, **self._open_kwargs)
         reader = EpisodeReader(source, plan.episodes, sampler.admission_order(), self.prefetch_episodes)
-        decoders = DecoderCache(
-            self.decoder_cache_size,
-            device=self.video_decode_device,
-            num_ffmpeg_threads=self.num_ffmpeg_threads,
-            storage_options=self.storage_options,
-            cuda_backend=self.cuda_decode_backend,
-            strict_cuda=self.strict_cuda_decode,
-            resize_mode=self.resize_mode,
+        decoders = DecodePool(
+            self.decode_threads,
+            lambda: DecoderCache(
+                self.decoder_cache_size,
+                device=self.video_decode_device,
+                num_ffmpeg_threads=self.num_ffmpeg_threads,
+                storage_options=self.storage_options,
+                cuda_backend=self.cuda_decode_backend,
+                strict_cuda=self.strict_cuda_decode,
+                resize_mode=self.resize_mode,
+            ),
         )
         pool: dict[tuple[int, int], ResidentEpisode] = {}
+        pending: deque[dict[str, Any]] = deque()  # samples whose frames are being decoded, in order
+        lookahead = 2 * self.decode_threads
         try:
             for emission in sampler:
                 key = (emitted // per_pass, emission.position)
@@ -287,27 +304,39 @@ class EpisodePoolDataset(IterableDataset):
                     stats.add("bytes_read", episode.nbytes)
                     stats.add("wait_seconds", waited)
                 episode = pool[key]
-                sample = self._sample(episode, emission.frame, decoders)
+                pending.append(self._sample(episode, emission.frame, decoders))
                 if emission.last:
                     del pool[key]
                     stats.add("evictions", 1)
                     for clip in episode.clips.values():
                         if clip.data is not None:
                             decoders.drop(clip.cache_key)
-                stats.add("frames_emitted", 1)
                 stats.set("pool_occupancy", len(pool))
-                stats.set("decoder_hits", decoders.hits)
-                stats.set("decoder_misses", decoders.misses)
-                stats.set("decoder_evictions", decoders.evictions)
-                stats.set("decode_seconds", decoders.decode_seconds)
-                stats.set("frames_decoded", decoders.frames_decoded)
-                yield sample
+                while len(pending) > lookahead:
+                    yield self._emit(pending.popleft(), decoders, stats)
+            while pending:
+                yield self._emit(pending.popleft(), decoders, stats)
         finally:
             reader.close()
             source.close()
             decoders.close()
 
-    def _sample(self, episode: ResidentEpisode, frame: int, decoders: DecoderCache) -> dict[str, Any]:
+    @staticmethod
+    def _emit(item: dict[str, Any], decoders: DecodePool, stats: StatSlot) -> dict[str, Any]:
+        """The sample with its decoded frames in place of their futures."""
+        for name, value in item.items():
+            if isinstance(value, Future):
+                item[name] = value.result()
+        stats.add("frames_emitted", 1)
+        stats.set("decoder_hits", decoders.counter("hits"))
+        stats.set("decoder_misses", decoders.counter("misses"))
+        stats.set("decoder_evictions", decoders.counter("evictions"))
+        stats.set("decode_seconds", decoders.counter("decode_seconds"))
+        stats.set("frames_decoded", decoders.counter("frames_decoded"))
+        return item
+
+    def _sample(self, episode: ResidentEpisode, frame: int, decoders: DecodePool) -> dict[str, Any]:
+        """One sample; its camera frames are futures (``DecodePool``) until ``_emit``."""
         item: dict[str, Any] = {}
         for name, column in episode.columns.items():
             offsets = self.delta_offsets.get(name)
@@ -322,11 +351,12 @@ class EpisodePoolDataset(IterableDataset):
                 item[f"{name}_is_pad"] = torch.from_numpy(pad)
         for cam in self.cameras:
             offsets = self.delta_offsets.get(cam)
+            size = self.resize_sizes.get(cam)
             if offsets is None:
-                item[cam] = self._images(decoders.frames(episode.clips[cam], [frame], self.resize_sizes.get(cam)))[0]
+                item[cam] = decoders.submit(episode.clips[cam], [frame], size, lambda f: self._images(f)[0])
             else:
                 idx, pad = window_indices(frame, episode.length, offsets)
-                item[cam] = self._images(decoders.frames(episode.clips[cam], idx.tolist(), self.resize_sizes.get(cam)))
+                item[cam] = decoders.submit(episode.clips[cam], idx.tolist(), size, self._images)
                 item[f"{cam}_is_pad"] = torch.from_numpy(pad)
         item["task"] = self.tasks[int(episode.columns["task_index"][frame])]
         return item

@@ -8,6 +8,10 @@ The decode-time resize (for raw datasets and full-size shards) is one batched ui
 each call's frames after decoding. torchcodec 0.13's decoder transforms (``VideoDecoder(
 transforms=[Resize(...)])``) do the same inside FFmpeg, but measured 3-4x slower per frame on
 480p (``benchmarks/resize``): they cost more than the decode itself, the uint8 resize less.
+
+``DecodePool`` spreads decoding over threads inside one process: torchcodec releases the GIL
+while it decodes, so threads decode in parallel (also with DataLoader ``num_workers=0``), and
+overlap decoding with collation and the inter-process copy of finished samples.
 """
 
 from __future__ import annotations
@@ -17,8 +21,10 @@ import functools
 import io
 import time
 import warnings
+import zlib
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import av
@@ -188,6 +194,64 @@ class DecoderCache:
             if handle is not None:
                 handle.close()
         self._decoders.clear()
+
+
+class DecodePool:
+    """Decode clips on ``threads`` threads (0: inline), each thread owning its own decoders.
+
+    A torchcodec decoder is not safe to share between threads, so every clip is routed to one
+    thread by a hash of its cache key; that thread's ``DecoderCache`` holds its decoder, and a
+    ``drop`` is queued behind that clip's pending decodes (each thread runs its queue in order).
+    Results come back as futures: the caller keeps its own emission order, so what a sample
+    holds never depends on the thread count or timing.
+    """
+
+    def __init__(self, threads: int, make_cache: Callable[[], DecoderCache]) -> None:
+        if not isinstance(threads, int) or threads < 0:
+            raise ValueError(f"decode_threads must be an int >= 0 (0 = decode inline), got {threads!r}")
+        self._caches = [make_cache() for _ in range(max(1, threads))]
+        self._threads = [ThreadPoolExecutor(1, thread_name_prefix=f"decode-{i}") for i in range(threads)]
+
+    def _route(self, cache_key: str) -> int:
+        return zlib.crc32(cache_key.encode()) % len(self._caches)
+
+    def submit(
+        self,
+        clip: ClipRef,
+        indices: Sequence[int],
+        size: tuple[int, int] | None,
+        then: Callable[[torch.Tensor], Any],
+    ) -> Future[Any]:
+        """``then(frames)`` of the clip's ``indices`` at ``size`` (see ``DecoderCache.frames``), as a future."""
+        i = self._route(clip.cache_key)
+        cache = self._caches[i]
+        if self._threads:
+            return self._threads[i].submit(lambda: then(cache.frames(clip, indices, size)))
+        done: Future[Any] = Future()
+        try:
+            done.set_result(then(cache.frames(clip, indices, size)))
+        except BaseException as e:
+            done.set_exception(e)
+        return done
+
+    def drop(self, cache_key: str) -> None:
+        """Forget a clip's decoder once the decodes already queued for it are done."""
+        i = self._route(cache_key)
+        if self._threads:
+            self._threads[i].submit(self._caches[i].drop, cache_key)
+        else:
+            self._caches[i].drop(cache_key)
+
+    def counter(self, name: str) -> float:
+        """A ``DecoderCache`` counter (hits, misses, evictions, decode_seconds, frames_decoded) summed."""
+        return sum(getattr(c, name) for c in self._caches)
+
+    def close(self) -> None:
+        """Stop the threads (queued decodes are cancelled, running ones finish), then the decoders."""
+        for t in self._threads:
+            t.shutdown(wait=True, cancel_futures=True)
+        for c in self._caches:
+            c.close()
 
 
 def decode_image(data: bytes) -> torch.Tensor:
