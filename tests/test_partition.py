@@ -252,3 +252,11 @@ def test_split_changes_with_the_epoch_and_is_deterministic():
     a = split_shards(shards, 3, seed=4, epoch=0)
     assert a == split_shards(shards, 3, seed=4, epoch=0)
     assert a != split_shards(shards, 3, seed=4, epoch=1)
+
+
+def test_no_uneven_warning_when_the_split_is_within_one_episode():
+    shards = [ShardSpec(0, tuple(range(24)), tuple([100, 200] * 12))]
+    plan = plan_consumer(shards, seed=0, epoch=0, consumer=Consumer(0, 1, 0, 2), options=PlanOptions())
+    assert plan.warnings == ()
+    uneven = assignment_warnings([[0], [1]], [1000, 1300], slack=200)
+    assert len(uneven) == 1 and "uneven: min 1000, max 1300" in uneven[0]

@@ -137,8 +137,12 @@ def assignment_warnings(
     shard_frames: Sequence[int],
     *,
     tolerance: float = 0.05,
+    slack: int = 0,
 ) -> list[str]:
     """Human-readable problems: idle consumers, and frame totals spread beyond ``tolerance``.
+
+    A spread of at most ``slack`` frames is not reported (``plan_consumer`` passes the longest
+    episode: no split of whole episodes can do better).
 
     Idle consumers waste workers; uneven totals leave the epoch's tail to fewer workers and,
     unless every consumer yields an equal count, give ranks different batch counts (DDP hangs).
@@ -156,7 +160,7 @@ def assignment_warnings(
     if busy and max(busy) > 0:
         lo, hi = min(busy), max(busy)
         spread = (hi - lo) / (sum(busy) / len(busy))
-        if spread > tolerance:
+        if spread > tolerance and hi - lo > slack:
             messages.append(
                 f"frames per consumer are uneven: min {lo}, max {hi} ({spread:.0%} of the mean); "
                 f"smaller shards balance better"
@@ -307,5 +311,7 @@ def plan_consumer(
         lengths=tuple(n for s in mine for n in s.lengths),
         num_samples=counts[consumer.index],
         rank_samples=tuple(counts[first : first + consumer.num_workers]),
-        warnings=tuple(assignment_warnings(assignment, shard_frames)),
+        warnings=tuple(
+            assignment_warnings(assignment, shard_frames, slack=max((n for s in shards for n in s.lengths), default=0))
+        ),
     )
