@@ -174,9 +174,9 @@ def test_decode_lookahead_is_bounded(pair, monkeypatch) -> None:
     submitted = []
 
     class CountingPool(dataset_module.DecodePool):
-        def submit(self, clip, indices, then):
+        def submit(self, clip, *args):
             submitted.append(clip.cache_key)
-            return super().submit(clip, indices, then)
+            return super().submit(clip, *args)
 
     monkeypatch.setattr(dataset_module, "DecodePool", CountingPool)
     ds = EpisodePoolDataset(str(pair[1]), seed=13, episode_pool_size=2, decode_threads=2)
