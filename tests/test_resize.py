@@ -80,14 +80,21 @@ def test_size_parsing_and_clear_errors() -> None:
         parse_resize(["224x224", "96x96"])
     with pytest.raises(ValueError, match="not one of"):
         plan_transform((480, 640), SIZE, "squash")
+    pad = plan_transform((480, 640), SIZE, "pad").to_dict()
     with pytest.raises(FormatError, match="mode"):
-        FrameTransform.from_dict({**plan_transform((480, 640), SIZE, "pad").to_dict(), "mode": "squash"})
+        FrameTransform.from_dict({**pad, "mode": "squash"})
+    for field, value in [("crop", [0, 0, 481, 640]), ("pad", [60, 0]), ("scaled", [0, 224]), ("size", [224])]:
+        with pytest.raises(FormatError):
+            FrameTransform.from_dict({**pad, field: value})
 
 
 def test_full_size_records_stay_as_they_were() -> None:
     """No transform, no new key: sidecars and manifests of other conversions keep their bytes."""
     info = reencode_clip(_clip_bytes(), 0, 4, codec="h264", gop=2, crf=20, threads=1)[1]
     assert "transform" not in info.to_dict() and ClipInfo.from_dict(info.to_dict()).transform is None
+    other = plan_transform((480, 640), SIZE, "pad").to_dict()
+    with pytest.raises(FormatError, match="transform stores"):  # 160x64 clip claiming 224x224 frames
+        ClipInfo.from_dict({**info.to_dict(), "transform": other})
 
 
 def _clip_bytes(height: int = 64, width: int = 160, length: int = 8) -> bytes:

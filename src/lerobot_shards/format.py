@@ -137,7 +137,7 @@ class FrameTransform:
 
         if d.get("mode") not in RESIZE_MODES:
             raise FormatError(f"frame transform mode {d.get('mode')!r} is not one of {', '.join(RESIZE_MODES)}")
-        return cls(
+        t = cls(
             mode=str(d["mode"]),
             source=ints("source", 2),  # type: ignore[arg-type]
             crop=ints("crop", 4),  # type: ignore[arg-type]
@@ -146,6 +146,12 @@ class FrameTransform:
             size=ints("size", 2),  # type: ignore[arg-type]
             filter=str(d.get("filter", "area")),
         )
+        (sh, sw), (ct, cl, ch, cw), (h, w), (pt, pl), (th, tw) = t.source, t.crop, t.scaled, t.pad, t.size
+        if min(ch, cw, h, w) < 1 or ct + ch > sh or cl + cw > sw or pt + h > th or pl + w > tw:
+            raise FormatError(
+                f"frame transform {t.to_dict()}: crop outside the source or scaled frame outside the stored one"
+            )
+        return t
 
 
 @dataclass(frozen=True)
@@ -201,7 +207,7 @@ class ClipInfo:
         frames = tuple(
             FrameEntry(int(p), int(du), bool(k)) for p, du, k in zip(fr["pts"], fr["duration"], fr["key_frame"])
         )
-        return cls(
+        info = cls(
             codec=d["codec"],
             width=int(d["width"]),
             height=int(d["height"]),
@@ -214,6 +220,9 @@ class ClipInfo:
             source_first_frame=int(d["source_first_frame"]),
             transform=FrameTransform.from_dict(d["transform"]) if d.get("transform") else None,
         )
+        if info.transform is not None and info.transform.size != (info.height, info.width):
+            raise FormatError(f"clip is {info.width}x{info.height} but its transform stores {info.transform.size}")
+        return info
 
 
 @dataclass(frozen=True)
