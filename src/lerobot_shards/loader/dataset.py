@@ -36,7 +36,7 @@ from .windows import delta_frame_offsets, window_indices
 
 log = logging.getLogger(__name__)
 
-DEFAULT_DECODE_THREADS = 1  # chosen by measurement: benchmarks/loader/README.md
+DEFAULT_DECODE_THREADS = 0  # measured (benchmarks/speed): threads pay off only with idle cores
 
 
 class EpisodePoolDataset(IterableDataset):
