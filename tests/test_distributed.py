@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import datetime
 import json
 from pathlib import Path
 
@@ -67,3 +68,35 @@ def test_two_ranks_gloo_cover_exactly_once_equal_batches_and_resume(tmp_path: Pa
     consumers = WORLD * 2
     # Equal-count mode: every consumer yields total // consumers (a few frames dropped or repeated).
     assert sum(sum(c.values()) for c in per_rank) == consumers * (total // consumers)
+
+
+def _run_rank_defaults(rank: int, root: str, init_file: str, out_dir: str) -> None:
+    # A gloo timeout turns a hang (one rank waiting in all_reduce for a rank that has finished)
+    # into an error, so the test fails instead of hanging.
+    timeout = datetime.timedelta(seconds=60)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD, timeout=timeout)
+    try:
+        ds = EpisodePoolDataset(root, cameras=[], episodes_per_shard=1)  # default settings
+        steps = 0
+        for _ in DataLoader(ds, batch_size=BATCH, num_workers=2):
+            dist.all_reduce(torch.ones(1))
+            steps += 1
+        dist.barrier()
+        Path(out_dir, f"steps-{rank}.json").write_text(json.dumps(steps))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_default_settings_with_uneven_shards_do_not_hang_ddp(tmp_path: Path) -> None:
+    # Episodes of 5 to 60 frames, one per shard: frame totals per consumer differ widely.
+    root = synth_dataset(tmp_path / "ds", num_episodes=5, cameras=(), length_range=(5, 60), seed=4)
+    mp.start_processes(
+        _run_rank_defaults,
+        args=(str(root), str(tmp_path / "init"), str(tmp_path)),
+        nprocs=WORLD,
+        start_method="spawn",
+        join=True,
+    )
+    steps = [json.loads((tmp_path / f"steps-{r}.json").read_text()) for r in range(WORLD)]
+    assert steps[0] == steps[1] > 0

@@ -61,7 +61,7 @@ def _all_frames(root: Path) -> collections.Counter:
 def test_exactly_once_across_ranks_and_workers(raw: Path, world_size: int, num_workers: int) -> None:
     seen: collections.Counter = collections.Counter()
     for rank in range(world_size):
-        ds = _dataset(raw, cameras=[], rank=rank, world_size=world_size, seed=11)
+        ds = _dataset(raw, cameras=[], rank=rank, world_size=world_size, seed=11, equal_samples_per_rank=False)
         for batch in _epoch(ds, num_workers):
             seen.update(batch)
     assert seen == _all_frames(raw)
@@ -207,10 +207,14 @@ def test_episode_subset_and_clear_errors(raw: Path) -> None:
 
 @pytest.mark.filterwarnings("ignore:frames per consumer are uneven")
 def test_warns_when_a_consumer_gets_no_shard(raw: Path) -> None:
-    ds = _dataset(raw, cameras=[], rank=0, world_size=4)
+    ds = _dataset(raw, cameras=[], rank=0, world_size=4, equal_samples_per_rank=False)
     with pytest.warns(UserWarning, match=r"1 of 8 consumers .* get no shard: 7 shards for 8 consumers"):
         ds.plan(rank=0, worker=0, num_workers=2)
-    samples = sum(len(b) for r in range(4) for b in _epoch(_dataset(raw, cameras=[], rank=r, world_size=4), 2))
+    samples = sum(
+        len(b)
+        for r in range(4)
+        for b in _epoch(_dataset(raw, cameras=[], rank=r, world_size=4, equal_samples_per_rank=False), 2)
+    )
     assert samples == sum(_all_frames(raw).values())  # the idle consumer just ends; the others cover all
 
 
@@ -233,3 +237,55 @@ def test_one_shard_keeps_every_worker_busy_and_every_frame_once(raw: Path) -> No
     assert all(ds.plan(rank=0, worker=w, num_workers=2).num_samples > 0 for w in range(2))
     seen = collections.Counter(k for batch in _epoch(ds, 2) for k in batch)
     assert seen == _all_frames(raw)
+
+
+def test_persistent_workers_follow_set_epoch(raw: Path) -> None:
+    """Persistent workers keep their dataset copy: the epoch must still reach them."""
+    ds = _dataset(raw, cameras=[], seed=6)
+    loader = DataLoader(ds, batch_size=4, num_workers=2, persistent_workers=True)
+    epochs = []
+    for epoch in range(2):
+        ds.set_epoch(epoch)
+        epochs.append([k for b in loader for k in _keys(b)])
+    fresh = _dataset(raw, cameras=[], seed=6)
+    fresh.set_epoch(1)
+    assert epochs[1] == [k for b in _epoch(fresh, 2) for k in b]  # what a fresh epoch-1 loader yields
+    assert epochs[0] != epochs[1]
+    for order in epochs:
+        assert collections.Counter(order) == _all_frames(raw)
+
+
+def test_persistent_workers_follow_load_state_dict(raw: Path) -> None:
+    full = _epoch(_dataset(raw, cameras=[], seed=8), 2, batch_size=3)
+    ds = _dataset(raw, cameras=[], seed=8)
+    loader = DataLoader(ds, batch_size=3, num_workers=2, persistent_workers=True)
+    assert [_keys(b) for b in loader] == full  # workers started
+    ds.load_state_dict({"epoch": 0, "batches_consumed": 5, "batch_size": 3, "num_workers": 2})
+    assert [_keys(b) for b in loader] == full[5:]
+
+
+def test_resume_state_records_workers_and_refuses_another_count(raw: Path) -> None:
+    ds = _dataset(raw, cameras=[], seed=9)
+    assert "num_workers" not in ds.state_dict(batches_consumed=0, batch_size=4)  # nothing ran yet
+    _epoch(ds, 2)
+    state = ds.state_dict(batches_consumed=3, batch_size=4)
+    assert state["num_workers"] == 2
+    resumed = _dataset(raw, cameras=[], seed=9)
+    resumed.load_state_dict(state)
+    with pytest.raises(Exception, match=r"saved with DataLoader num_workers=2 but this DataLoader has num_workers=1"):
+        _epoch(resumed, 1)
+    single = _dataset(raw, cameras=[], seed=9)
+    _epoch(single, 0)
+    state = single.state_dict(batches_consumed=2, batch_size=4)
+    assert state["num_workers"] == 0
+    again = _dataset(raw, cameras=[], seed=9)
+    again.load_state_dict(state)
+    assert _epoch(again, 1) == _epoch(single, 0)[2:]  # 0 and 1 workers make the same single stream
+
+
+def test_default_equal_counts_only_for_several_ranks(raw: Path) -> None:
+    assert _dataset(raw, cameras=[]).equal_samples_per_rank is False
+    ranks = [_dataset(raw, cameras=[], rank=r, world_size=2) for r in range(2)]
+    assert all(ds.equal_samples_per_rank for ds in ranks)
+    counts = [len(_epoch(ds, 2)) for ds in ranks]
+    assert counts[0] == counts[1]

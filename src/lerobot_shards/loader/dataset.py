@@ -24,6 +24,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from ..lerobot_v3 import IMAGE_DTYPE
 from ..resize import DEFAULT_MODE, resized_features
+from .control import ResumeState, SharedControl
 from .decode import DecodePool, DecoderCache, check_cuda_backend, decode_image, decode_sizes
 from .device import rank_device
 from .partition import Consumer, ConsumerPlan, PlanOptions, ShardSpec, filter_shards, plan_consumer
@@ -63,7 +64,9 @@ class EpisodePoolDataset(IterableDataset):
         storage_options: fsspec options for remote sources (e.g. s3 endpoint and keys).
         equal_samples_per_rank: every consumer yields total_frames // consumers samples, so all
             ranks run the same number of batches and DDP never hangs at epoch end; a consumer
-            above that count drops its last frames, one below repeats frames.
+            above that count drops its last frames, one below repeats frames. Default (``None``):
+            on when world_size > 1 (like DistributedSampler's padding), off for a single rank,
+            where every frame is then emitted exactly once.
         drop_last: must match the DataLoader's ``drop_last`` (used by resume bookkeeping).
         shard_bytes, episodes_per_shard: virtual shard plan for raw sources (the converter's).
         decoder_cache_size: decoders kept per consumer (default pool size x cameras, capped at 64).
@@ -98,7 +101,7 @@ class EpisodePoolDataset(IterableDataset):
         world_size: int | None = None,
         cache_dir: str | None = None,
         storage_options: dict[str, Any] | None = None,
-        equal_samples_per_rank: bool = False,
+        equal_samples_per_rank: bool | None = None,
         drop_last: bool = False,
         shard_bytes: int | None = None,
         episodes_per_shard: int | None = None,
@@ -156,7 +159,6 @@ class EpisodePoolDataset(IterableDataset):
         self.strict_cuda_decode = strict_cuda_decode
         self.feature_stats = info.stats  # meta/stats.json, e.g. for DeviceFeeder(normalize=...)
         self.image_dtype = image_dtype
-        self.equal_samples_per_rank = equal_samples_per_rank
         self.drop_last = drop_last
         self.storage_options = storage_options
         self.decoder_cache_size = decoder_cache_size or min(64, episode_pool_size * max(1, len(self.cameras)))
@@ -164,8 +166,10 @@ class EpisodePoolDataset(IterableDataset):
         self.prefetch_episodes = prefetch_episodes or episode_pool_size
         self.decode_threads = decode_threads
         self.rank, self.world_size = _distributed(rank, world_size)
-        self.epoch = 0
-        self._resume: dict[str, int] | None = None
+        # DDP-safe default: unequal batch counts across ranks hang the first collective after
+        # the shorter rank's epoch ended.
+        self.equal_samples_per_rank = self.world_size > 1 if equal_samples_per_rank is None else equal_samples_per_rank
+        self._control = SharedControl()  # epoch and resume state, read by (persistent) workers
         self._stats = SharedStats()
 
     # -- configuration --------------------------------------------------------------------------
@@ -179,23 +183,35 @@ class EpisodePoolDataset(IterableDataset):
             raise ValueError(f"{self.source_url}: episodes {missing[:10]} are not in the dataset")
         return filter_shards(shards, wanted)
 
+    @property
+    def epoch(self) -> int:
+        """The epoch the next iterator plans for (shared with persistent workers)."""
+        return self._control.epoch
+
     def set_epoch(self, epoch: int) -> None:
-        """Reshuffle for ``epoch`` (call before creating each epoch's iterator, like DistributedSampler)."""
-        self.epoch = int(epoch)
+        """Reshuffle for ``epoch``; call before each epoch's iterator, like DistributedSampler.
+
+        Works with ``persistent_workers=True`` too: workers read the epoch at every ``__iter__``.
+        """
+        self._control.epoch = int(epoch)
 
     def state_dict(self, batches_consumed: int, batch_size: int) -> dict[str, int]:
         """The resume state, built by the training loop from the batches it has consumed.
 
-        ``seed`` and ``world_size`` ride along so that resuming under other settings fails loudly
-        instead of replaying a different order.
+        ``seed``, ``world_size`` and the DataLoader's ``num_workers`` (as the workers reported
+        it; absent before the first iteration) ride along so that resuming under other
+        settings fails loudly instead of replaying a different order.
         """
-        return {
+        state = {
             "epoch": self.epoch,
             "batches_consumed": int(batches_consumed),
             "batch_size": int(batch_size),
             "seed": self.seed,
             "world_size": self.world_size,
         }
+        if self._control.seen_workers is not None:
+            state["num_workers"] = self._control.seen_workers
+        return state
 
     def load_state_dict(self, state: Mapping[str, int]) -> None:
         """Resume: the next iterator of ``state['epoch']`` starts after ``batches_consumed`` batches."""
@@ -208,8 +224,14 @@ class EpisodePoolDataset(IterableDataset):
                     f"resume state was saved with {key}={state[key]} but this dataset has {key}={getattr(self, key)}: "
                     f"the sample order would differ"
                 )
-        self.epoch = int(state["epoch"])
-        self._resume = {k: int(state[k]) for k in ("epoch", "batches_consumed", "batch_size")}
+        self._control.epoch = int(state["epoch"])
+        workers = state.get("num_workers")
+        self._control.resume = ResumeState(
+            epoch=int(state["epoch"]),
+            batches_consumed=int(state["batches_consumed"]),
+            batch_size=int(state["batch_size"]),
+            num_workers=None if workers is None else int(workers),
+        )
 
     # -- planning (pure) ------------------------------------------------------------------------
 
@@ -247,12 +269,13 @@ class EpisodePoolDataset(IterableDataset):
         stats = self._stats.slot(worker)
         # A resumed epoch may hand this DataLoader worker another worker's stream: the DataLoader
         # restarts its round-robin at worker 0, the interrupted run was mid-round.
+        self._control.saw_workers(num_workers)
         stream, skip = worker, 0
-        if self._resume is not None and self._resume["epoch"] == self.epoch:
+        resume = self._control.resume
+        if resume is not None and resume.epoch == self.epoch:
+            _check_same_workers(resume, num_workers)
             counts = self._plan(self.rank, worker, num_workers).rank_samples
-            stream, skip = resume_point(
-                self._resume["batches_consumed"], self._resume["batch_size"], counts, worker, self.drop_last
-            )
+            stream, skip = resume_point(resume.batches_consumed, resume.batch_size, counts, worker, self.drop_last)
         plan = self.plan(self.rank, stream, num_workers)
         sampler = PoolSampler(
             plan.lengths,
@@ -369,6 +392,19 @@ class EpisodePoolDataset(IterableDataset):
     def stats(self) -> dict[str, Any]:
         """Per-worker and total counters of the last iteration in this process tree (this rank)."""
         return {"rank": self.rank, **self._stats.summary()}
+
+
+def _check_same_workers(resume: ResumeState, num_workers: int) -> None:
+    """Refuse a resume under another worker count: each worker's stream and skip would differ.
+
+    num_workers 0 and 1 both make one stream per rank, so they may stand for each other.
+    """
+    if resume.num_workers is not None and max(1, resume.num_workers) != max(1, num_workers):
+        raise ValueError(
+            f"resume state was saved with DataLoader num_workers={resume.num_workers} but this DataLoader has "
+            f"num_workers={num_workers}: the streams would differ (frames repeated and lost); resume with "
+            f"num_workers={resume.num_workers}"
+        )
 
 
 def _distributed(rank: int | None, world_size: int | None) -> tuple[int, int]:

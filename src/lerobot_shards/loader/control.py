@@ -1,0 +1,76 @@
+"""What the training process tells its DataLoader workers between epochs: epoch and resume state.
+
+Workers hold a pickled copy of the dataset made when they start. Persistent workers
+(``persistent_workers=True``) start once, so an attribute set afterwards by ``set_epoch`` or
+``load_state_dict`` would never reach them and they would silently replay the old order. The
+epoch and the resume state therefore live in a small shared-memory array created with the
+dataset, which every worker reads at the start of each ``__iter__``; workers write back the
+worker count they run under, so ``state_dict`` can record it.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from dataclasses import dataclass
+
+_EPOCH, _SEEN_WORKERS, _HAS_RESUME, _R_EPOCH, _R_BATCHES, _R_BATCH_SIZE, _R_WORKERS = range(7)
+_UNKNOWN = -1
+
+
+@dataclass(frozen=True)
+class ResumeState:
+    """Where a resumed epoch starts: after ``batches_consumed`` batches of ``batch_size``."""
+
+    epoch: int
+    batches_consumed: int
+    batch_size: int
+    num_workers: int | None  # DataLoader workers of the run that saved it (None: not recorded)
+
+
+class SharedControl:
+    """The epoch, the pending resume state and the observed worker count, in shared memory."""
+
+    def __init__(self) -> None:
+        self._array = multiprocessing.Array("q", 7, lock=False)
+        self._array[_SEEN_WORKERS] = _UNKNOWN
+
+    @property
+    def epoch(self) -> int:
+        """The epoch every new iterator plans for."""
+        return int(self._array[_EPOCH])
+
+    @epoch.setter
+    def epoch(self, value: int) -> None:
+        self._array[_EPOCH] = int(value)
+
+    @property
+    def seen_workers(self) -> int | None:
+        """DataLoader ``num_workers`` of the last iteration (0: the main process), if any ran."""
+        value = int(self._array[_SEEN_WORKERS])
+        return None if value == _UNKNOWN else value
+
+    def saw_workers(self, num_workers: int) -> None:
+        """Called by each iterator: the worker count it runs under."""
+        self._array[_SEEN_WORKERS] = int(num_workers)
+
+    @property
+    def resume(self) -> ResumeState | None:
+        """The pending resume state (``None`` when none was loaded)."""
+        if not self._array[_HAS_RESUME]:
+            return None
+        workers = int(self._array[_R_WORKERS])
+        return ResumeState(
+            epoch=int(self._array[_R_EPOCH]),
+            batches_consumed=int(self._array[_R_BATCHES]),
+            batch_size=int(self._array[_R_BATCH_SIZE]),
+            num_workers=None if workers == _UNKNOWN else workers,
+        )
+
+    @resume.setter
+    def resume(self, state: ResumeState) -> None:
+        self._array[_HAS_RESUME] = 0  # never half-written for a reader: flag last
+        self._array[_R_EPOCH] = state.epoch
+        self._array[_R_BATCHES] = state.batches_consumed
+        self._array[_R_BATCH_SIZE] = state.batch_size
+        self._array[_R_WORKERS] = _UNKNOWN if state.num_workers is None else state.num_workers
+        self._array[_HAS_RESUME] = 1
