@@ -214,7 +214,7 @@ def charts(rows: list[dict[str, Any]], out: Path) -> list[Path]:
     modes = sorted({r["mode"] for r in ok}, key=["frame", "act", "long"].index)
     series = sorted({(r["loader"], r["source"], r["decode"], r["workers"], r["dtype"]) for r in ok}, key=str)
     written = []
-    fig, ax = plt.subplots(figsize=(max(8, 1.6 * len(modes) * max(1, len(series)) / 4), 5))
+    fig, ax = plt.subplots(figsize=(max(8, 1.6 * len(modes) * max(1, len(series)) / 4) + 4, 5))
     width = 0.8 / len(series)
     for i, s in enumerate(series):
         ys = [
@@ -232,7 +232,7 @@ def charts(rows: list[dict[str, Any]], out: Path) -> list[Path]:
     ax.set_xticks([m + 0.4 - width / 2 for m in range(len(modes))], modes)
     ax.set_ylabel("samples/s (after warm-up)")
     ax.set_title("Samples per second by loader, source and mode")
-    ax.legend(fontsize=7, loc="upper right")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))  # outside: never over a bar
     fig.tight_layout()
     written.append(out / "throughput.png")
     fig.savefig(written[-1], dpi=110)
