@@ -354,6 +354,40 @@ def verify(
         raise SystemExit(1)
 
 
+@main.command()
+@click.argument("out", type=click.Path(exists=True, file_okay=False))
+@click.argument("url")
+@click.option(
+    "--workers",
+    type=click.IntRange(min=1),
+    default=8,
+    show_default=True,
+    help="Shards sent at once (threads; each large shard is also sent in parallel parts).",
+)
+@click.option("--overwrite", is_flag=True, help="Replace a destination that holds foreign or other-settings output.")
+@click.option("--progress/--no-progress", default=True, show_default=True, help="Show a progress bar.")
+@_STORAGE_OPTIONS
+def upload(out: str, url: str, workers: int, overwrite: bool, progress: bool, storage_options: str | None) -> None:
+    """Upload the finished conversion OUT to URL (e.g. s3://bucket/prefix): parallel, resumable, manifest last.
+
+    Each shard's sha256 is checked against its sidecar before it is sent; shards already at URL
+    (same size and sidecar) are skipped, so re-running after a kill sends only what is missing.
+    """
+    from .convert.destination import scrub
+    from .convert.errors import ConvertError
+    from .convert.upload import UploadError, upload_dataset
+    from .format import FormatError
+
+    options = _storage_options(storage_options)
+    try:
+        summary = upload_dataset(
+            out, url, workers=workers, storage_options=_remote(url, options), overwrite=overwrite, progress=progress
+        )
+    except (UploadError, ConvertError, FormatError, OSError) as e:
+        raise click.ClickException(scrub(str(e), options)) from None
+    click.echo(f"{url}: {summary}")
+
+
 @main.command("inspect")
 @click.argument("path")
 @_STORAGE_OPTIONS

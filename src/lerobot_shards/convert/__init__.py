@@ -3,8 +3,8 @@
 ``plan`` (options, shard plan, task shares; pure), ``shard_writer`` (one deterministic tar)
 over ``tar_sink`` (tar bytes, hashed as written), ``destination`` (atomic writes to disk or
 fsspec), ``shard_status`` (is a shard complete?), ``run`` (resume, workers, tasks, manifest),
-``verify`` and ``inspect``. The public names below load on first use, so ``inspect`` does not
-pay for the video stack's imports.
+``verify``, ``inspect`` and ``upload`` (a finished conversion to object storage). The public
+names below load on first use, so ``inspect`` does not pay for the video stack's imports.
 """
 
 from importlib import import_module
@@ -15,7 +15,9 @@ _PUBLIC = {
     "ConvertOptions": "plan",
     "VerifyReport": "verify",
     "convert_dataset": "run",
+    "UploadError": "upload",
     "inspect_path": "inspect",
+    "upload_dataset": "upload",
     "verify_dataset": "verify",
 }
 __all__ = sorted(_PUBLIC)

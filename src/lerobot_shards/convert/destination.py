@@ -1,8 +1,10 @@
 """The output location: local disk or any fsspec URL, written so nothing is ever half there.
 
 Local files are written under ``name.tmp`` and renamed when complete. Remote objects are
-built in a local temporary directory and uploaded whole: an object PUT is atomic, so a
-reader sees the old object, no object or the complete new one.
+built in a local temporary directory and uploaded whole: an object PUT (or a multipart upload,
+which appears only when completed) is atomic, so a reader sees the old object, no object or the
+complete new one. Every remote write has bounded retries with exponential backoff and checks the
+object's size afterwards; ``convert`` and ``upload`` both write through here.
 """
 
 from __future__ import annotations
@@ -11,14 +13,19 @@ import contextlib
 import errno
 import fcntl
 import hashlib
+import logging
 import os
 import posixpath
+import random
 import secrets
+import shutil
 import tempfile
-from collections.abc import Iterable, Iterator
-from typing import Any, BinaryIO
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any, BinaryIO, TypeVar
 
 import fsspec
+from fsspec.callbacks import Callback
 
 from ..format import MANIFEST_NAME, SHARDS_DIR, TMP_SUFFIX
 from ..names import check_relpath
@@ -27,6 +34,62 @@ HASH_CHUNK = 8 * 1024 * 1024
 LOCK_NAME = ".lock"  # local destinations: byte-range locks, one byte per shard index
 _WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG}
 RUN_RECORD = "convert.json"  # the run's options, written first: tells own output from foreign content
+
+RETRY_ATTEMPTS = 5  # tries per remote write: waits of about 0.5, 1, 2, 4 s in between (with jitter)
+RETRY_FIRST_WAIT_S = 0.5
+RETRY_MAX_WAIT_S = 8.0
+# Errors no retry can fix: a missing bucket or local file, refused access, a bad option.
+PERMANENT_ERRORS = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, TypeError, ValueError)
+# Environment variables whose values must not reach a message (credentials and endpoints).
+PRIVATE_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL")
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+ByteProgress = Callable[[int], None]  # receives byte counts as they are sent (negative: a failed try's bytes)
+
+
+class TransferError(OSError):
+    """A remote write still failed after its retries."""
+
+
+def _private_values(options: Mapping[str, Any] | None) -> set[str]:
+    """Every string in the storage options (keys, secrets, endpoints, nested too) and the private env vars."""
+    values = {v for k in PRIVATE_ENV if len(v := os.environ.get(k, "")) >= 4}
+    for value in (options or {}).values():
+        if isinstance(value, Mapping):
+            values |= _private_values(value)
+        elif isinstance(value, str) and len(value) >= 4:
+            values.add(value)
+    return values
+
+
+def scrub(text: str, storage_options: Mapping[str, Any] | None) -> str:
+    """``text`` without credentials or endpoints: every string of ``storage_options`` and the private
+    env vars replaced by ``***`` (botocore names the endpoint, and sometimes more, in its errors)."""
+    for value in sorted(_private_values(storage_options), key=len, reverse=True):
+        text = text.replace(value, "***")
+    return text
+
+
+class _Forward(Callback):
+    """An fsspec callback that forwards byte increments to a ``ByteProgress`` and counts them."""
+
+    def __init__(self, progress: ByteProgress | None) -> None:
+        super().__init__()
+        self.progress = progress
+        self.sent = 0
+
+    def relative_update(self, inc: int = 1) -> None:
+        self.add(inc)
+
+    def absolute_update(self, value: int) -> None:
+        self.add(value - self.sent)
+
+    def add(self, n: int) -> None:
+        self.sent += n
+        if self.progress is not None and n:
+            self.progress(n)
 
 
 class DestinationBusy(RuntimeError):
@@ -62,6 +125,54 @@ class Destination:
         self.url = str(url)
         protocols = (self.fs.protocol,) if isinstance(self.fs.protocol, str) else tuple(self.fs.protocol)
         self.is_local = "file" in protocols
+        self._storage_options = storage_options
+
+    def retrying(self, what: str, fn: Callable[[], T], *, attempts: int = RETRY_ATTEMPTS) -> T:
+        """``fn()``, tried up to ``attempts`` times with exponential backoff; ``what`` names the object in
+        warnings and in the final ``TransferError``. Permanent errors (``PERMANENT_ERRORS``) are not retried."""
+        for attempt in range(1, attempts + 1):
+            try:
+                return fn()
+            except PERMANENT_ERRORS:
+                raise
+            except Exception as e:
+                reason = scrub(f"{type(e).__name__}: {e}", self._storage_options)
+                if attempt == attempts:
+                    raise TransferError(f"{what}: failed after {attempts} attempts ({reason})") from None
+                wait = min(RETRY_MAX_WAIT_S, RETRY_FIRST_WAIT_S * 2 ** (attempt - 1)) * random.uniform(0.5, 1.0)
+                log.warning("%s: %s; retrying in %.1f s (attempt %d of %d)", what, reason, wait, attempt + 1, attempts)
+                time.sleep(wait)
+        raise AssertionError("unreachable")
+
+    def put_file(self, local: str, rel: str, *, progress: ByteProgress | None = None) -> None:
+        """Copy the local file ``local`` to ``rel``, atomically, with retries; the remote size is checked.
+
+        ``progress`` gets the bytes as they go (fsspec callback), and the bytes of a failed try back
+        as a negative count, so a progress bar never counts a byte twice.
+        """
+        size = os.path.getsize(local)
+        if self.is_local:
+            with self.open_local(rel) as dst, open(local, "rb") as src:
+                shutil.copyfileobj(src, dst, HASH_CHUNK)
+            if progress is not None:
+                progress(size)
+            return
+        remote = self.path(rel)
+
+        def attempt() -> None:
+            callback = _Forward(progress)
+            try:
+                self.fs.put_file(local, remote, callback=callback)
+                self.fs.invalidate_cache(remote)
+                got = int(self.fs.info(remote)["size"])
+                if got != size:
+                    raise OSError(f"the stored object has {got} bytes, {size} were sent")
+            except BaseException:
+                callback.add(-callback.sent)
+                raise
+            callback.add(size - callback.sent)  # file systems that report no progress
+
+        self.retrying(f"{self.url}/{rel}", attempt)
 
     def path(self, rel: str) -> str:
         """``rel`` under the root; a name that would leave it (read from a manifest, say) raises."""
@@ -96,6 +207,16 @@ class Destination:
         except FileNotFoundError:
             return []
 
+    def sizes(self, rel: str = "") -> dict[str, int]:
+        """Sizes of the files directly under ``rel`` by name, from one listing (empty when it does not exist)."""
+        base = self.path(rel) if rel else self.root
+        self.fs.invalidate_cache(base)
+        try:
+            listing = self.fs.ls(base, detail=True)
+        except FileNotFoundError:
+            return {}
+        return {posixpath.basename(i["name"].rstrip("/")): int(i["size"]) for i in listing if i["type"] == "file"}
+
     def remove(self, rel: str) -> None:
         """Delete ``rel``; a file already gone is fine."""
         with contextlib.suppress(FileNotFoundError):
@@ -104,7 +225,7 @@ class Destination:
     def write_bytes(self, rel: str, data: bytes) -> None:
         """Write a small file atomically (tmp + rename locally, one PUT remotely)."""
         if not self.is_local:
-            self.fs.pipe_file(self.path(rel), data)
+            self.retrying(f"{self.url}/{rel}", lambda: self.fs.pipe_file(self.path(rel), data))
             return
         with self.open_local(rel) as f:
             f.write(data)
@@ -148,7 +269,7 @@ class Destination:
             local = os.path.join(tmpdir, posixpath.basename(rel))
             with _named_errors(local), open(local, "wb") as f:
                 yield f
-            self.fs.put_file(local, self.path(rel))
+            self.put_file(local, rel)
 
     def remove_stale_tmp(self, rel_dir: str, prefixes: Iterable[str]) -> int:
         """Remove leftover temporary files (of killed runs) whose names start with one of ``prefixes``.

@@ -108,6 +108,11 @@ def _claim(dest: Destination, record: dict[str, Any], *, clear: bool) -> None:
         dest.write_bytes(RUN_RECORD, json.dumps(record, indent=1, sort_keys=True).encode())
 
 
+def claim(dest: Destination, record: dict[str, Any], *, overwrite: bool) -> None:
+    """Check and claim ``dest`` in one step, for callers holding the destination's whole lock (``upload``)."""
+    _claim(dest, record, clear=_check_claim(dest, record, overwrite=overwrite))
+
+
 def _shard_done(dest: Destination, shard: PlannedShard, present: set[str], *, skip_bad_episodes: bool) -> bool:
     """Resume keeps a shard that is complete (its sha256 checked) and holds the planned episodes."""
     status = shard_status(dest, shard_name(shard.index), sidecar_name(shard.index), present=present, check_sha256=True)

@@ -1,0 +1,256 @@
+"""``lerobot-shards upload``: copy a finished local conversion to any fsspec URL, resumably.
+
+Order of writes, so that a reader, who trusts only ``manifest.json``, never sees a partial
+dataset: the run record (``convert.json``) claims the destination exactly as ``convert`` does;
+a remote manifest is removed before anything else is sent; each shard's tar is sent and then,
+once it is stored complete, its sidecar (shards in parallel threads); the manifest goes last,
+after a listing shows every shard and sidecar at its size.
+
+What counts as already there, so that a re-run after a kill sends only what is missing: a shard
+whose remote tar has the sidecar's size and whose remote sidecar is byte-identical to the local
+one. The sidecar holds the tar's sha256 and is only ever stored after its tar is complete, so
+the pair vouches for the tar without reading it back: the check costs one listing of the
+prefix plus one small read per shard, never a remote hash of shard bytes. (A run killed between
+a tar and its sidecar sends that tar again.)
+
+Before a shard is sent its local bytes are hashed and compared with its sidecar and the
+manifest: a corrupt local shard stops the upload with an error naming it, and none of its bytes
+leave the machine.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import posixpath
+import threading
+import time
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
+
+from ..format import MANIFEST_NAME, SHARDS_DIR, Manifest, Sidecar
+from .destination import HASH_CHUNK, RUN_RECORD, Destination
+from .run import claim
+
+log = logging.getLogger(__name__)
+
+DEFAULT_WORKERS = 8
+# For tests only: after this many shards are sent, the upload stalls (a test kills it at a known point).
+STALL_AFTER_ENV = "LEROBOT_SHARDS_TEST_UPLOAD_STALL_AFTER"
+
+
+class UploadError(RuntimeError):
+    """The local conversion cannot be uploaded as it is, or the destination refused it."""
+
+
+@dataclass(frozen=True)
+class LocalShard:
+    """One shard of the local conversion, as its sidecar describes it."""
+
+    name: str
+    sidecar_name: str
+    tar: Path
+    size: int
+    sha256: str
+    sidecar: bytes  # the sidecar file's bytes, sent as they are
+
+
+@dataclass
+class UploadSummary:
+    uploaded_files: int = 0
+    uploaded_bytes: int = 0
+    skipped_files: int = 0  # already at the destination with the same size and checksum
+    skipped_bytes: int = 0
+    seconds: float = 0.0
+
+    def __str__(self) -> str:
+        rate = self.uploaded_bytes / 1e6 / max(self.seconds, 1e-9)
+        return (
+            f"uploaded {self.uploaded_files} files ({self.uploaded_bytes / 1e6:.1f} MB), skipped {self.skipped_files} "
+            f"already there ({self.skipped_bytes / 1e6:.1f} MB), in {self.seconds:.1f} s ({rate:.1f} MB/s)"
+        )
+
+
+def local_shards(out: Path, manifest: Manifest) -> list[LocalShard]:
+    """The manifest's shards with their sidecars; fails when the two disagree (a mixed-up conversion)."""
+    shards = []
+    for record in manifest.shards:
+        path = out / SHARDS_DIR / record.sidecar
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            raise UploadError(f"{path}: missing; {out} is not a complete conversion") from None
+        sidecar = Sidecar.from_json(data, where=str(path))
+        if (sidecar.shard, sidecar.size, sidecar.sha256) != (record.name, record.bytes, record.sha256):
+            raise UploadError(
+                f"{path}: describes {sidecar.shard} ({sidecar.size} bytes, sha256 {sidecar.sha256[:12]}...), "
+                f"the manifest {record.name} ({record.bytes} bytes, sha256 {record.sha256[:12]}...); "
+                f"re-run convert on {out}"
+            )
+        shards.append(
+            LocalShard(record.name, record.sidecar, out / SHARDS_DIR / record.name, sidecar.size, sidecar.sha256, data)
+        )
+    return shards
+
+
+def check_local_shard(shard: LocalShard) -> None:
+    """Hash the local tar: an UploadError naming it unless size and sha256 match its sidecar."""
+    h = hashlib.sha256()
+    size = 0
+    with open(shard.tar, "rb") as f:
+        while chunk := f.read(HASH_CHUNK):
+            h.update(chunk)
+            size += len(chunk)
+    if size != shard.size or h.hexdigest() != shard.sha256:
+        raise UploadError(
+            f"{shard.tar}: {size} bytes with sha256 {h.hexdigest()}, its sidecar says {shard.size} bytes with "
+            f"sha256 {shard.sha256}: the local shard is corrupt and was not uploaded; re-run convert on its "
+            f"dataset to rebuild it"
+        )
+
+
+def _rel(name: str) -> str:
+    return posixpath.join(SHARDS_DIR, name)
+
+
+def _already_there(dest: Destination, shard: LocalShard, remote_sizes: dict[str, int]) -> bool:
+    if remote_sizes.get(shard.name) != shard.size or remote_sizes.get(shard.sidecar_name) != len(shard.sidecar):
+        return False
+    rel = _rel(shard.sidecar_name)
+    return dest.retrying(f"{dest.url}/{rel}", lambda: dest.read_bytes(rel)) == shard.sidecar
+
+
+class _Sender:
+    """Sends shards (tar, then sidecar) from worker threads, feeding one byte progress bar."""
+
+    def __init__(self, dest: Destination, bar: tqdm) -> None:
+        self.dest = dest
+        self.bar = bar
+        self.lock = threading.Lock()
+        self.sent_shards = 0
+        stall = os.environ.get(STALL_AFTER_ENV)
+        self.stall_after = int(stall) if stall else None
+
+    def progress(self, n: int) -> None:
+        with self.lock:
+            self.bar.update(n)
+
+    def send(self, shard: LocalShard) -> None:
+        with self.lock:
+            stall = self.stall_after is not None and self.sent_shards >= self.stall_after
+        if stall:
+            log.warning("%s is set: stalling before %s", STALL_AFTER_ENV, shard.name)
+            threading.Event().wait()
+        check_local_shard(shard)
+        self.dest.put_file(str(shard.tar), _rel(shard.name), progress=self.progress)
+        self.dest.write_bytes(_rel(shard.sidecar_name), shard.sidecar)
+        self.progress(len(shard.sidecar))
+        with self.lock:
+            self.sent_shards += 1
+        log.debug("sent %s (%d bytes) and its sidecar", shard.name, shard.size)
+
+
+def upload_dataset(
+    out: str | Path,
+    url: str,
+    *,
+    workers: int = DEFAULT_WORKERS,
+    storage_options: dict[str, Any] | None = None,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> UploadSummary:
+    """Upload the finished conversion at ``out`` to ``url`` (any fsspec URL); returns what was sent and skipped.
+
+    Re-running resumes: shards already at ``url`` are skipped. ``url`` must be empty, hold this
+    same conversion (its ``convert.json``), or ``overwrite`` must be given.
+    """
+    start = time.monotonic()
+    out = Path(out)
+    try:
+        manifest_bytes = (out / MANIFEST_NAME).read_bytes()
+        record = json.loads((out / RUN_RECORD).read_bytes())
+    except FileNotFoundError as e:
+        raise UploadError(
+            f"{e.filename}: missing; {out} is not a finished conversion (run convert to the end, or convert --finalize)"
+        ) from None
+    except json.JSONDecodeError as e:
+        raise UploadError(f"{out / RUN_RECORD}: not JSON ({e})") from None
+    manifest = Manifest.from_json(manifest_bytes, where=str(out / MANIFEST_NAME))
+    shards = local_shards(out, manifest)
+
+    dest = Destination(url, storage_options=storage_options)
+    claim(dest, record, overwrite=overwrite)
+    remote_sizes = dest.sizes(SHARDS_DIR)
+    with ThreadPoolExecutor(max(1, workers), thread_name_prefix="upload") as pool:
+        present = list(pool.map(lambda s: _already_there(dest, s, remote_sizes), shards))
+    todo = [s for s, there in zip(shards, present) if not there]
+    summary = UploadSummary()
+    for s, there in zip(shards, present):
+        if there:
+            summary.skipped_files += 2
+            summary.skipped_bytes += s.size + len(s.sidecar)
+    manifest_there = dest.exists(MANIFEST_NAME) and dest.read_bytes(MANIFEST_NAME) == manifest_bytes
+    if not todo and manifest_there:
+        summary.skipped_files += 1
+        summary.skipped_bytes += len(manifest_bytes)
+        summary.seconds = time.monotonic() - start
+        log.info("%s already holds all of %s: %s", dest.url, out, summary)
+        return summary
+    log.info(
+        "%s: %d of %d shards to send (%.1f MB), %d already there",
+        dest.url,
+        len(todo),
+        len(shards),
+        sum(s.size for s in todo) / 1e6,
+        len(shards) - len(todo),
+    )
+    if todo:
+        dest.remove(MANIFEST_NAME)  # readers must not see the manifest while its shards change
+    _send(dest, todo, workers=workers, progress=progress)
+    summary.uploaded_files += 2 * len(todo)
+    summary.uploaded_bytes += sum(s.size + len(s.sidecar) for s in todo)
+
+    missing = _missing(dest, shards)
+    if missing:
+        raise UploadError(f"{dest.url}: after the upload {len(missing)} objects are missing or short: {missing[:5]}")
+    dest.write_bytes(MANIFEST_NAME, manifest_bytes)
+    summary.uploaded_files += 1
+    summary.uploaded_bytes += len(manifest_bytes)
+    summary.seconds = time.monotonic() - start
+    log.info("uploaded %s to %s: %s", out, dest.url, summary)
+    return summary
+
+
+def _send(dest: Destination, todo: list[LocalShard], *, workers: int, progress: bool) -> None:
+    """Send the shards in ``workers`` threads; on the first failure the rest are cancelled and it is raised."""
+    total = sum(s.size + len(s.sidecar) for s in todo)
+    bar = tqdm(
+        total=total, unit="B", unit_scale=True, desc="upload", disable=not progress or not todo, dynamic_ncols=True
+    )
+    sender = _Sender(dest, bar)
+    with logging_redirect_tqdm(), bar, ThreadPoolExecutor(max(1, workers), thread_name_prefix="upload") as pool:
+        futures = [pool.submit(sender.send, s) for s in todo]
+        wait(futures, return_when=FIRST_EXCEPTION)
+        for future in futures:
+            future.cancel()  # the pending ones; those in flight finish as the pool closes
+    errors = [e for f in futures if not f.cancelled() and (e := f.exception()) is not None]
+    if errors:
+        raise errors[0]
+
+
+def _missing(dest: Destination, shards: list[LocalShard]) -> list[str]:
+    """Names of tars and sidecars not at the destination with their local size (one listing)."""
+    sizes = dest.sizes(SHARDS_DIR)
+    missing = []
+    for s in shards:
+        for name, size in ((s.name, s.size), (s.sidecar_name, len(s.sidecar))):
+            if sizes.get(name) != size:
+                missing.append(name)
+    return missing

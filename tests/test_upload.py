@@ -1,0 +1,160 @@
+"""``lerobot-shards upload`` against the real S3-protocol server: identity, resume after SIGKILL,
+skips, corrupt local shards, and no credentials or endpoints in what it writes or says."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from convert_helpers import CLI, output_files, run_cli
+from lerobot_shards.convert.run import convert_dataset
+from lerobot_shards.convert.upload import STALL_AFTER_ENV, UploadError, upload_dataset
+from lerobot_shards.loader import EpisodePoolDataset
+from lerobot_shards.synth import read_identity
+
+CAM = "observation.images.front"
+SECRET = "upload-test-secret-9f27c1d"  # moto accepts any key pair: a secret we can look for
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory, synth_factory) -> Path:
+    """A tiny conversion: 4 episodes of 6-9 frames, one camera, 2 episodes per shard (2 shards)."""
+    raw = synth_factory(num_episodes=4, cameras=(CAM,), length_range=(6, 9), seed=5)
+    out = tmp_path_factory.mktemp("upload") / "converted"
+    convert_dataset(raw, out, episodes_per_shard=2, progress=False)
+    return out
+
+
+def _options(s3_server) -> dict:
+    return {"key": "upload-test-key", "secret": SECRET, "client_kwargs": {"endpoint_url": s3_server.endpoint_url}}
+
+
+def _bucket(s3_server, name: str):
+    fs = s3_server.filesystem()
+    fs.mkdir(name)
+    return fs
+
+
+def _remote_files(fs, root: str) -> dict[str, bytes]:
+    fs.invalidate_cache()
+    return {p[len(root) + 1 :]: fs.cat_file(p) for p in sorted(fs.find(root))}
+
+
+def _etags(fs, root: str) -> dict[str, str]:
+    fs.invalidate_cache()
+    return {p[len(root) + 1 :]: info["ETag"] for p, info in fs.find(root, detail=True).items()}
+
+
+def _samples(url: str, **kwargs) -> tuple[list[dict], EpisodePoolDataset]:
+    ds = EpisodePoolDataset(url, seed=3, episode_pool_size=2, cameras=[CAM], **kwargs)
+    batches = list(DataLoader(ds, batch_size=4, num_workers=2))
+    return batches, ds
+
+
+def test_upload_then_load_from_bucket(converted: Path, s3_server) -> None:
+    fs = _bucket(s3_server, "upload-load")
+    options = _options(s3_server)
+    result = run_cli(
+        "-v", "upload", converted, "s3://upload-load/ds", "--workers", "2", "--storage-options", json.dumps(options)
+    )
+    assert result.returncode == 0, result.stderr
+    assert "uploaded 5 files" in result.stdout and "skipped 0" in result.stdout, result.stdout
+    assert _remote_files(fs, "upload-load/ds") == output_files(converted)  # every file, byte for byte
+
+    local, _ = _samples(str(converted))
+    remote, ds = _samples("s3://upload-load/ds", storage_options=options)
+    assert len(local) == len(remote) > 0
+    for a, b in zip(local, remote):
+        assert a.keys() == b.keys()
+        for key in a:
+            same = torch.equal(a[key], b[key]) if isinstance(a[key], torch.Tensor) else a[key] == b[key]
+            assert same, key
+    for batch in remote:
+        for i, (ep, frame) in enumerate(zip(batch["episode_index"].tolist(), batch["frame_index"].tolist())):
+            assert read_identity(batch[CAM][i]) == (ep, frame)
+
+    # nothing the upload writes or says, nor the loader's stats, holds the secret or the endpoint
+    said = result.stdout + result.stderr + fs.cat_file("upload-load/ds/manifest.json").decode() + str(ds.stats())
+    assert SECRET not in said and s3_server.endpoint_url.split("//")[1] not in said
+
+    # a second run finds everything there: nothing sent, nothing rewritten
+    before = _etags(fs, "upload-load/ds")
+    summary = upload_dataset(converted, "s3://upload-load/ds", storage_options=options, progress=False)
+    assert (summary.uploaded_files, summary.skipped_files) == (0, 5)
+    assert _etags(fs, "upload-load/ds") == before
+
+
+def test_upload_killed_and_rerun_resumes_with_manifest_last(converted: Path, s3_server) -> None:
+    fs = _bucket(s3_server, "upload-kill")
+    options = _options(s3_server)
+    root = "upload-kill/ds"
+    args = [*CLI, "upload", str(converted), f"s3://{root}", "--workers", "1", "--no-progress"]
+    proc = subprocess.Popen(
+        [*args, "--storage-options", json.dumps(options)],
+        env={**os.environ, STALL_AFTER_ENV: "1"},  # stalls before the second shard: killed there
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not fs.exists(f"{root}/shards/shard-000000.idx.json"):
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the first shard never arrived"
+            time.sleep(0.1)
+            fs.invalidate_cache()
+        time.sleep(0.3)  # well inside the stall
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate()
+    assert proc.returncode == -signal.SIGKILL
+    killed = _etags(fs, root)
+    assert sorted(killed) == ["convert.json", "shards/shard-000000.idx.json", "shards/shard-000000.tar"]
+
+    result = run_cli("upload", converted, f"s3://{root}", "--storage-options", json.dumps(options), "--no-progress")
+    assert result.returncode == 0, result.stderr
+    assert "uploaded 3 files" in result.stdout and "skipped 2 already there" in result.stdout, result.stdout
+    assert _remote_files(fs, root) == output_files(converted)
+    after = _etags(fs, root)
+    assert {k: after[k] for k in killed} == killed  # the first shard was not sent again
+    modified = {p[len(root) + 1 :]: i["LastModified"] for p, i in fs.find(root, detail=True).items()}
+    assert modified["manifest.json"] == max(modified.values())
+
+
+def test_corrupt_local_shard_is_refused(converted: Path, s3_server, tmp_path: Path) -> None:
+    fs = _bucket(s3_server, "upload-corrupt")
+    out = tmp_path / "converted"
+    shutil.copytree(converted, out)
+    tar = out / "shards/shard-000001.tar"
+    data = bytearray(tar.read_bytes())
+    data[-2000:-1992] = bytes(b ^ 0xFF for b in data[-2000:-1992])  # same size, other bytes
+    tar.write_bytes(bytes(data))
+    with pytest.raises(UploadError, match=r"shard-000001\.tar.*corrupt"):
+        upload_dataset(out, "s3://upload-corrupt/ds", workers=1, storage_options=_options(s3_server), progress=False)
+    fs.invalidate_cache()
+    remote = sorted(p.rsplit("/", 1)[1] for p in fs.find("upload-corrupt/ds"))
+    assert "shard-000001.tar" not in remote and "shard-000001.idx.json" not in remote
+    assert "manifest.json" not in remote
+
+
+def test_upload_needs_a_finished_conversion_and_an_own_destination(converted: Path, s3_server, tmp_path) -> None:
+    fs = _bucket(s3_server, "upload-refuse")
+    partial = tmp_path / "partial"
+    shutil.copytree(converted, partial)
+    (partial / "manifest.json").unlink()
+    result = run_cli("upload", partial, "s3://upload-refuse/a", "--storage-options", json.dumps(_options(s3_server)))
+    assert result.returncode == 1 and "manifest.json: missing" in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+    fs.pipe_file("upload-refuse/b/other.txt", b"not ours")
+    with pytest.raises(Exception, match="not lerobot-shards output"):
+        upload_dataset(converted, "s3://upload-refuse/b", storage_options=_options(s3_server), progress=False)
+    assert fs.find("upload-refuse/b") == ["upload-refuse/b/other.txt"]
