@@ -1,11 +1,13 @@
 """A real S3-protocol server (moto_server) on 127.0.0.1 for bucket tests, one per session.
 
 Registered from conftest.py via ``pytest_plugins``. Tests get an endpoint URL and the
-storage_options that point s3fs at it; each test makes its own bucket.
+storage_options that point s3fs at it; each test makes its own bucket. A test that kills its
+server starts its own with ``moto_server``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -53,12 +55,12 @@ def _wait_until_up(url: str, proc: subprocess.Popen, log: Path) -> None:
     raise RuntimeError(f"moto_server did not answer on {url} within {STARTUP_TIMEOUT_S:.0f} s")
 
 
-@pytest.fixture(scope="session")
-def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
-    """Start ``moto_server`` on a free local port; kill it when the session ends."""
+@contextlib.contextmanager
+def moto_server(log_dir: Path) -> Iterator[tuple[S3Server, subprocess.Popen]]:
+    """A ``moto_server`` process on a free local port, killed on exit; tests that kill it early get the process."""
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
-    log = tmp_path_factory.mktemp("moto") / "moto_server.log"
+    log = log_dir / "moto_server.log"
     exe = Path(sys.executable).with_name("moto_server")
     env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
     with open(log, "wb") as out:
@@ -70,7 +72,7 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
         )
     try:
         _wait_until_up(url, proc, log)
-        yield S3Server(
+        server = S3Server(
             endpoint_url=url,
             storage_options={
                 "key": env["AWS_ACCESS_KEY_ID"],
@@ -79,6 +81,14 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
             },
             env={**env, "AWS_ENDPOINT_URL": url},
         )
+        yield server, proc
     finally:
         proc.kill()
         proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    """The session's server (each test makes its own bucket); killed when the session ends."""
+    with moto_server(tmp_path_factory.mktemp("moto")) as (server, _):
+        yield server

@@ -16,6 +16,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from convert_helpers import CLI, output_files, run_cli
+from lerobot_shards.convert.destination import Destination, TransferError
 from lerobot_shards.convert.run import convert_dataset
 from lerobot_shards.convert.upload import STALL_AFTER_ENV, UploadError, upload_dataset
 from lerobot_shards.loader import EpisodePoolDataset
@@ -158,3 +159,41 @@ def test_upload_needs_a_finished_conversion_and_an_own_destination(converted: Pa
     with pytest.raises(Exception, match="not lerobot-shards output"):
         upload_dataset(converted, "s3://upload-refuse/b", storage_options=_options(s3_server), progress=False)
     assert fs.find("upload-refuse/b") == ["upload-refuse/b/other.txt"]
+
+
+def test_remote_writes_retry_transient_errors_a_bounded_number_of_times(s3_server) -> None:
+    dest = Destination("s3://upload-retry/ds", storage_options=_options(s3_server))
+    endpoint = s3_server.endpoint_url
+    calls: list[int] = []
+
+    def flaky() -> str:
+        calls.append(1)
+        if len(calls) < 3:
+            raise ConnectionResetError(f"connection to {endpoint} reset")
+        return "stored"
+
+    assert dest.retrying("s3://upload-retry/ds/x", flaky) == "stored" and len(calls) == 3
+
+    calls.clear()
+
+    def down() -> None:
+        calls.append(1)
+        raise ConnectionRefusedError(
+            f"Could not connect to the endpoint URL: {endpoint}/upload-retry/ds (key {SECRET})"
+        )
+
+    with pytest.raises(TransferError) as failure:
+        dest.retrying("s3://upload-retry/ds/shards/shard-000000.tar", down, attempts=3)
+    assert len(calls) == 3
+    text = str(failure.value)
+    assert "shard-000000.tar: failed after 3 attempts" in text and endpoint not in text and SECRET not in text
+
+    calls.clear()
+
+    def missing() -> None:
+        calls.append(1)
+        raise FileNotFoundError("upload-retry: no such bucket")
+
+    with pytest.raises(FileNotFoundError):
+        dest.retrying("s3://upload-retry/ds/x", missing)
+    assert len(calls) == 1  # permanent: not retried
