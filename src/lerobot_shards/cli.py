@@ -362,7 +362,7 @@ def verify(
     type=click.IntRange(min=1),
     default=8,
     show_default=True,
-    help="Shards sent at once (threads; each large shard is also sent in parallel parts).",
+    help="Shards sent at once (threads; memory about 50-100 MB each).",
 )
 @click.option("--overwrite", is_flag=True, help="Replace a destination that holds foreign or other-settings output.")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Show a progress bar.")
@@ -373,18 +373,18 @@ def upload(out: str, url: str, workers: int, overwrite: bool, progress: bool, st
     Each shard's sha256 is checked against its sidecar before it is sent; shards already at URL
     (same size and sidecar) are skipped, so re-running after a kill sends only what is missing.
     """
-    from .convert.destination import scrub
     from .convert.errors import ConvertError
     from .convert.upload import UploadError, upload_dataset
     from .format import FormatError
 
+    _locations(out, url)
     options = _storage_options(storage_options)
     try:
         summary = upload_dataset(
             out, url, workers=workers, storage_options=_remote(url, options), overwrite=overwrite, progress=progress
         )
-    except (UploadError, ConvertError, FormatError, OSError) as e:
-        raise click.ClickException(scrub(str(e), options)) from None
+    except (UploadError, ConvertError, FormatError) as e:
+        raise click.ClickException(str(e)) from None
     click.echo(f"{url}: {summary}")
 
 

@@ -13,6 +13,7 @@ import contextlib
 import errno
 import fcntl
 import hashlib
+import inspect
 import logging
 import os
 import posixpath
@@ -21,12 +22,13 @@ import secrets
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, BinaryIO, TypeVar
 
 import fsspec
 from fsspec.callbacks import Callback
 
+from ..errors import redact, register_secrets
 from ..format import MANIFEST_NAME, SHARDS_DIR, TMP_SUFFIX
 from ..names import check_relpath
 
@@ -40,9 +42,6 @@ RETRY_FIRST_WAIT_S = 0.5
 RETRY_MAX_WAIT_S = 8.0
 # Errors no retry can fix: a missing bucket or local file, refused access, a bad option.
 PERMANENT_ERRORS = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, TypeError, ValueError)
-# Environment variables whose values must not reach a message (credentials and endpoints).
-PRIVATE_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL")
-
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
@@ -51,25 +50,6 @@ ByteProgress = Callable[[int], None]  # receives byte counts as they are sent (n
 
 class TransferError(OSError):
     """A remote write still failed after its retries."""
-
-
-def _private_values(options: Mapping[str, Any] | None) -> set[str]:
-    """Every string in the storage options (keys, secrets, endpoints, nested too) and the private env vars."""
-    values = {v for k in PRIVATE_ENV if len(v := os.environ.get(k, "")) >= 4}
-    for value in (options or {}).values():
-        if isinstance(value, Mapping):
-            values |= _private_values(value)
-        elif isinstance(value, str) and len(value) >= 4:
-            values.add(value)
-    return values
-
-
-def scrub(text: str, storage_options: Mapping[str, Any] | None) -> str:
-    """``text`` without credentials or endpoints: every string of ``storage_options`` and the private
-    env vars replaced by ``***`` (botocore names the endpoint, and sometimes more, in its errors)."""
-    for value in sorted(_private_values(storage_options), key=len, reverse=True):
-        text = text.replace(value, "***")
-    return text
 
 
 class _Forward(Callback):
@@ -125,7 +105,7 @@ class Destination:
         self.url = str(url)
         protocols = (self.fs.protocol,) if isinstance(self.fs.protocol, str) else tuple(self.fs.protocol)
         self.is_local = "file" in protocols
-        self._storage_options = storage_options
+        register_secrets(storage_options)  # keys and secrets never reach a message or a log line
 
     def retrying(self, what: str, fn: Callable[[], T], *, attempts: int = RETRY_ATTEMPTS) -> T:
         """``fn()``, tried up to ``attempts`` times with exponential backoff; ``what`` names the object in
@@ -136,7 +116,7 @@ class Destination:
             except PERMANENT_ERRORS:
                 raise
             except Exception as e:
-                reason = scrub(f"{type(e).__name__}: {e}", self._storage_options)
+                reason = redact(f"{type(e).__name__}: {e}")
                 if attempt == attempts:
                     raise TransferError(f"{what}: failed after {attempts} attempts ({reason})") from None
                 wait = min(RETRY_MAX_WAIT_S, RETRY_FIRST_WAIT_S * 2 ** (attempt - 1)) * random.uniform(0.5, 1.0)
@@ -144,11 +124,21 @@ class Destination:
                 time.sleep(wait)
         raise AssertionError("unreachable")
 
-    def put_file(self, local: str, rel: str, *, progress: ByteProgress | None = None) -> None:
+    def _concurrency(self, parts_at_once: int | None) -> dict[str, int]:
+        put = getattr(self.fs, "_put_file", None)  # async file systems (s3fs) name their options here
+        if parts_at_once is None or put is None or "max_concurrency" not in inspect.signature(put).parameters:
+            return {}
+        return {"max_concurrency": parts_at_once}
+
+    def put_file(
+        self, local: str, rel: str, *, progress: ByteProgress | None = None, parts_at_once: int | None = None
+    ) -> None:
         """Copy the local file ``local`` to ``rel``, atomically, with retries; the remote size is checked.
 
         ``progress`` gets the bytes as they go (fsspec callback), and the bytes of a failed try back
-        as a negative count, so a progress bar never counts a byte twice.
+        as a negative count, so a progress bar never counts a byte twice. ``parts_at_once`` bounds
+        the parts of one multipart upload in flight (and so its memory: s3fs holds each 50 MiB part)
+        on file systems whose put takes ``max_concurrency``; None keeps the file system's default.
         """
         size = os.path.getsize(local)
         if self.is_local:
@@ -162,7 +152,7 @@ class Destination:
         def attempt() -> None:
             callback = _Forward(progress)
             try:
-                self.fs.put_file(local, remote, callback=callback)
+                self.fs.put_file(local, remote, callback=callback, **self._concurrency(parts_at_once))
                 self.fs.invalidate_cache(remote)
                 got = int(self.fs.info(remote)["size"])
                 if got != size:

@@ -16,6 +16,10 @@ a tar and its sidecar sends that tar again.)
 Before a shard is sent its local bytes are hashed and compared with its sidecar and the
 manifest: a corrupt local shard stops the upload with an error naming it, and none of its bytes
 leave the machine.
+
+Parallelism comes from shards sent side by side (``workers`` threads), each one part at a time,
+so memory stays about ``workers`` x 50 MiB (s3fs's part size; a shard under 100 MiB goes in one
+PUT read whole).
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from ..format import MANIFEST_NAME, SHARDS_DIR, Manifest, Sidecar
-from .destination import HASH_CHUNK, RUN_RECORD, Destination
+from .destination import HASH_CHUNK, RUN_RECORD, Destination, DestinationBusy
 from .run import claim
 
 log = logging.getLogger(__name__)
@@ -149,7 +153,7 @@ class _Sender:
             log.warning("%s is set: stalling before %s", STALL_AFTER_ENV, shard.name)
             threading.Event().wait()
         check_local_shard(shard)
-        self.dest.put_file(str(shard.tar), _rel(shard.name), progress=self.progress)
+        self.dest.put_file(str(shard.tar), _rel(shard.name), progress=self.progress, parts_at_once=1)
         self.dest.write_bytes(_rel(shard.sidecar_name), shard.sidecar)
         self.progress(len(shard.sidecar))
         with self.lock:
@@ -186,6 +190,24 @@ def upload_dataset(
     shards = local_shards(out, manifest)
 
     dest = Destination(url, storage_options=storage_options)
+    try:
+        with dest.lock(None):  # a local destination: no convert or upload writes there meanwhile
+            return _upload(out, dest, manifest_bytes, record, shards, workers, overwrite, progress, start)
+    except DestinationBusy as e:
+        raise UploadError(str(e)) from None
+
+
+def _upload(
+    out: Path,
+    dest: Destination,
+    manifest_bytes: bytes,
+    record: dict[str, Any],
+    shards: list[LocalShard],
+    workers: int,
+    overwrite: bool,
+    progress: bool,
+    start: float,
+) -> UploadSummary:
     claim(dest, record, overwrite=overwrite)
     remote_sizes = dest.sizes(SHARDS_DIR)
     with ThreadPoolExecutor(max(1, workers), thread_name_prefix="upload") as pool:
