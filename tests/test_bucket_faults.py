@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from torch.utils.data import DataLoader
 
+from lerobot_shards.convert.plan import ConvertOptions
 from lerobot_shards.convert.run import convert_dataset
 from lerobot_shards.convert.upload import upload_dataset
 from lerobot_shards.loader import EpisodePoolDataset
@@ -22,7 +23,7 @@ BATCH_TIMEOUT_S = 120  # the DataLoader raises "timed out" instead of hanging: t
 
 def test_server_killed_mid_epoch_names_the_shard(synth_factory, tmp_path: Path) -> None:
     raw = synth_factory(num_episodes=10, cameras=("observation.images.front",), length_range=(6, 9), seed=5)
-    convert_dataset(raw, tmp_path / "out", episodes_per_shard=1, progress=False)
+    convert_dataset(raw, tmp_path / "out", ConvertOptions(episodes_per_shard=1), progress=False)
     with moto_server(tmp_path) as (server, proc):
         options = {
             "key": "fault-test-key",

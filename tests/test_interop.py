@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
+from lerobot_shards.convert.plan import ConvertOptions
 from lerobot_shards.convert.run import convert_dataset
 from lerobot_shards.synth import read_identity
 
@@ -19,7 +20,7 @@ def test_hugging_face_datasets_streams_one_example_per_episode(synth_factory, tm
     from datasets import load_dataset
 
     raw = synth_factory(num_episodes=3, cameras=CAMS, length_range=(5, 8), seed=2)
-    manifest = convert_dataset(raw, tmp_path / "out", episodes_per_shard=2, progress=False)
+    manifest = convert_dataset(raw, tmp_path / "out", ConvertOptions(episodes_per_shard=2), progress=False)
     files = sorted(str(p) for p in (tmp_path / "out/shards").glob("*.tar"))
     examples = list(load_dataset("webdataset", data_files={"train": files}, split="train", streaming=True))
 

@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader
 
 from convert_helpers import CLI, output_files, run_cli
 from lerobot_shards.convert.destination import LOCK_NAME, Destination, TransferError
+from lerobot_shards.convert.plan import ConvertOptions
 from lerobot_shards.convert.run import convert_dataset
 from lerobot_shards.convert.upload import STALL_AFTER_ENV, UploadError, upload_dataset
 from lerobot_shards.loader import EpisodePoolDataset
@@ -31,7 +32,7 @@ def converted(tmp_path_factory, synth_factory) -> Path:
     """A tiny conversion: 4 episodes of 6-9 frames, one camera, 2 episodes per shard (2 shards)."""
     raw = synth_factory(num_episodes=4, cameras=(CAM,), length_range=(6, 9), seed=5)
     out = tmp_path_factory.mktemp("upload") / "converted"
-    convert_dataset(raw, out, episodes_per_shard=2, progress=False)
+    convert_dataset(raw, out, ConvertOptions(episodes_per_shard=2), progress=False)
     return out
 
 
