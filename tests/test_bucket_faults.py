@@ -38,7 +38,7 @@ def test_server_killed_mid_epoch_names_the_shard(synth_factory, tmp_path: Path) 
             "s3://faults/ds", storage_options=options, episode_pool_size=1, prefetch_episodes=1, seed=0
         )
         batches = iter(DataLoader(ds, batch_size=2, num_workers=2, timeout=BATCH_TIMEOUT_S))
-        next(batches)
+        next(batches), next(batches)  # one batch from each worker: both have opened the dataset
         proc.kill()
         proc.wait()
         with pytest.raises(Exception) as failure:
