@@ -29,6 +29,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 from .. import __version__
 from ..format import (
+    FORMAT_VERSION,
     MANIFEST_NAME,
     SHARDS_DIR,
     FrameTransform,
@@ -118,6 +119,8 @@ def _shard_done(dest: Destination, shard: PlannedShard, present: set[str], *, sk
     status = shard_status(dest, shard_name(shard.index), sidecar_name(shard.index), present=present, check_sha256=True)
     if not status.complete or status.sidecar is None or not status.holds(shard.episodes):
         return False
+    if status.sidecar.format_version != FORMAT_VERSION:
+        return False  # an older format (say, without member checksums): rebuild rather than mix
     # Without --skip-bad-episodes a skipped episode must fail again, not vanish.
     return skip_bad_episodes or not status.sidecar.skipped
 

@@ -17,7 +17,7 @@ import logging
 import os
 import posixpath
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, BinaryIO, TypeVar
 
 import av
@@ -236,6 +236,7 @@ def build_shard(
             if on_episode is not None:
                 on_episode(ep.length, sum(payload_size(d) for _, d in ep.payloads))
         sha256 = sink.finish()
+        entries = [replace(e, members={n: sink.checksummed(m) for n, m in e.members.items()}) for e in entries]
     finally:
         sink.close()
     return Sidecar(

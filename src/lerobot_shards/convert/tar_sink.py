@@ -19,10 +19,10 @@ import stat
 import tarfile
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, BinaryIO, Final
 
-from ..format import Member
+from ..format import Member, member_hasher
 from .errors import ConvertError
 
 TAR_FORMAT: Final = tarfile.PAX_FORMAT  # ustar headers unless a name exceeds 100 characters
@@ -110,6 +110,7 @@ class TarSink:
         self._pending: collections.deque[tuple[Future[None], int]] = collections.deque()
         self._held = 0
         self._sources: dict[str, int] = {}  # open source file descriptors by path
+        self._member_hashers: dict[str, Any] = {}  # per-member checksums, complete once the hasher drains
         self._fd = _fd_of(out)
         self._copy = "copy_file_range" if hasattr(os, "copy_file_range") else "sendfile"
         self._base = 0  # where the tar starts in the file
@@ -128,12 +129,13 @@ class TarSink:
             future.result()  # re-raises a hashing error
             self._held -= n
 
-    def _hash_range(self, fd: int, offset: int, size: int) -> None:
+    def _hash_range(self, fd: int, offset: int, size: int, member: Any) -> None:
         start = offset - offset % mmap.ALLOCATIONGRANULARITY
         flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
         with mmap.mmap(fd, offset + size - start, flags=flags, prot=mmap.PROT_READ, offset=start) as m:
             with memoryview(m) as view, view[offset - start :] as data:
                 self._sha.update(data)
+                member.update(data)
 
     # -- writing --------------------------------------------------------------------------
 
@@ -178,11 +180,11 @@ class TarSink:
             raise ConvertError(f"{path}: the file changed while it was being converted")
         return fd
 
-    def copy_range(self, path: str, offset: int, size: int, expect: tuple[int, int, int]) -> None:
+    def copy_range(self, path: str, offset: int, size: int, expect: tuple[int, int, int], member: Any) -> None:
         """Append ``size`` bytes of ``path`` at ``offset``: hashed on the helper thread while copied."""
         src = self._source(path, expect)
         self.flush()
-        self._hash(self._hash_range, src, offset, size)
+        self._hash(self._hash_range, src, offset, size, member)
         if self._fd is None:
             self._copy_chunks(src, offset, size)
         else:
@@ -247,11 +249,14 @@ class TarSink:
         info.uname = info.gname = ""
         self.write(info.tobuf(TAR_FORMAT, tarfile.ENCODING, "surrogateescape"))
         start = self.offset
+        checksum = self._member_hashers[name] = member_hasher()
         if isinstance(payload, FileRanges):
+            checksum.update(payload.prefix)
             self.write(payload.prefix)
             for offset, n in payload.ranges:
-                self.copy_range(payload.path, offset, n, payload.stat)
+                self.copy_range(payload.path, offset, n, payload.stat, checksum)
         else:
+            checksum.update(payload)  # xxh3 at tens of GB/s: not worth the helper thread
             self.write(payload)
         if self.offset - start != size:
             raise ConvertError(f"{name}: wrote {self.offset - start} bytes, expected {size}")
@@ -274,6 +279,11 @@ class TarSink:
             os.fsync(self._fd)
         self._drain()
         return self._sha.hexdigest()
+
+    def checksummed(self, member: Member) -> Member:
+        """``member`` with its checksum (format 2), once ``finish`` has drained the hasher."""
+        assert not self._pending, "checksummed() before finish()"
+        return replace(member, xxh3_128=self._member_hashers[member.name].hexdigest())
 
     def _drain(self) -> None:
         while self._pending:

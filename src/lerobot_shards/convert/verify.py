@@ -34,6 +34,7 @@ from ..format import (
     ShardRecord,
     clip_member,
     header_member,
+    member_checksum,
     table_member,
 )
 from ..lerobot_v3 import LeRobotV3Source, SourceError
@@ -252,6 +253,10 @@ class _Verifier:
         except (ValueError, pa.ArrowException) as e:
             self.report.problem(f"{at}: unreadable header or table ({e})")
             return
+        for name, m in entry.members.items():
+            data = payloads.get(name)
+            if m.xxh3_128 is not None and data is not None and member_checksum(data) != m.xxh3_128:
+                self.report.problem(f"{at}: member {name} does not match its checksum in the sidecar")
         if set(entry.clips) != set(self.manifest.cameras):
             self.report.problem(
                 f"{at}: clips for {sorted(entry.clips)}, manifest cameras {list(self.manifest.cameras)}"
