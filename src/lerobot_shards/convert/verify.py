@@ -232,6 +232,10 @@ class _Verifier:
 
     def episode(self, where: str, entry: EpisodeEntry, payloads: dict[str, bytes]) -> None:
         at = f"{where}: episode {entry.episode_index}"
+        for name, m in entry.members.items():
+            data = payloads.get(name)
+            if m.xxh3_128 is not None and data is not None and member_checksum(data) != m.xxh3_128:
+                self.report.problem(f"{at}: member {name} does not match its checksum in the sidecar")
         try:
             header = EpisodeHeader.from_dict(json.loads(payloads[header_member(entry.key)]))
             if (header.episode_index, header.length) != (entry.episode_index, entry.length):
@@ -253,10 +257,6 @@ class _Verifier:
         except (ValueError, pa.ArrowException) as e:
             self.report.problem(f"{at}: unreadable header or table ({e})")
             return
-        for name, m in entry.members.items():
-            data = payloads.get(name)
-            if m.xxh3_128 is not None and data is not None and member_checksum(data) != m.xxh3_128:
-                self.report.problem(f"{at}: member {name} does not match its checksum in the sidecar")
         if set(entry.clips) != set(self.manifest.cameras):
             self.report.problem(
                 f"{at}: clips for {sorted(entry.clips)}, manifest cameras {list(self.manifest.cameras)}"

@@ -29,6 +29,7 @@ from .decode import DecodePool, DecoderCache, check_cuda_backend, decode_image, 
 from .device import rank_device
 from .partition import Consumer, ConsumerPlan, PlanOptions, ShardSpec, filter_shards, plan_consumer
 from .reader import EpisodeReader
+from .remote import with_timeouts
 from .resume import resume_point
 from .sampling import PoolSampler, consumer_rng
 from .sources import ResidentEpisode, open_source
@@ -38,6 +39,7 @@ from .windows import delta_frame_offsets, window_indices
 log = logging.getLogger(__name__)
 
 DEFAULT_DECODE_THREADS = 0  # measured (benchmarks/speed): threads pay off only with idle cores
+ON_ERROR = ("raise", "skip")
 
 
 class EpisodePoolDataset(IterableDataset):
@@ -72,7 +74,10 @@ class EpisodePoolDataset(IterableDataset):
         decoder_cache_size: decoders kept per consumer (default pool size x cameras, capped at 64).
         num_ffmpeg_threads: decoder threads per clip. 1 is fastest for random access (threaded
             decoders flush on every seek) and keeps many workers from oversubscribing cores.
-        prefetch_episodes: episodes read ahead in the background (default the pool size).
+        prefetch_episodes: episodes read ahead in the background (default the pool size; at least 1).
+        on_error: what to do with an episode whose bytes do not match their checksum after one
+            re-fetch: ``"raise"`` (default) or ``"skip"`` it (its samples are dropped, logged and
+            counted in ``stats()`` as ``episodes_skipped``/``samples_skipped``).
         resize, resize_mode: decode video at (height, width) (or ``{camera: (height, width)}``),
             ``"pad"``/``"crop"``/``"stretch"`` as ``convert --resize`` stores it; for raw datasets
             and full-size shards (shards converted with ``--resize`` are already that size).
@@ -111,10 +116,24 @@ class EpisodePoolDataset(IterableDataset):
         resize: Sequence[int] | Mapping[str, Sequence[int]] | None = None,
         resize_mode: str = DEFAULT_MODE,
         decode_threads: int = DEFAULT_DECODE_THREADS,
+        on_error: str = "raise",
     ) -> None:
         super().__init__()
-        if episode_pool_size < 1:
-            raise ValueError(f"episode_pool_size must be at least 1, got {episode_pool_size}")
+        if not isinstance(episode_pool_size, int) or episode_pool_size < 1:
+            raise ValueError(f"episode_pool_size must be an int >= 1, got {episode_pool_size!r}")
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+            raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+        if decoder_cache_size is not None and (not isinstance(decoder_cache_size, int) or decoder_cache_size < 1):
+            raise ValueError(
+                f"decoder_cache_size must be an int >= 1 (None: pool size x cameras), got {decoder_cache_size!r}"
+            )
+        if prefetch_episodes is not None and (not isinstance(prefetch_episodes, int) or prefetch_episodes < 1):
+            raise ValueError(
+                f"prefetch_episodes must be an int >= 1 (None: the pool size); the reader always reads at least "
+                f"the next episode ahead, got {prefetch_episodes!r}"
+            )
+        if on_error not in ON_ERROR:
+            raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
         if not isinstance(num_ffmpeg_threads, int) or num_ffmpeg_threads < 0:
             raise ValueError(
                 f"num_ffmpeg_threads must be an int >= 0 (0 = FFmpeg's choice), got {num_ffmpeg_threads!r}"
@@ -126,6 +145,7 @@ class EpisodePoolDataset(IterableDataset):
         video_decode_device = rank_device(video_decode_device, what="video_decode_device")
         check_cuda_backend(cuda_decode_backend)
         self.source_url = str(source)
+        storage_options = with_timeouts(self.source_url, storage_options)
         self._open_kwargs: dict[str, Any] = dict(
             storage_options=storage_options,
             cache_dir=cache_dir,
@@ -152,7 +172,8 @@ class EpisodePoolDataset(IterableDataset):
         self.delta_offsets = delta_frame_offsets(delta_timestamps or {}, self.fps, tolerance_s, known_keys=known)
         self.shards = self._select_shards(info.shards, episodes)
         self.episode_pool_size = episode_pool_size
-        self.seed = seed
+        self.seed = int(seed)
+        self.on_error = on_error
         self.shuffle = shuffle
         self.video_decode_device = video_decode_device
         self.cuda_decode_backend = cuda_decode_backend
@@ -161,9 +182,11 @@ class EpisodePoolDataset(IterableDataset):
         self.image_dtype = image_dtype
         self.drop_last = drop_last
         self.storage_options = storage_options
-        self.decoder_cache_size = decoder_cache_size or min(64, episode_pool_size * max(1, len(self.cameras)))
+        if decoder_cache_size is None:
+            decoder_cache_size = min(64, episode_pool_size * max(1, len(self.cameras)))
+        self.decoder_cache_size = decoder_cache_size
         self.num_ffmpeg_threads = num_ffmpeg_threads
-        self.prefetch_episodes = prefetch_episodes or episode_pool_size
+        self.prefetch_episodes = episode_pool_size if prefetch_episodes is None else prefetch_episodes
         self.decode_threads = decode_threads
         self.rank, self.world_size = _distributed(rank, world_size)
         # DDP-safe default: unequal batch counts across ranks hang the first collective after
@@ -300,7 +323,9 @@ class EpisodePoolDataset(IterableDataset):
         # This iteration's own source (never shared with another iterator or process): its
         # reader thread is the only one reading it, and it is closed here once that thread stopped.
         source = open_source(self.source_url, **self._open_kwargs)
-        reader = EpisodeReader(source, plan.episodes, sampler.admission_order(), self.prefetch_episodes)
+        reader = EpisodeReader(
+            source, plan.episodes, sampler.admission_order(), self.prefetch_episodes, skip_bad=self.on_error == "skip"
+        )
         decoders = DecodePool(
             self.decode_threads,
             lambda: DecoderCache(
@@ -313,7 +338,7 @@ class EpisodePoolDataset(IterableDataset):
                 resize_mode=self.resize_mode,
             ),
         )
-        pool: dict[tuple[int, int], ResidentEpisode] = {}
+        pool: dict[tuple[int, int], ResidentEpisode | None] = {}  # None: skipped (on_error="skip")
         pending: deque[dict[str, Any]] = deque()  # samples whose frames are being decoded, in order
         lookahead = 2 * self.decode_threads
         try:
@@ -324,9 +349,17 @@ class EpisodePoolDataset(IterableDataset):
                     got, episode, waited = reader.next()
                     pool[got] = episode
                     stats.add("admissions", 1)
-                    stats.add("bytes_read", episode.nbytes)
+                    if episode is None:
+                        stats.add("episodes_skipped", 1)
+                    else:
+                        stats.add("bytes_read", episode.nbytes)
                     stats.add("wait_seconds", waited)
                 episode = pool[key]
+                if episode is None:  # its bytes were bad: its samples are dropped, never wrong
+                    stats.add("samples_skipped", 1)
+                    if emission.last:
+                        del pool[key]
+                    continue
                 pending.append(self._sample(episode, emission.frame, decoders))
                 if emission.last:
                     del pool[key]

@@ -82,6 +82,10 @@ def decode_sizes(
     return camera_sizes(per_camera, cameras)
 
 
+class DecodeError(RuntimeError):
+    """A clip does not decode; the message names dataset, shard, episode, camera and frames."""
+
+
 class DecoderCache:
     """LRU cache of ``VideoDecoder`` by clip, with hit/miss/eviction counters."""
 
@@ -135,8 +139,10 @@ class DecoderCache:
                 if self.device != "cpu":
                     _enter_cuda_backend(stack, self.cuda_backend)
                 decoder = VideoDecoder(source, **kwargs)
-        except RuntimeError as e:
-            if "fork" in str(e) and self.device != "cpu":
+        except Exception as e:
+            if handle is not None:
+                handle.close()
+            if isinstance(e, RuntimeError) and "fork" in str(e) and self.device != "cpu":
                 raise RuntimeError(
                     "CUDA cannot start in a forked DataLoader worker: build the DataLoader with "
                     "multiprocessing_context='spawn' for video_decode_device='cuda'"
@@ -159,9 +165,14 @@ class DecoderCache:
     def frames(self, clip: ClipRef, indices: Sequence[int], size: tuple[int, int] | None = None) -> torch.Tensor:
         """Frames ``indices`` of the episode (not of the file) as uint8 (N, C, H, W), one call;
         resized to ``size`` (height, width) as ``resize_mode`` says when given."""
-        decoder = self._decoder(clip)
-        start = time.perf_counter()
-        frames = decoder.get_frames_at([clip.first_frame + int(i) for i in indices]).data
+        try:
+            decoder = self._decoder(clip)
+            start = time.perf_counter()
+            frames = decoder.get_frames_at([clip.first_frame + int(i) for i in indices]).data
+        except Exception as e:  # torchcodec's errors name neither the clip nor the frame
+            self.drop(clip.cache_key)  # a decoder that failed may be left mid-stream
+            wanted = ", ".join(str(int(i)) for i in indices)
+            raise DecodeError(f"{clip.where}: cannot decode frame(s) {wanted} ({type(e).__name__}: {e})") from e
         if self.device != "cpu":
             self._check_fallback(decoder, clip)
             frames = frames.to(self.device)  # a CPU fallback's frames join the other clips' device

@@ -8,13 +8,17 @@ and ``prefetch`` while it runs; it does not own the source (whoever opened it cl
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from .integrity import IntegrityError
 from .sources import EpisodeSource, ResidentEpisode
+
+log = logging.getLogger(__name__)
 
 
 class EpisodeReader:
@@ -25,6 +29,8 @@ class EpisodeReader:
         episodes: the consumer's (shard, episode) list in reading order.
         order: (pass, position) keys in admission order (``PoolSampler.admission_order``).
         depth: episodes read ahead at most.
+        skip_bad: an episode whose bytes fail their checksum (``IntegrityError``) is handed over
+            as None (logged) instead of ending the stream with the error.
     """
 
     _END = object()
@@ -35,8 +41,11 @@ class EpisodeReader:
         episodes: Sequence[tuple[int, int]],
         order: Iterator[tuple[int, int]],
         depth: int,
+        *,
+        skip_bad: bool = False,
     ) -> None:
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=max(1, depth))
+        self._skip_bad = skip_bad
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(source, episodes, order), daemon=True)
         self._thread.start()
@@ -63,13 +72,22 @@ class EpisodeReader:
                     following = shard_order.index(shard) + 1
                     if following < len(shard_order):
                         source.prefetch(shard_order[following])
-                if not self._put((key, source.read_episode(shard, episode_index))):
+                if not self._put((key, self._read(source, shard, episode_index))):
                     return
             self._put(self._END)
         except BaseException as e:  # handed to the consumer thread, which re-raises it
             self._put(e)
 
-    def next(self) -> tuple[tuple[int, int], ResidentEpisode, float]:
+    def _read(self, source: EpisodeSource, shard: int, episode_index: int) -> ResidentEpisode | None:
+        try:
+            return source.read_episode(shard, episode_index)
+        except IntegrityError as e:
+            if not self._skip_bad:
+                raise
+            log.warning("skipping episode %d (on_error='skip'): %s", episode_index, e)
+            return None
+
+    def next(self) -> tuple[tuple[int, int], ResidentEpisode | None, float]:
         """The next episode: its (pass, position) key, the episode, and seconds spent waiting."""
         start = time.perf_counter()
         item = self._queue.get()

@@ -7,12 +7,12 @@ as numpy arrays, video still encoded.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import logging
 import os
 import posixpath
-import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -26,6 +26,7 @@ from .. import format as fmt
 from ..lerobot_v3 import IMAGE_DTYPE, VIDEO_DTYPE, LeRobotV3Source, protocols
 from ..names import check_name, confined_join
 from ..shard_plan import plan_shards
+from .integrity import IntegrityError, check_episode_bytes, download_verified, sha256_file
 from .partition import ShardSpec
 
 log = logging.getLogger(__name__)
@@ -40,6 +41,7 @@ class ClipRef:
     url: str | None  # or a source mp4 (raw datasets), shared by the episodes it holds
     first_frame: int  # index of episode frame 0 inside the clip or mp4
     frame_mappings: str | None  # torchcodec custom_frame_mappings for exact seeks without a scan
+    where: str = "clip"  # dataset, shard or file, episode and camera: decode errors name them
 
 
 @dataclass
@@ -100,7 +102,11 @@ class EpisodeSource(Protocol):
     info: SourceInfo
 
     def read_episode(self, shard: int, episode_index: int) -> ResidentEpisode:
-        """One episode of ``shard``: its tables decoded, its clips still encoded."""
+        """One episode of ``shard``: its tables decoded, its clips still encoded.
+
+        Raises ``IntegrityError`` when its bytes do not match their checksum (after one re-fetch),
+        and any other read failure as an error naming the shard or file and the episode.
+        """
         ...
 
     def prefetch(self, shard: int) -> None:
@@ -150,6 +156,7 @@ class ShardSource:
             self.manifest = fmt.Manifest.from_json(f.read(), where=where)
         m = self.manifest
         self._records = {s.index: s for s in m.shards}
+        self._by_name = {s.name: s for s in m.shards}
         self._sidecars: dict[int, fmt.Sidecar] = {}
         self._entries: dict[int, tuple[int, fmt.EpisodeEntry]] = {}  # episode -> (shard, entry)
         self._open: tuple[int, Any] | None = None  # (shard index, file object)
@@ -198,16 +205,32 @@ class ShardSource:
                 self._downloader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shard-prefetch")
             self._downloads[name] = self._downloader.submit(self._download, name)
 
-    def _download(self, name: str) -> str:
+    def _cache_path(self, name: str) -> str:
         if self.cache_dir is None:
             raise RuntimeError(f"{self.url}: shard download without a cache_dir")
         sub = hashlib.sha1(self.url.encode()).hexdigest()[:16]
-        dst = confined_join(os.path.join(self.cache_dir, sub), name, f"{self.url}: shard name")
-        if not os.path.exists(dst):
-            os.makedirs(os.path.dirname(dst), exist_ok=True)
-            tmp = f"{dst}.{os.getpid()}.{threading.get_ident()}{fmt.TMP_SUFFIX}"
-            self.fs.get_file(self._shard_path(name), tmp)
-            os.replace(tmp, dst)
+        return confined_join(os.path.join(self.cache_dir, sub), name, f"{self.url}: shard name")
+
+    def _download(self, name: str) -> str:
+        """The verified local copy of shard ``name``: downloaded (and checked against the manifest's
+        size and sha256, twice at most) unless a copy of the right size is there. Format 1 shards,
+        whose episodes cannot be checked one by one, are re-hashed once per process when cached."""
+        dst = self._cache_path(name)
+        rec = self._by_name[name]
+        where = f"{self.url}/{fmt.SHARDS_DIR}/{name}"
+        if os.path.exists(dst):
+            if os.path.getsize(dst) == rec.bytes and (
+                self.manifest.format_version >= 2 or sha256_file(dst) == rec.sha256
+            ):
+                return dst
+            log.warning("%s: cached copy %s is damaged; downloading it again", where, dst)
+            os.remove(dst)
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        try:
+            download_verified(self.fs, self._shard_path(name), dst, size=rec.bytes, sha256=rec.sha256, where=where)
+        except IntegrityError as e:
+            log.warning("%s; downloading it again", e)
+            download_verified(self.fs, self._shard_path(name), dst, size=rec.bytes, sha256=rec.sha256, where=where)
         return dst
 
     def prefetch(self, shard: int) -> None:
@@ -237,17 +260,46 @@ class ShardSource:
             self._downloader.shutdown(wait=False, cancel_futures=True)
             self._downloader = None
 
-    def read_episode(self, shard: int, episode_index: int) -> ResidentEpisode:
-        """One episode by a single ranged read of its members (or from the cached shard file)."""
-        self.sidecar(shard)
-        shard_of, entry = self._entries[episode_index]
+    def _drop(self, shard: int) -> None:
+        """Forget what was read of ``shard``: the open file and, when cached, the local copy."""
+        self._close_file()
+        name = self._records[shard].name
+        if self._downloads.pop(name, None) is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(self._cache_path(name))
+
+    def _read_span(self, shard: int, entry: fmt.EpisodeEntry, where: str) -> bytes:
+        """The episode's bytes, checked against the sidecar's member checksums."""
         start, end = entry.span()
-        f = self._file(shard_of)
+        f = self._file(shard)
         f.seek(start)
         blob = f.read(end - start)
-        where = f"{self.url}/{fmt.SHARDS_DIR}/{self._records[shard_of].name}: episode {episode_index}"
         if len(blob) != end - start:
-            raise ValueError(f"{where}: shard is truncated (wanted bytes {start}..{end})")
+            raise IntegrityError(f"{where}: shard is truncated (wanted bytes {start}..{end}, got {len(blob)})")
+        check_episode_bytes(entry, blob, start, where)
+        return blob
+
+    def read_episode(self, shard: int, episode_index: int) -> ResidentEpisode:
+        """One episode by a single ranged read of its members (or from the cached shard file),
+        checked against the sidecar's checksums; on a mismatch read once more from the source."""
+        where = f"{self.url}/{fmt.SHARDS_DIR}/{self._records[shard].name}: episode {episode_index}"
+        try:
+            return self._read_episode(shard, episode_index, where)
+        except (ValueError, LookupError):
+            raise  # our own errors (format, integrity, content) already say where
+        except Exception as e:  # timeouts and connection errors of any filesystem: say which shard
+            raise OSError(f"{where}: cannot read it ({type(e).__name__}: {e})") from e
+
+    def _read_episode(self, shard: int, episode_index: int, where: str) -> ResidentEpisode:
+        self.sidecar(shard)
+        shard_of, entry = self._entries[episode_index]
+        start, _ = entry.span()
+        try:
+            blob = self._read_span(shard_of, entry, where)
+        except IntegrityError as e:
+            log.warning("%s; reading it again from the source", e)
+            self._drop(shard_of)
+            blob = self._read_span(shard_of, entry, where)  # a second mismatch is the caller's error
 
         def member(name: str) -> bytes:
             m = entry.members.get(name)
@@ -255,7 +307,12 @@ class ShardSource:
                 raise ValueError(f"{where}: member {name!r} missing from the sidecar")
             return blob[m.offset - start : m.offset - start + m.size]
 
-        table = pq.ParquetFile(io.BytesIO(member(fmt.table_member(entry.key)))).read()
+        try:
+            table = pq.ParquetFile(io.BytesIO(member(fmt.table_member(entry.key)))).read()
+        except (pa.ArrowException, OSError) as e:  # format 1 shards: bytes unchecked until here
+            raise IntegrityError(
+                f"{where}: member {fmt.table_member(entry.key)} is not readable parquet ({e})"
+            ) from None
         columns = table_to_columns(table, self.info.features, where)
         clips = {
             cam: ClipRef(
@@ -264,6 +321,7 @@ class ShardSource:
                 url=None,
                 first_frame=0,
                 frame_mappings=clip.frame_mappings_json(),
+                where=f"{where} camera {cam}",
             )
             for cam, clip in entry.clips.items()
         }
@@ -310,6 +368,6 @@ class RawSource:
         clips = {}
         for cam, v in ep.videos.items():
             url = self.src.local_path(v.path) or posixpath.join(self.url, v.path)
-            clips[cam] = ClipRef(url, None, url, v.first_frame(self.src.fps), None)
+            clips[cam] = ClipRef(url, None, url, v.first_frame(self.src.fps), None, f"{where} camera {cam} ({v.path})")
         nbytes = int(table.nbytes)
         return ResidentEpisode(episode_index, ep.length, columns, clips, nbytes)

@@ -25,6 +25,8 @@ STAT_FIELDS = (
     "fast_forward_samples",
     "fast_forward_seconds",
     "wait_seconds",
+    "episodes_skipped",  # on_error="skip": episodes whose bytes were bad, and their samples dropped
+    "samples_skipped",
 )
 
 

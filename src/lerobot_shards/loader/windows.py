@@ -27,6 +27,10 @@ def delta_frame_offsets(
             raise ValueError(f"delta_timestamps has unknown keys {unknown}; valid keys: {sorted(known_keys)}")
     offsets: dict[str, np.ndarray] = {}
     for key, deltas in delta_timestamps.items():
+        if isinstance(deltas, (str, bytes)) or not hasattr(deltas, "__len__") or np.ndim(deltas) != 1:
+            raise ValueError(
+                f"delta_timestamps[{key!r}] = {deltas!r} is not a list of seconds; write [{deltas!r}] for one delta"
+            )
         if len(deltas) == 0:
             raise ValueError(f"delta_timestamps[{key!r}] is empty; give at least one delta")
         steps: list[int] = []

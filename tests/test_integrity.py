@@ -1,0 +1,244 @@
+"""Wrong bytes are never returned: per-member checksums (format 2) are checked on every episode read,
+cached shards are verified and re-fetched, ``on_error="skip"`` drops and counts bad episodes, format 1
+shards still load, and decode errors name dataset, shard, episode, camera and frames."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+from pathlib import Path
+
+import pytest
+
+from lerobot_shards.convert.run import convert_dataset
+from lerobot_shards.convert.verify import verify_dataset
+from lerobot_shards.format import MANIFEST_NAME, SHARDS_DIR, Sidecar, clip_member, member_checksum, table_member
+from lerobot_shards.loader import EpisodePoolDataset
+from lerobot_shards.loader.decode import DecodeError
+from lerobot_shards.loader.integrity import IntegrityError
+from lerobot_shards.synth import read_identity
+
+CAM = "observation.images.front"
+LENGTHS = {0: 8, 1: 7, 2: 7}  # what synth_factory's seed gives; checked in the fixture
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory, synth_factory) -> Path:
+    raw = synth_factory(num_episodes=3, length_range=(6, 8), cameras=(CAM,))
+    out = tmp_path_factory.mktemp("integrity") / "out"
+    manifest = convert_dataset(raw, out, episodes_per_shard=2, progress=False)
+    assert [s.episodes for s in manifest.shards] == [(0, 1), (2,)]
+    assert dict(zip((0, 1, 2), (n for s in manifest.shards for n in s.episode_lengths))) == LENGTHS
+    return out
+
+
+def _copy(converted: Path, tmp_path: Path) -> Path:
+    out = tmp_path / "out"
+    shutil.copytree(converted, out)
+    return out
+
+
+def _sidecar(out: Path, shard: int) -> Sidecar:
+    return Sidecar.from_json((out / SHARDS_DIR / f"shard-{shard:06d}.idx.json").read_bytes())
+
+
+def _member(out: Path, episode: int, name: str):
+    return _sidecar(out, 0 if episode < 2 else 1).episodes[episode % 2].members[name]
+
+
+def _member_name(kind: str, episode: int) -> str:
+    key = f"e{episode:06d}"
+    return table_member(key) if kind == "parquet" else clip_member(key, CAM)
+
+
+def _flip(path: Path, position: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[position] ^= 0x20
+    path.write_bytes(bytes(data))
+
+
+def _samples(source: str, **kwargs) -> tuple[list[dict], EpisodePoolDataset]:
+    ds = EpisodePoolDataset(source, episode_pool_size=2, seed=3, **kwargs)
+    return list(ds), ds
+
+
+def _assert_exact(samples: list[dict], episodes: set[int]) -> None:
+    """Every frame of ``episodes`` exactly once, each decoded picture the frame asked for."""
+    got = sorted((int(s["episode_index"]), int(s["frame_index"])) for s in samples)
+    assert got == sorted((e, f) for e in episodes for f in range(LENGTHS[e]))
+    for s in samples:
+        assert read_identity(s[CAM]) == (int(s["episode_index"]), int(s["frame_index"]))
+
+
+def test_sidecar_records_a_checksum_per_member(converted: Path) -> None:
+    for shard in (0, 1):
+        sidecar = _sidecar(converted, shard)
+        assert sidecar.format_version == 2
+        data = (converted / SHARDS_DIR / sidecar.shard).read_bytes()
+        for entry in sidecar.episodes:
+            for m in entry.members.values():
+                assert m.xxh3_128 == member_checksum(data[m.offset : m.offset + m.size]), m.name
+
+
+@pytest.mark.parametrize("kind", ["parquet", "clip"])
+@pytest.mark.parametrize("where", ["first", "middle", "last"])
+def test_corrupt_member_is_an_error_naming_it(converted: Path, tmp_path: Path, kind: str, where: str) -> None:
+    out = _copy(converted, tmp_path)
+    name = _member_name(kind, 1)
+    m = _member(out, 1, name)
+    position = {"first": m.offset, "middle": m.offset + m.size // 2, "last": m.offset + m.size - 1}[where]
+    _flip(out / SHARDS_DIR / "shard-000000.tar", position)
+    with pytest.raises(IntegrityError, match=rf"shards/shard-000000\.tar: episode 1: member {name} "):
+        _samples(str(out))
+    report = verify_dataset(out)
+    assert any(f"member {name} does not match its checksum" in p for p in report.problems), str(report)
+
+
+def test_skip_mode_drops_and_counts_bad_episodes(converted: Path, tmp_path: Path, caplog) -> None:
+    out = _copy(converted, tmp_path)
+    m = _member(out, 1, _member_name("clip", 1))
+    _flip(out / SHARDS_DIR / "shard-000000.tar", m.offset + m.size // 2)
+    with caplog.at_level(logging.WARNING):
+        samples, ds = _samples(str(out), on_error="skip")
+    _assert_exact(samples, {0, 2})
+    total = ds.stats()["total"]
+    assert (total["episodes_skipped"], total["samples_skipped"]) == (1, LENGTHS[1])
+    assert "skipping episode 1" in caplog.text and "reading it again" in caplog.text
+
+
+def test_format_1_shards_still_load(converted: Path, tmp_path: Path) -> None:
+    out = _copy(converted, tmp_path)
+    _to_format_1(out)
+    samples, _ = _samples(str(out))
+    _assert_exact(samples, {0, 1, 2})
+    assert verify_dataset(out).ok
+
+
+def _to_format_1(out: Path) -> None:
+    """Rewrite a converted dataset's JSON as format 1 wrote it: no member checksums."""
+    manifest = json.loads((out / MANIFEST_NAME).read_text())
+    manifest["format_version"] = 1
+    (out / MANIFEST_NAME).write_text(json.dumps(manifest))
+    for path in (out / SHARDS_DIR).glob("*.idx.json"):
+        side = json.loads(path.read_text())
+        side["format_version"] = 1
+        for e in side["episodes"]:
+            for m in e["members"]:
+                del m["xxh3_128"]
+        path.write_text(json.dumps(side))
+
+
+def _rewrite_shard_sums(out: Path, shard: int, members: dict[str, str]) -> None:
+    """Make sidecar and manifest agree with a tampered tar (new member sums, size, sha256)."""
+    tar = out / SHARDS_DIR / f"shard-{shard:06d}.tar"
+    data = tar.read_bytes()
+    sha = hashlib.sha256(data).hexdigest()
+    side_path = out / SHARDS_DIR / f"shard-{shard:06d}.idx.json"
+    side = json.loads(side_path.read_text())
+    side.update(sha256=sha, size=len(data))
+    for e in side["episodes"]:
+        for m in e["members"]:
+            m["xxh3_128"] = members.get(m["name"], m["xxh3_128"])
+    side_path.write_text(json.dumps(side))
+    manifest = json.loads((out / MANIFEST_NAME).read_text())
+    manifest["shards"][shard].update(sha256=sha, bytes=len(data))
+    (out / MANIFEST_NAME).write_text(json.dumps(manifest))
+
+
+def test_decode_error_names_dataset_shard_episode_camera_frame(converted: Path, tmp_path: Path) -> None:
+    """Damaged picture data under a recomputed checksum: decoding itself fails, and says where."""
+    out = _copy(converted, tmp_path)
+    name = _member_name("clip", 1)
+    m = _member(out, 1, name)
+    tar = out / SHARDS_DIR / "shard-000000.tar"
+    data = bytearray(tar.read_bytes())
+    clip = data[m.offset : m.offset + m.size]
+    mdat = clip.index(b"mdat") + 4
+    clip[mdat:] = bytes(len(clip) - mdat)  # every packet zeroed, the mp4 structure intact
+    data[m.offset : m.offset + m.size] = clip
+    tar.write_bytes(bytes(data))
+    _rewrite_shard_sums(out, 0, {name: member_checksum(bytes(clip))})
+    with pytest.raises(DecodeError) as e:  # not an IntegrityError: the bytes are what the sidecar says
+        _samples(str(out), episodes=[1])
+    message = str(e.value)
+    assert f"{out}/shards/shard-000000.tar: episode 1 camera {CAM}: cannot decode frame(s) " in message
+    assert "Could not push packet" in message  # torchcodec's own words stay
+
+
+@pytest.fixture
+def bucket(s3_server, converted: Path, request) -> str:
+    fs = s3_server.filesystem()
+    name = "integ-" + hashlib.sha1(request.node.name.encode()).hexdigest()[:10]
+    fs.mkdir(name)
+    fs.put(str(converted) + "/", f"{name}/ds", recursive=True)
+    return f"s3://{name}/ds"
+
+
+def _cached(cache: Path, shard: int) -> Path:
+    (path,) = cache.glob(f"*/shard-{shard:06d}.tar")
+    return path
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate"])
+def test_damaged_cached_shard_is_fetched_again(
+    s3_server, bucket: str, converted: Path, tmp_path: Path, damage: str
+) -> None:
+    cache = tmp_path / "cache"
+    opts = s3_server.storage_options
+    samples, _ = _samples(bucket, cache_dir=str(cache), storage_options=opts)
+    _assert_exact(samples, {0, 1, 2})
+    cached = _cached(cache, 0)
+    good = cached.read_bytes()
+    if damage == "flip":
+        m = _member(converted, 1, _member_name("clip", 1))
+        _flip(cached, m.offset + 3)
+    else:
+        cached.write_bytes(good[: len(good) // 2])
+    samples, _ = _samples(bucket, cache_dir=str(cache), storage_options=opts)
+    _assert_exact(samples, {0, 1, 2})
+    assert cached.read_bytes() == good
+    assert sorted(p.name for p in cached.parent.iterdir()) == ["shard-000000.tar", "shard-000001.tar"]
+
+
+def test_corrupt_remote_shard_never_enters_the_cache(s3_server, bucket: str, converted: Path, tmp_path: Path) -> None:
+    fs = s3_server.filesystem()
+    data = bytearray((converted / SHARDS_DIR / "shard-000001.tar").read_bytes())
+    m = _member(converted, 2, _member_name("parquet", 2))
+    data[m.offset + 5] ^= 0x01
+    fs.pipe_file(f"{bucket[5:]}/shards/shard-000001.tar", bytes(data))
+    cache = tmp_path / "cache"
+    opts = s3_server.storage_options
+    with pytest.raises(IntegrityError, match=r"shards/shard-000001\.tar: downloaded .* the manifest says"):
+        _samples(bucket, cache_dir=str(cache), storage_options=opts, shuffle=False)
+    assert not list(cache.glob("*/shard-000001.tar*"))  # neither the shard nor a temporary file
+    # without a cache the episode's bytes are checked as they are read by range
+    with pytest.raises(IntegrityError, match=r"shard-000001\.tar: episode 2: member e000002\.parquet"):
+        _samples(bucket, storage_options=opts)
+    samples, ds = _samples(bucket, storage_options=opts, on_error="skip")
+    _assert_exact(samples, {0, 1})
+    assert ds.stats()["total"]["episodes_skipped"] == 1
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"delta_timestamps": {"action": 0.1}}, r"delta_timestamps\['action'\] = 0\.1 is not a list of seconds"),
+        ({"delta_timestamps": {CAM: "0.0"}}, rf"delta_timestamps\['{CAM}'\] = '0\.0' is not a list"),
+        ({"seed": -1}, "seed must be a non-negative int, got -1"),
+        ({"seed": 1.5}, "seed must be a non-negative int, got 1.5"),
+        ({"prefetch_episodes": 0}, "prefetch_episodes must be an int >= 1"),
+        ({"decoder_cache_size": 0}, "decoder_cache_size must be an int >= 1"),
+        ({"on_error": "ignore"}, "on_error must be one of"),
+    ],
+)
+def test_bad_arguments_are_clear_errors(converted: Path, kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        EpisodePoolDataset(str(converted), **kwargs)
+
+
+def test_small_explicit_settings_are_honoured(converted: Path) -> None:
+    ds = EpisodePoolDataset(str(converted), episode_pool_size=2, prefetch_episodes=1, decoder_cache_size=1)
+    assert (ds.prefetch_episodes, ds.decoder_cache_size) == (1, 1)
+    _assert_exact(list(ds), {0, 1, 2})
