@@ -214,7 +214,7 @@ class ShardSource:
     def _download(self, name: str) -> str:
         """The verified local copy of shard ``name``: downloaded (and checked against the manifest's
         size and sha256, twice at most) unless a copy of the right size is there. Format 1 shards,
-        whose episodes cannot be checked one by one, are re-hashed once per process when cached."""
+        whose episodes cannot be checked one by one, are re-hashed when a source first uses them."""
         dst = self._cache_path(name)
         rec = self._by_name[name]
         where = f"{self.url}/{fmt.SHARDS_DIR}/{name}"
