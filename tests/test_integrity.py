@@ -181,7 +181,7 @@ def _cached(cache: Path, shard: int) -> Path:
     return path
 
 
-@pytest.mark.parametrize("damage", ["flip", "truncate"])
+@pytest.mark.parametrize("damage", ["flip clip", "flip parquet", "truncate"])
 def test_damaged_cached_shard_is_fetched_again(
     s3_server, bucket: str, converted: Path, tmp_path: Path, damage: str
 ) -> None:
@@ -191,9 +191,9 @@ def test_damaged_cached_shard_is_fetched_again(
     _assert_exact(samples, {0, 1, 2})
     cached = _cached(cache, 0)
     good = cached.read_bytes()
-    if damage == "flip":
-        m = _member(converted, 1, _member_name("clip", 1))
-        _flip(cached, m.offset + 3)
+    if damage.startswith("flip"):
+        m = _member(converted, 1, _member_name(damage.split()[1], 1))
+        _flip(cached, m.offset + m.size // 3)
     else:
         cached.write_bytes(good[: len(good) // 2])
     samples, _ = _samples(bucket, cache_dir=str(cache), storage_options=opts)
