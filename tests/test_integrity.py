@@ -242,3 +242,21 @@ def test_small_explicit_settings_are_honoured(converted: Path) -> None:
     ds = EpisodePoolDataset(str(converted), episode_pool_size=2, prefetch_episodes=1, decoder_cache_size=1)
     assert (ds.prefetch_episodes, ds.decoder_cache_size) == (1, 1)
     _assert_exact(list(ds), {0, 1, 2})
+
+
+def test_image_decode_error_names_episode_feature_frame(synth_factory, tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    key = "observation.images.wrist"
+    root = tmp_path / "raw"
+    shutil.copytree(synth_factory(num_episodes=1, cameras=(), image_keys=(key,), length_range=(6, 6)), root)
+    (path,) = root.glob("data/*/*.parquet")
+    table = pq.read_table(path)
+    images = table.column(key).to_pylist()
+    images[4] = {**images[4], "bytes": b"not an image"}
+    column = table.schema.get_field_index(key)
+    table = table.set_column(column, table.schema.field(key), [images])
+    pq.write_table(table, path)
+    ds = EpisodePoolDataset(str(root), shuffle=False, episode_pool_size=1)
+    with pytest.raises(DecodeError, match=rf"{root}: episode 0 feature {key} frame 4: cannot decode the image"):
+        list(ds)

@@ -398,7 +398,8 @@ class EpisodePoolDataset(IterableDataset):
             offsets = self.delta_offsets.get(name)
             idx, pad = (frame, None) if offsets is None else window_indices(frame, episode.length, offsets)
             if name in self.image_keys:
-                frames = [decode_image(b) for b in np.atleast_1d(column[idx])]
+                at = f"{self.source_url}: episode {episode.episode_index} feature {name} frame"
+                frames = [decode_image(column[i], f"{at} {int(i)}") for i in np.atleast_1d(idx)]
                 value = self._images(torch.stack(frames))
                 item[name] = value if pad is not None else value[0]
             else:

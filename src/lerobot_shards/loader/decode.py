@@ -265,8 +265,11 @@ class DecodePool:
             c.close()
 
 
-def decode_image(data: bytes) -> torch.Tensor:
-    """An image-dtype feature (PNG/JPEG bytes in parquet) as uint8 (C, H, W)."""
-    with av.open(io.BytesIO(data)) as container:
-        frame = next(container.decode(video=0))
+def decode_image(data: bytes, where: str = "image") -> torch.Tensor:
+    """An image-dtype feature (PNG/JPEG bytes in parquet) as uint8 (C, H, W); ``where`` names it in errors."""
+    try:
+        with av.open(io.BytesIO(data)) as container:
+            frame = next(container.decode(video=0))
+    except (av.FFmpegError, StopIteration, IndexError, TypeError, ValueError) as e:
+        raise DecodeError(f"{where}: cannot decode the image ({type(e).__name__}: {e})") from e
     return torch.from_numpy(np.ascontiguousarray(frame.to_ndarray(format="rgb24").transpose(2, 0, 1)))
