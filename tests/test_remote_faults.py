@@ -16,6 +16,7 @@ import pytest
 from lerobot_shards.convert.run import convert_dataset
 from lerobot_shards.loader import EpisodePoolDataset
 from lerobot_shards.loader.remote import CONNECT_TIMEOUT_S, READ_TIMEOUT_S, with_timeouts
+from lerobot_shards.loader.sources import open_source
 from s3_server import _free_port, _wait_until_up
 
 HANG_GUARD_S = 120  # only so that a regression fails instead of hanging the suite
@@ -62,7 +63,13 @@ def test_paused_bucket_fails_naming_the_shard(own_server, synth_factory, tmp_pat
     fs.put(str(tmp_path / "out") + "/", "paused/ds", recursive=True)
     fast = {**opts, "config_kwargs": {"read_timeout": 1, "connect_timeout": 1, "retries": {"max_attempts": 0}}}
     ds = EpisodePoolDataset("s3://paused/ds", storage_options=fast, episode_pool_size=1)
+    source = open_source("s3://paused/ds", storage_options=with_timeouts("s3://paused/ds", fast))
     os.kill(proc.pid, signal.SIGSTOP)
+    # mid-epoch: a source that is open reads an episode
+    with pytest.raises(OSError, match=r"s3://paused/ds/shards/shard-000000\.tar: episode 0: cannot read it"):
+        source.read_episode(0, 0)
+    source.close()
+    # a new epoch: the iterator opens the dataset again
     outcome: list[BaseException | str] = []
 
     def consume() -> None:
@@ -78,4 +85,4 @@ def test_paused_bucket_fails_naming_the_shard(own_server, synth_factory, tmp_pat
     assert outcome, f"no error within {HANG_GUARD_S} s: reads against a paused server hang"
     error = outcome[0]
     assert isinstance(error, OSError), error
-    assert "s3://paused/ds/shards/shard-00000" in str(error) and "cannot read it" in str(error), str(error)
+    assert str(error).startswith("s3://paused/ds: cannot read it (") and "Timeout" in str(error), str(error)

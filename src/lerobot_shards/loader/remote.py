@@ -9,7 +9,9 @@ not read, so the loader sets tighter defaults; any of them can be overridden thr
 
 from __future__ import annotations
 
+import contextlib
 import copy
+from collections.abc import Iterator
 from typing import Any
 
 import fsspec
@@ -37,3 +39,18 @@ def with_timeouts(url: str, storage_options: dict[str, Any] | None) -> dict[str,
     config.setdefault("read_timeout", READ_TIMEOUT_S)
     config.setdefault("retries", dict(BOTOCORE_RETRIES))
     return options
+
+
+@contextlib.contextmanager
+def reading(where: str) -> Iterator[None]:
+    """Re-raise a filesystem's transport failures (timeouts, refused connections: botocore, aiohttp
+    and asyncio types alike) as one ``OSError`` that says what was being read.
+
+    The package's own errors (ValueError subclasses) and missing files already say where and pass.
+    """
+    try:
+        yield
+    except (ValueError, LookupError, FileNotFoundError, PermissionError):
+        raise
+    except Exception as e:
+        raise OSError(f"{where}: cannot read it ({type(e).__name__}: {e})") from e

@@ -28,6 +28,7 @@ from ..names import check_name, confined_join
 from ..shard_plan import plan_shards
 from .integrity import IntegrityError, check_episode_bytes, download_verified, sha256_file
 from .partition import ShardSpec
+from .remote import reading
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +128,17 @@ def open_source(
     episodes_per_shard: int | None = None,
 ) -> EpisodeSource:
     """A converted dataset (has manifest.json) or a raw LeRobot v3.0 dataset (has meta/info.json)."""
+    with reading(str(url)):
+        return _open_source(str(url), storage_options, cache_dir, shard_bytes, episodes_per_shard)
+
+
+def _open_source(
+    url: str,
+    storage_options: dict[str, Any] | None,
+    cache_dir: str | None,
+    shard_bytes: int | None,
+    episodes_per_shard: int | None,
+) -> EpisodeSource:
     fs, path = fsspec.core.url_to_fs(str(url), **(storage_options or {}))
     path = path.rstrip("/")
     if path.endswith(fmt.MANIFEST_NAME):
@@ -283,12 +295,8 @@ class ShardSource:
         """One episode by a single ranged read of its members (or from the cached shard file),
         checked against the sidecar's checksums; on a mismatch read once more from the source."""
         where = f"{self.url}/{fmt.SHARDS_DIR}/{self._records[shard].name}: episode {episode_index}"
-        try:
+        with reading(where):  # timeouts and connection errors of any filesystem: say which shard
             return self._read_episode(shard, episode_index, where)
-        except (ValueError, LookupError):
-            raise  # our own errors (format, integrity, content) already say where
-        except Exception as e:  # timeouts and connection errors of any filesystem: say which shard
-            raise OSError(f"{where}: cannot read it ({type(e).__name__}: {e})") from e
 
     def _read_episode(self, shard: int, episode_index: int, where: str) -> ResidentEpisode:
         self.sidecar(shard)
