@@ -12,9 +12,18 @@ from pathlib import Path
 
 import pytest
 
+from lerobot_shards.convert.plan import ConvertOptions
 from lerobot_shards.convert.run import convert_dataset
 from lerobot_shards.convert.verify import verify_dataset
-from lerobot_shards.format import MANIFEST_NAME, SHARDS_DIR, Sidecar, clip_member, member_checksum, table_member
+from lerobot_shards.format import (
+    MANIFEST_NAME,
+    SHARDS_DIR,
+    FormatError,
+    Sidecar,
+    clip_member,
+    member_checksum,
+    table_member,
+)
 from lerobot_shards.loader import EpisodePoolDataset
 from lerobot_shards.loader.decode import DecodeError
 from lerobot_shards.loader.integrity import IntegrityError
@@ -28,7 +37,7 @@ LENGTHS = {0: 8, 1: 7, 2: 7}  # what synth_factory's seed gives; checked in the 
 def converted(tmp_path_factory, synth_factory) -> Path:
     raw = synth_factory(num_episodes=3, length_range=(6, 8), cameras=(CAM,))
     out = tmp_path_factory.mktemp("integrity") / "out"
-    manifest = convert_dataset(raw, out, episodes_per_shard=2, progress=False)
+    manifest = convert_dataset(raw, out, ConvertOptions(episodes_per_shard=2), progress=False)
     assert [s.episodes for s in manifest.shards] == [(0, 1), (2,)]
     assert dict(zip((0, 1, 2), (n for s in manifest.shards for n in s.episode_lengths))) == LENGTHS
     return out
@@ -260,3 +269,13 @@ def test_image_decode_error_names_episode_feature_frame(synth_factory, tmp_path:
     ds = EpisodePoolDataset(str(root), shuffle=False, episode_pool_size=1)
     with pytest.raises(DecodeError, match=rf"{root}: episode 0 feature {key} frame 4: cannot decode the image"):
         list(ds)
+
+
+def test_a_sidecar_cannot_opt_out_of_checksums(converted: Path, tmp_path: Path) -> None:
+    out = _copy(converted, tmp_path)
+    path = out / SHARDS_DIR / "shard-000000.idx.json"
+    side = json.loads(path.read_text())
+    side["format_version"] = 1
+    path.write_text(json.dumps(side))
+    with pytest.raises(FormatError, match=r"shard-000000\.idx\.json: format_version 1, but the manifest's is 2"):
+        _samples(str(out))

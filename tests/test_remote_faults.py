@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from lerobot_shards.convert.plan import ConvertOptions
 from lerobot_shards.convert.run import convert_dataset
 from lerobot_shards.loader import EpisodePoolDataset
 from lerobot_shards.loader.remote import CONNECT_TIMEOUT_S, READ_TIMEOUT_S, with_timeouts
@@ -55,7 +56,7 @@ def test_timeout_defaults_are_seconds_and_overridable() -> None:
 def test_paused_bucket_fails_naming_the_shard(own_server, synth_factory, tmp_path: Path) -> None:
     proc, opts = own_server
     raw = synth_factory(num_episodes=2, length_range=(6, 8), cameras=("observation.images.front",))
-    convert_dataset(raw, tmp_path / "out", episodes_per_shard=1, progress=False)
+    convert_dataset(raw, tmp_path / "out", ConvertOptions(episodes_per_shard=1), progress=False)
     import s3fs
 
     fs = s3fs.S3FileSystem(**opts)

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import xxhash
 
+from lerobot_shards.convert.plan import ConvertOptions
 from lerobot_shards.convert.run import convert_dataset
 from lerobot_shards.format import MANIFEST_NAME, SHARDS_DIR
 from lerobot_shards.loader.sources import ShardSource
@@ -92,7 +93,7 @@ def main() -> None:
     rates = hash_rates(args.repeats)
     with tempfile.TemporaryDirectory() as tmp:
         v2 = Path(tmp) / "v2"
-        convert_dataset(args.dataset, v2, episodes_per_shard=1, progress=False)
+        convert_dataset(args.dataset, v2, ConvertOptions(episodes_per_shard=1), progress=False)
         v1 = Path(tmp) / "v1"
         as_format_1(v2, v1)
         read_all(v2)  # warm the page cache

@@ -193,6 +193,10 @@ class ShardSource:
             path = self._shard_path(rec.sidecar)
             with self.fs.open(path, "rb") as f:
                 sc = fmt.Sidecar.from_json(f.read(), where=path)
+            if sc.format_version != self.manifest.format_version:  # a sidecar cannot opt out of checksums
+                raise fmt.FormatError(
+                    f"{path}: format_version {sc.format_version}, but the manifest's is {self.manifest.format_version}"
+                )
             self._sidecars[shard] = sc
             for e in sc.episodes:
                 self._entries[e.episode_index] = (shard, e)
