@@ -7,10 +7,12 @@ import sys
 from pathlib import Path
 
 import av
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from lerobot_shards.format import MANIFEST_NAME, SHARDS_DIR, Manifest, Sidecar, clip_member
+from lerobot_shards.mp4cut import Mp4File
 from lerobot_shards.synth import read_identity
 from lerobot_shards.video import decode_frames, encode_video
 
@@ -77,6 +79,19 @@ def reencode_continuous(root: Path, *, gop: int) -> None:
             fps = float(stream.average_rate)
             frames = [f.to_ndarray(format="rgb24") for f in c.decode(stream)]
         encode_video(frames, path, fps=fps, codec="h264", gop=gop, crf=18, threads=1)
+
+
+def garble_frames(path: Path, frames: list[int]) -> None:
+    """Overwrite the middle half of each listed frame's packet (frame = sample index) with random bytes,
+    as a bad disk or a bad upload would: the file still demuxes, the packets no longer decode."""
+    with Mp4File(str(path)) as mp4:
+        offsets, sizes = mp4.track.offsets, mp4.track.sizes
+    data = bytearray(path.read_bytes())
+    for f in frames:
+        off, size = int(offsets[f]), int(sizes[f])
+        a, b = off + size // 4, off + 3 * size // 4
+        data[a:b] = np.random.default_rng(f).integers(0, 256, b - a, dtype=np.uint8).tobytes()
+    path.write_bytes(bytes(data))
 
 
 def edit_episodes(root: Path, fn) -> None:

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
 import av
+import pyarrow.parquet as pq
 import pytest
 
-from convert_helpers import edit_episodes, load, run_cli, set_column
+from convert_helpers import edit_episodes, garble_frames, load, run_cli, set_column
 from lerobot_shards.convert.plan import ConvertOptions
 from lerobot_shards.convert.run import ConvertError, convert_dataset
 from lerobot_shards.convert.verify import verify_dataset
-from lerobot_shards.lerobot_v3 import SourceError
+from lerobot_shards.lerobot_v3 import LeRobotV3Source, SourceError
 from lerobot_shards.video import encode_video
 
 FRONT = "videos/observation.images.front/chunk-000"
@@ -113,3 +115,51 @@ def test_skip_bad_episodes_skips_episodes_whose_files_are_missing(src: Path, tmp
     assert [s.episodes for s in manifest.shards] == [(0, 1)]
     assert sorted(manifest.skipped_episodes) == [2, 3]
     assert "data/chunk-000/file-001.parquet: file not found (needed by episode 2)" in manifest.skipped_episodes[2]
+
+
+def test_feature_missing_from_parquet_names_file_and_feature(src: Path, tmp_path: Path) -> None:
+    path = src / "data/chunk-000/file-001.parquet"
+    pq.write_table(pq.read_table(path).drop_columns(["observation.state"]), path)
+    with pytest.raises(
+        ConvertError,
+        match=r"episode 2: .*data/chunk-000/file-001\.parquet: feature\(s\) 'observation\.state' declared in "
+        r"meta/info\.json have no column",
+    ):
+        _convert(src, tmp_path)
+    manifest = _convert(src, tmp_path, skip_bad_episodes=True)
+    assert sorted(manifest.skipped_episodes) == [2, 3] and manifest.total_episodes == 2
+    assert verify_dataset(tmp_path / "out", src).ok
+
+
+def test_corrupt_packets_inside_a_clip(src: Path, tmp_path: Path) -> None:
+    """A garbled packet mid-clip: the default boundary check lets it through, verify's decode check
+    and convert --check-decode name file, episode, camera and frame."""
+    garble_frames(src / FRONT / "file-001.mp4", [8])  # episode 2's frame 8 (a keyframe: gop 2)
+    cam = "observation.images.front"
+    result = run_cli("convert", src, tmp_path / "out", "--no-progress")
+    assert result.returncode == 0, result.stderr
+    report = verify_dataset(tmp_path / "out", src, decode_check=1)
+    assert len(report.problems) == 1, report.problems
+    assert re.search(
+        rf"episode 2 camera {cam}: e000002\.{cam}\.mp4 frames \[0, \d+\): frame 8 does not decode", report.problems[0]
+    )
+
+    result = run_cli("convert", src, tmp_path / "checked", "--check-decode", "--no-progress")
+    assert result.returncode == 1 and len(result.stderr.strip().splitlines()) == 1
+    assert f"{src}/{FRONT}/file-001.mp4: episode 2 camera {cam}: " in result.stderr
+    assert "frame 8 does not decode" in result.stderr and "the source is corrupt" in result.stderr
+
+    out = tmp_path / "skipped"
+    manifest = convert_dataset(src, out, check_decode=True, skip_bad_episodes=True, progress=False)
+    assert sorted(manifest.skipped_episodes) == [2]
+    assert verify_dataset(out, src, decode_check=1).ok
+
+
+def test_corrupt_packet_at_a_clip_boundary_fails_by_default(src: Path, tmp_path: Path) -> None:
+    """The default check decodes each clip's first frame and last GOP: a garbled packet there fails the episode."""
+    assert LeRobotV3Source(str(src)).episode(2).length == 30  # frames 0..29 of file-001: last GOP 28, 29
+    garble_frames(src / FRONT / "file-001.mp4", [28])
+    with pytest.raises(
+        ConvertError, match=r"file-001\.mp4: episode 2 camera observation\.images\.front: .*frame 28 does not decode"
+    ):
+        _convert(src, tmp_path)

@@ -238,6 +238,12 @@ _STORAGE_OPTIONS = click.option(
 )
 @click.option("--finalize", is_flag=True, help="Convert nothing; write the manifest from all shards' sidecars.")
 @click.option("--skip-bad-episodes", is_flag=True, help="Leave out episodes that fail, recording why in the manifest.")
+@click.option(
+    "--check-decode",
+    is_flag=True,
+    help="Decode every frame of stream-copied clips with strict error detection (slower; by default only "
+    "each clip's first and last GOP).",
+)
 @click.option("--overwrite", is_flag=True, help="Replace a destination that holds foreign or other-settings output.")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Show a progress bar.")
 @_STORAGE_OPTIONS
@@ -257,6 +263,7 @@ def convert(
     task_index: int,
     finalize: bool,
     skip_bad_episodes: bool,
+    check_decode: bool,
     overwrite: bool,
     progress: bool,
     storage_options: str | None,
@@ -300,6 +307,7 @@ def convert(
             task_index=task_index,
             finalize_only=finalize,
             skip_bad_episodes=skip_bad_episodes,
+            check_decode=check_decode,
             overwrite=overwrite,
             source_options=_remote(source, options),
             dest_options=_remote(dest, options),
@@ -327,7 +335,9 @@ def convert(
     default=0,
     show_default=True,
     metavar="N",
-    help="Decode N random frames per episode and camera (and compare with --source).",
+    help="Decode every frame of every clip in order with strict error detection (compared one by one with "
+    "--source for stream-copied clips), plus N random frames per episode and camera through the loader's "
+    "decoder (compared with --source). 0: no decoding.",
 )
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed for the frames --decode-check picks.")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Show a progress bar.")

@@ -378,6 +378,12 @@ class LeRobotV3Source:
             return self._data_cache[1]
         where = self._abs(rel_path)
         table = _read_parquet(self.fs, where)
+        missing = [k for k, v in self.features.items() if v["dtype"] != VIDEO_DTYPE and k not in table.column_names]
+        if missing:
+            raise SourceError(
+                f"{where}: feature(s) {', '.join(map(repr, missing))} declared in meta/info.json have no column "
+                f"(the file has {', '.join(table.column_names)})"
+            )
         index = _int64s(_column(table, "index", where), f"{where}: column 'index'")
         if len(index) and not np.array_equal(index, np.arange(index[0], index[0] + len(index))):
             bad = int(np.flatnonzero(np.diff(index) != 1)[0])

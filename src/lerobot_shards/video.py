@@ -498,6 +498,94 @@ def _cut_clip_pyav(src: Source, first_frame: int, num_frames: int, where: str) -
     return data, probe_clip(data).clip_info(stream_copied=True, source_first_frame=first_frame, fps=fps)
 
 
+# A corrupt packet raises instead of being concealed (FFmpeg's decoders otherwise paint over
+# damage and return a plausible wrong picture).
+STRICT_DECODE = {"err_detect": "explode"}
+
+
+def _strict(stream: av.video.stream.VideoStream) -> None:
+    """Strict error detection, one thread: an error surfaces at the packet that caused it."""
+    ctx = stream.codec_context
+    ctx.options = dict(STRICT_DECODE)
+    ctx.thread_type = "NONE"
+    ctx.thread_count = 1
+
+
+def decoded_frames(
+    src: Source, first_frame: int, num_frames: int, *, boundaries_only: bool = False, label: str | None = None
+) -> Iterator[tuple[int, av.VideoFrame]]:
+    """Decode source frames [first_frame, first_frame+num_frames) in order with strict error detection.
+
+    Yields (frame index relative to ``first_frame``, frame). ``boundaries_only`` decodes just
+    what the first and the last frame need (their GOPs): a cheap check that a cut starts and
+    ends on decodable data. Raises ClipError naming the frame whose packet does not decode,
+    or the first frame the source lacks; ``label`` names ``src`` in messages.
+    """
+    _check_range(src, first_frame, num_frames)
+    with _open(src) as container:
+        stream = _video_stream(container, src)
+        yield from _decode_range(
+            container, stream, label or _describe(src), first_frame, num_frames, boundaries_only=boundaries_only
+        )
+
+
+def _decode_range(
+    container: av.container.InputContainer,
+    stream: av.video.stream.VideoStream,
+    label: str,
+    first_frame: int,
+    num_frames: int,
+    *,
+    boundaries_only: bool = False,
+) -> Iterator[tuple[int, av.VideoFrame]]:
+    """``decoded_frames`` on an open container (``label`` names it in messages)."""
+    end = first_frame + num_frames
+    where = f"{label} frames [{first_frame}, {end})"
+    _strict(stream)
+    ix = _Indexer(stream)
+    spans = (
+        [(first_frame, first_frame + 1), (end - 1, end)] if boundaries_only and num_frames > 1 else [(first_frame, end)]
+    )
+
+    def decode(packet: av.Packet | None) -> list[av.VideoFrame]:
+        try:
+            return stream.codec_context.decode(packet)
+        except av.FFmpegError as e:
+            at = "the end of the stream" if packet is None else f"frame {ix.index(packet.pts) - first_frame}"
+            raise ClipError(f"{where}: {at} does not decode ({e}); the source is corrupt") from None
+
+    for lo, hi in spans:
+        want = lo
+        container.seek(ix.pts(lo), stream=stream, backward=True, any_frame=False)
+        packets: Iterator[av.Packet | None] = iter(_packets(container, stream))
+        while want < hi:
+            packet = next(packets, None)
+            if packet is not None:
+                if packet.pts is None or packet.dts is None:
+                    raise ClipError(f"{where}: a packet has no timestamp")
+                if ix.index(packet.dts) >= hi:
+                    packet = None  # dts <= pts and grows: nothing later is in range; flush the decoder
+            for frame in decode(packet):
+                i = ix.index(frame.pts)
+                if want <= i < hi:
+                    if i != want:
+                        raise ClipError(f"{where}: frame {want - first_frame} is missing (next is {i - first_frame})")
+                    yield i - first_frame, frame
+                    want += 1
+            if packet is None:
+                break
+        if want < hi:
+            raise ClipError(f"{where}: source has only {want - first_frame} of those frames")
+
+
+def check_decodes(src: Source, first_frame: int, num_frames: int, *, every_frame: bool) -> int:
+    """Raise ClipError unless frames [first_frame, +num_frames) decode cleanly; returns frames decoded.
+
+    ``every_frame`` False decodes only the boundary GOPs (see ``decoded_frames``).
+    """
+    return sum(1 for _ in decoded_frames(src, first_frame, num_frames, boundaries_only=not every_frame))
+
+
 _REENCODE_PIX_FMT = "yuv420p"
 
 
@@ -587,9 +675,10 @@ def reencode_clip(
     for NVDEC, which cannot decode AV1 on Hopper). ``threads=1`` gives the same bytes on every
     machine and under any load (x264 with automatic threads does not), as in ``encode_video``.
     The decoder always runs single-threaded, in this thread: no decoder threads run alongside
-    the encoder. Frames go from decoder to encoder in YUV (yuv420p), copied into fresh frames.
-    ``size`` (height, width) stores the frames at that size (``transform_frame``, ``resize_mode``
-    pad/crop/stretch); the ClipInfo records the transform.
+    the encoder; it detects errors strictly, so a corrupt source packet fails the clip instead of
+    being re-encoded as a concealed picture. Frames go from decoder to encoder in YUV (yuv420p),
+    copied into fresh frames. ``size`` (height, width) stores the frames at that size
+    (``transform_frame``, ``resize_mode`` pad/crop/stretch); the ClipInfo records the transform.
     """
     _check_range(src, first_frame, num_frames)
     end = first_frame + num_frames
@@ -599,20 +688,10 @@ def reencode_clip(
     source_size: tuple[int, int] | None = None
     with _open(src) as container:
         stream = _video_stream(container, src)
-        ctx = stream.codec_context
-        ctx.thread_type = "NONE"
-        ctx.thread_count = 1
-        ix = _Indexer(stream)
-        fps = float(ix.fps)
+        fps = float(_stream_fps(stream))
         enc = _Encoder(buf, fps=fps, codec=codec, gop=gop, crf=crf, pix_fmt=_REENCODE_PIX_FMT, threads=threads)
         try:
-            container.seek(ix.pts(first_frame), stream=stream, backward=True, any_frame=False)
-            for frame in container.decode(stream):
-                i = ix.index(frame.pts)
-                if i >= end:
-                    break
-                if i < first_frame:
-                    continue
+            for i, frame in _decode_range(container, stream, _describe(src), first_frame, num_frames):
                 if enc.stream is None:
                     source_size = (frame.height, frame.width)
                     transform = plan_transform(source_size, size, resize_mode) if size is not None else None
@@ -623,8 +702,6 @@ def reencode_clip(
                     enc.encode(_fresh_frame(frame, _REENCODE_PIX_FMT))
                 else:
                     enc.encode(transform_frame(frame, transform))
-            if enc.count < num_frames:
-                raise ClipError(f"{where}: source has only {enc.count} of those frames")
             enc.finish()
         finally:
             enc.close()

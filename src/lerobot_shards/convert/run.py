@@ -132,11 +132,20 @@ def write_shard(
     options: ConvertOptions,
     *,
     skip_bad_episodes: bool = False,
+    check_decode: bool = False,
     on_episode: EpisodeCallback | None = None,
 ) -> Sidecar:
     """Build one shard into ``dest``: the tar appears complete, then its sidecar."""
     with dest.staging(posixpath.join(SHARDS_DIR, shard_name(shard.index))) as f:
-        sidecar = build_shard(source, shard, options, f, skip_bad_episodes=skip_bad_episodes, on_episode=on_episode)
+        sidecar = build_shard(
+            source,
+            shard,
+            options,
+            f,
+            skip_bad_episodes=skip_bad_episodes,
+            check_decode=check_decode,
+            on_episode=on_episode,
+        )
     dest.write_bytes(posixpath.join(SHARDS_DIR, sidecar_name(shard.index)), sidecar.to_json().encode())
     return sidecar
 
@@ -176,6 +185,7 @@ def _init_worker(
     dest: tuple[str, dict[str, Any]],
     options: ConvertOptions,
     skip_bad_episodes: bool,
+    check_decode: bool,
     queue: Any,
     log_level: int,
     parent_pid: int,
@@ -189,6 +199,7 @@ def _init_worker(
         dest=Destination(dest[0], storage_options=dest[1]),
         options=options,
         skip_bad_episodes=skip_bad_episodes,
+        check_decode=check_decode,
         queue=queue,
     )
 
@@ -201,6 +212,7 @@ def _worker_shard(shard: PlannedShard) -> int:
         shard,
         _worker["options"],
         skip_bad_episodes=_worker["skip_bad_episodes"],
+        check_decode=_worker["check_decode"],
         on_episode=lambda frames, size: queue.put((frames, size)),
     )
     return shard.index
@@ -244,12 +256,21 @@ def _run_shards(
     options: ConvertOptions,
     *,
     skip_bad_episodes: bool,
+    check_decode: bool,
     workers: int,
     progress: _Progress,
 ) -> None:
     if workers <= 1 or len(todo) <= 1:
         for shard in todo:
-            write_shard(source, dest, shard, options, skip_bad_episodes=skip_bad_episodes, on_episode=progress.episode)
+            write_shard(
+                source,
+                dest,
+                shard,
+                options,
+                skip_bad_episodes=skip_bad_episodes,
+                check_decode=check_decode,
+                on_episode=progress.episode,
+            )
         return
     ctx = mp.get_context("spawn")  # no fork: PyAV/arrow thread pools do not survive it
     queue = ctx.Queue()
@@ -258,6 +279,7 @@ def _run_shards(
         (dest.url, dest_options),
         options,
         skip_bad_episodes,
+        check_decode,
         queue,
         logging.getLogger("lerobot_shards").getEffectiveLevel(),
         os.getpid(),
@@ -407,6 +429,7 @@ def convert_dataset(
     task_index: int = 0,
     finalize_only: bool = False,
     skip_bad_episodes: bool = False,
+    check_decode: bool = False,
     overwrite: bool = False,
     source_options: dict[str, Any] | None = None,
     dest_options: dict[str, Any] | None = None,
@@ -418,6 +441,8 @@ def convert_dataset(
     decide only how the work is run. Re-running resumes. With ``num_tasks`` > 1 each task converts shards ``i % num_tasks == task_index``;
     the task that completes the plan writes the manifest and returns it, the others return None.
     ``finalize_only`` converts nothing and writes the manifest (or fails naming missing shards).
+    ``check_decode`` decodes every packet of stream-copied clips with strict error detection
+    (boundary frames are always decoded; see ``shard_writer._clip``).
     """
     source_options, dest_options = source_options or {}, dest_options or {}
     options = options or ConvertOptions()
@@ -446,6 +471,7 @@ def convert_dataset(
                 num_tasks=num_tasks,
                 task_index=task_index,
                 skip_bad_episodes=skip_bad_episodes,
+                check_decode=check_decode,
                 workers=workers,
                 progress=progress,
             )
@@ -466,6 +492,7 @@ def _convert_share(
     num_tasks: int,
     task_index: int,
     skip_bad_episodes: bool,
+    check_decode: bool,
     workers: int,
     progress: bool,
 ) -> Manifest | None:
@@ -496,6 +523,7 @@ def _convert_share(
             todo,
             options,
             skip_bad_episodes=skip_bad_episodes,
+            check_decode=check_decode,
             workers=workers,
             progress=bar,
         )

@@ -38,7 +38,7 @@ from ..format import (
 from ..lerobot_v3 import EpisodeMeta, LeRobotV3Source, SourceError
 from ..mp4cut import Mp4CutUnsupported
 from ..shard_plan import PlannedShard
-from ..video import ClipError, cut_clip, cut_clip_layout, reencode_clip
+from ..video import ClipError, check_decodes, cut_clip, cut_clip_layout, reencode_clip
 from .errors import ConvertError
 from .plan import ConvertOptions
 from .tar_sink import FileRanges, Payload, TarSink, file_stat, payload_size
@@ -133,9 +133,16 @@ def _stream_copy(source: LeRobotV3Source, rel_path: str, first: int, n: int) -> 
     return _with_video(source, rel_path, lambda src: cut_clip(src, first, n))
 
 
-def _clip(source: LeRobotV3Source, ep: EpisodeMeta, cam: str, options: ConvertOptions) -> tuple[Payload, ClipInfo]:
+def _clip(
+    source: LeRobotV3Source, ep: EpisodeMeta, cam: str, options: ConvertOptions, *, check_decode: bool = False
+) -> tuple[Payload, ClipInfo]:
     """Stream copy when asked and possible, else re-encode (always for a resized camera); errors name
-    the episode and the file."""
+    the episode and the file.
+
+    A stream-copied clip's packets are decoded with strict error detection: its boundary GOPs
+    always (a few frames per clip), every packet with ``check_decode``. Re-encoding decodes
+    every frame strictly anyway. A corrupt packet fails the episode naming its frame.
+    """
     ref = ep.videos[cam]
     first, n = ref.first_frame(source.fps), ep.length
     where = f"{_where(source, ref.path)}: episode {ep.episode_index} camera {cam}"
@@ -143,9 +150,12 @@ def _clip(source: LeRobotV3Source, ep: EpisodeMeta, cam: str, options: ConvertOp
     try:
         if options.reencode is None and size is None:
             try:
-                return _stream_copy(source, ref.path, first, n)
+                copied = _stream_copy(source, ref.path, first, n)
             except ClipError as e:
                 log.warning("episode %d camera %s: re-encoding as %s (%s)", ep.episode_index, cam, options.codec, e)
+            else:
+                _with_video(source, ref.path, lambda src: check_decodes(src, first, n, every_frame=check_decode))
+                return copied
         return _with_video(
             source,
             ref.path,
@@ -165,8 +175,10 @@ def _clip(source: LeRobotV3Source, ep: EpisodeMeta, cam: str, options: ConvertOp
         raise ConvertError(f"{where}: {e}") from None
 
 
-def episode_members(source: LeRobotV3Source, episode_index: int, options: ConvertOptions) -> EpisodeMembers:
-    """Read, cut and encode everything one episode contributes to a shard."""
+def episode_members(
+    source: LeRobotV3Source, episode_index: int, options: ConvertOptions, *, check_decode: bool = False
+) -> EpisodeMembers:
+    """Read, cut and encode everything one episode contributes to a shard (``check_decode``: see ``_clip``)."""
     ep = source.episode(episode_index)
     key = episode_key(ep.episode_index)
     cameras = tuple(sorted(ep.videos))
@@ -191,7 +203,7 @@ def episode_members(source: LeRobotV3Source, episode_index: int, options: Conver
     ]
     clips: dict[str, ClipInfo] = {}
     for cam in cameras:
-        data, info = _clip(source, ep, cam, options)
+        data, info = _clip(source, ep, cam, options, check_decode=check_decode)
         if info.num_frames != ep.length:
             raise ConvertError(
                 f"{_where(source, ep.videos[cam].path)}: episode {ep.episode_index} camera {cam}: clip has "
@@ -209,6 +221,7 @@ def build_shard(
     out: BinaryIO,
     *,
     skip_bad_episodes: bool = False,
+    check_decode: bool = False,
     on_episode: EpisodeCallback | None = None,
 ) -> Sidecar:
     """Write shard ``shard`` as a tar to ``out`` and return its sidecar.
@@ -222,7 +235,7 @@ def build_shard(
     try:
         for episode_index in shard.episodes:
             try:
-                ep = episode_members(source, episode_index, options)
+                ep = episode_members(source, episode_index, options, check_decode=check_decode)
             except ConvertError as e:
                 if not skip_bad_episodes:
                     raise

@@ -2,9 +2,12 @@
 
 Every shard is read once, as a stream: the bytes are hashed while tar headers are parsed, so
 a flipped byte, a member at the wrong offset, a missing member or a clip with the wrong frame
-count all show, and memory holds one episode at a time. With a source, random frames are
-decoded from both and compared: identical for stream-copied clips, PSNR at or above
-``PSNR_THRESHOLD_DB`` for re-encoded ones.
+count all show, and memory holds one episode at a time. The decode check decodes every frame
+of every clip in order with strict error detection (a corrupt packet, even one copied from a
+corrupt source, is a problem naming its frame) and, with a source, compares stream-copied
+clips with the source's frames one by one; random frames also go through the loader's decoder
+(torchcodec, random access) and are compared: identical for stream-copied clips, PSNR at or
+above ``PSNR_THRESHOLD_DB`` for re-encoded ones.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import logging
 import math
 import posixpath
 import tarfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,7 +43,7 @@ from ..format import (
 )
 from ..lerobot_v3 import LeRobotV3Source, SourceError
 from ..names import UnsafeNameError, check_name
-from ..video import ClipError, decode_frames, probe_clip, transform_rgb
+from ..video import ClipError, decode_frames, decoded_frames, probe_clip, transform_rgb
 from .destination import Destination
 from .shard_status import shard_status
 
@@ -60,6 +64,7 @@ class VerifyReport:
     frames: int = 0
     bytes: int = 0
     frames_compared: int = 0
+    frames_decoded: int = 0  # every frame of every clip, in order, strict error detection
     frames_identical: int = 0
     min_psnr_db: float | None = None  # over re-encoded clips' compared frames
     problems: list[str] = field(default_factory=list)
@@ -80,6 +85,11 @@ class VerifyReport:
             f"  shards {self.shards}, episodes {self.episodes}, frames {self.frames}, {self.bytes / 1e6:.1f} MB "
             "checked (sha256, tar members against sidecar offsets, frame counts, episode coverage)",
         ]
+        if self.frames_decoded:
+            lines.append(
+                f"  decode check: {self.frames_decoded} frames decoded in order with strict error detection"
+                + (", stream-copied ones compared with the source's one by one" if self.frames_compared else "")
+            )
         if self.frames_compared:
             psnr = (
                 ""
@@ -126,7 +136,8 @@ class _SourceFrames:
         self.source = source
         self._current: tuple[str, Any] | None = None
 
-    def get(self, rel_path: str, indices: list[int]) -> np.ndarray:
+    def _file(self, rel_path: str) -> tuple[Any, Any]:
+        """(local path or the file's bytes, torchcodec decoder) of one source mp4."""
         from torchcodec.decoders import VideoDecoder
 
         if self._current is None or self._current[0] != rel_path:
@@ -136,8 +147,15 @@ class _SourceFrames:
                     local_or_bytes: Any = f.read()
             else:
                 local_or_bytes = local
-            self._current = (rel_path, VideoDecoder(local_or_bytes, seek_mode="exact"))
-        return self._current[1].get_frames_at(indices).data.numpy()
+            self._current = (rel_path, (local_or_bytes, VideoDecoder(local_or_bytes, seek_mode="exact")))
+        return self._current[1]
+
+    def get(self, rel_path: str, indices: list[int]) -> np.ndarray:
+        return self._file(rel_path)[1].get_frames_at(indices).data.numpy()
+
+    def sequential(self, rel_path: str, first_frame: int, num_frames: int) -> Iterator[tuple[int, Any]]:
+        """The source's frames in order, strictly decoded (``video.decoded_frames``)."""
+        return decoded_frames(self._file(rel_path)[0], first_frame, num_frames)
 
 
 class _Verifier:
@@ -283,6 +301,34 @@ class _Verifier:
         self.report.episodes += 1
         self.report.frames += entry.length
 
+    def _sequential(self, at: str, entry: EpisodeEntry, cam: str, data: bytes, source_path: str | None) -> None:
+        """Decode every frame of the clip in order with strict error detection; a stream-copied clip's
+        frames must equal the source's (``source_path``, decoded the same way) one by one."""
+        clip = entry.clips[cam]
+        name = clip_member(entry.key, cam)
+        want = None
+        if source_path is not None and clip.stream_copied:
+            want = self.source_frames.sequential(source_path, clip.source_first_frame, entry.length)
+        try:
+            for i, frame in decoded_frames(data, 0, entry.length, label=name):
+                self.report.frames_decoded += 1
+                if want is None:
+                    continue
+                try:
+                    _, ref = next(want)
+                except ClipError as e:
+                    self.report.problem(f"{at} camera {cam}: source {e}")
+                    want = None
+                    continue
+                if not np.array_equal(frame.to_ndarray(), ref.to_ndarray()):
+                    self.report.problem(
+                        f"{at} camera {cam} frame {i}: {name} decodes differently from source frame "
+                        f"{clip.source_first_frame + i} of {source_path}"
+                    )
+                    want = None
+        except ClipError as e:
+            self.report.problem(f"{at} camera {cam}: {e}")
+
     def _compare(self, at: str, entry: EpisodeEntry, cam: str, data: bytes) -> None:
         clip = entry.clips[cam]
         rng = np.random.default_rng([self.seed, entry.episode_index])
@@ -294,6 +340,7 @@ class _Verifier:
             return
         source = self.source
         if self.source_frames is None or source is None:
+            self._sequential(at, entry, cam, data, None)
             return  # decodable is all that can be said without a source
         try:
             ref = source.episode(entry.episode_index).videos[cam]
@@ -305,6 +352,7 @@ class _Verifier:
                 f"source episode at {ref.first_frame(source.fps)} of {ref.path}"
             )
             return
+        self._sequential(at, entry, cam, data, ref.path)
         want = self.source_frames.get(ref.path, [clip.source_first_frame + i for i in indices])
         if clip.transform is not None:  # compare with the source frames resized the same way
             import torch  # as decode_frames: only a decode check pays for it
