@@ -136,14 +136,20 @@ def test_non_contiguous_index(fixture_copy: Path) -> None:
 
 
 def test_timestamps_outside_video(fixture_copy: Path) -> None:
+    """The rows decide an episode's frames: a bogus to_timestamp is tolerated, rows past the video are not."""
     col = "videos/observation.images.front/to_timestamp"
     _edit_parquet(fixture_copy / EPISODES, lambda t: _set_column(t, col, [12.4333, 24.9, 37.3, 60.0]))
+    src = LeRobotV3Source(str(fixture_copy))
+    src.check_episode_videos(3)
+    assert src.span_mismatches() == [3]
+    col = "videos/observation.images.front/from_timestamp"
+    _edit_parquet(fixture_copy / EPISODES, lambda t: _set_column(t, col, [0.0, 12.4333, 24.9, 40.0]))
     src = LeRobotV3Source(str(fixture_copy))
     src.check_episode_videos(0)
     with pytest.raises(
         SourceError,
         match=r"file-000\.mp4: episode 3 field videos/observation\.images\.front/"
-        r"from_timestamp\.\.to_timestamp .* outside the video",
+        r"from_timestamp = 40\.0000 s plus its \d+ rows ends at .* outside the video",
     ):
         src.check_episode_videos(3)
 

@@ -84,6 +84,20 @@ def _locations(*urls: str | None) -> None:
     help="realistic: shaking textured scene under the identity bands, the bitrate of real footage "
     "(~21 KB per 640x480 AV1 frame); flat compresses ~5x smaller.",
 )
+@click.option(
+    "--to-timestamp-short-frames",
+    default=0,
+    show_default=True,
+    help="Quirk: record each episode's video to_timestamp this many frames short of its rows.",
+)
+@click.option(
+    "--timestamp-jitter",
+    default=0.0,
+    show_default=True,
+    help="Quirk: move each row's timestamp by up to this many seconds (LeRobot tolerates 1e-4).",
+)
+@click.option("--codec-label", help="Quirk: video.codec written to info.json whatever the stream holds.")
+@click.option("--bframes", default=0, show_default=True, help="Quirk: H.264 with this many B-frames (gop > bframes).")
 @click.option("--seed", default=0, show_default=True)
 def synth(
     out: str,
@@ -101,6 +115,10 @@ def synth(
     min_length: int,
     max_length: int,
     texture: str,
+    to_timestamp_short_frames: int,
+    timestamp_jitter: float,
+    codec_label: str | None,
+    bframes: int,
     seed: int,
 ) -> None:
     """Write a synthetic LeRobot v3.0 dataset to OUT whose frames paint their own identity."""
@@ -126,6 +144,10 @@ def synth(
             chunks_size=chunks_size,
             length_range=(min_length, max_length),
             texture=texture,
+            to_timestamp_short_frames=to_timestamp_short_frames,
+            timestamp_jitter_s=timestamp_jitter,
+            codec_label=codec_label,
+            bframes=bframes,
             seed=seed,
         )
     except (ValueError, FileExistsError) as e:

@@ -7,6 +7,8 @@ names the file, episode and field at fault.
 
 from __future__ import annotations
 
+import bisect
+import functools
 import json
 import logging
 import posixpath
@@ -444,18 +446,78 @@ class LeRobotV3Source:
         return self._video_durations[rel_path]
 
     def check_episode_videos(self, episode: EpisodeMeta | int) -> None:
-        """Raise when an episode's from/to timestamps fall outside its mp4's duration."""
+        """Raise unless the episode's rows fit its mp4s.
+
+        The rows decide which frames an episode has: frames [first, first + length) of each camera
+        mp4 must lie inside the video and belong to no other episode of that file. ``to_timestamp``
+        is not trusted (real recordings have it a frame short of the rows while the mp4 holds every
+        frame, and LeRobot reads by the rows' timestamps); ``span_mismatches`` lists such episodes.
+        """
         ep = self.episode(episode) if isinstance(episode, int) else episode
         slack = DURATION_SLACK_FRAMES / self.fps
         for cam, v in ep.videos.items():
             self._require_file(v.path, ep.episode_index)
             duration = self.video_duration(v.path)
-            if v.from_timestamp < -slack or v.to_timestamp > duration + slack or v.to_timestamp <= v.from_timestamp:
+            end = v.from_timestamp + ep.length / self.fps
+            if v.from_timestamp < -slack or end > duration + slack:
                 raise SourceError(
-                    f"{self._abs(v.path)}: episode {ep.episode_index} field videos/{cam}/from_timestamp.."
-                    f"to_timestamp = {v.from_timestamp:.4f}..{v.to_timestamp:.4f} s lies outside the video "
-                    f"(duration {duration:.4f} s)"
+                    f"{self._abs(v.path)}: episode {ep.episode_index} field videos/{cam}/from_timestamp = "
+                    f"{v.from_timestamp:.4f} s plus its {ep.length} rows ends at {end:.4f} s, outside the video "
+                    f"(duration {duration:.4f} s): the mp4 lacks frames of this episode"
                 )
+            other = self._overlapping_episode(ep, cam)
+            if other is not None:
+                first = v.first_frame(self.fps)
+                raise SourceError(
+                    f"{self._abs(v.path)}: episode {ep.episode_index} field videos/{cam}/from_timestamp = "
+                    f"{v.from_timestamp:.4f} s: its {ep.length} rows would take frames {first}..{first + ep.length - 1}, "
+                    f"which overlap episode {other}'s frames in that file"
+                )
+
+    @functools.cached_property
+    def _clip_ranges(self) -> dict[str, list[tuple[int, int, int]]]:
+        """Per camera mp4: (first frame, end frame, episode) of every episode in it, by the rows, sorted."""
+        ranges: dict[str, list[tuple[int, int, int]]] = {}
+        for e in self.episodes:
+            for v in e.videos.values():
+                first = v.first_frame(self.fps)
+                ranges.setdefault(v.path, []).append((first, first + e.length, e.episode_index))
+        for r in ranges.values():
+            r.sort()
+        return ranges
+
+    def _overlapping_episode(self, ep: EpisodeMeta, cam: str) -> int | None:
+        """Another episode whose frames (by its rows) overlap ``ep``'s in the camera's mp4, if any."""
+        v = ep.videos[cam]
+        first = v.first_frame(self.fps)
+        end = first + ep.length
+        ranges = self._clip_ranges[v.path]
+        i = bisect.bisect_left(ranges, (first, end, ep.episode_index))
+        for j in (i - 1, i + 1):  # neighbours in start order
+            if 0 <= j < len(ranges):
+                other_first, other_end, other = ranges[j]
+                if other != ep.episode_index and other_first < end and first < other_end:
+                    return other
+        return None
+
+    def span_mismatches(self) -> list[int]:
+        """Episodes whose ``videos/*/to_timestamp`` disagrees with their number of rows (read by the rows)."""
+        out = []
+        for e in self.episodes:
+            spans = (int(round(v.to_timestamp * self.fps)) - v.first_frame(self.fps) for v in e.videos.values())
+            if any(n != e.length for n in spans):
+                out.append(e.episode_index)
+        return out
+
+    def missing_files_for(self, episodes: Iterable[int]) -> dict[str, int]:
+        """The missing data/video files these episodes need, each with the first episode needing it."""
+        out: dict[str, int] = {}
+        for index in episodes:
+            e = self.episode(index)
+            for path in (e.data_path, *(v.path for v in e.videos.values())):
+                if path in self.missing_files:
+                    out.setdefault(path, e.episode_index)
+        return out
 
     def validate(self, *, videos: bool = True) -> None:
         """Check every episode's rows (and clip ranges); raises SourceError at the first fault."""

@@ -411,6 +411,10 @@ def synth_dataset(
     image_keys: Sequence[str] = (),
     from_timestamp_jitter_s: float = 0.0,
     texture: str = "flat",
+    to_timestamp_short_frames: int = 0,
+    timestamp_jitter_s: float = 0.0,
+    codec_label: str | None = None,
+    bframes: int = 0,
     seed: int = 0,
 ) -> Path:
     """Write a LeRobot v3.0 dataset under ``root`` (which must be absent or empty) and return its path.
@@ -424,6 +428,14 @@ def synth_dataset(
     weight of real footage (see ``paint_identity``; ~21 KB per 640x480 AV1 frame), for benchmarks
     where bandwidth and seeks must show. Same arguments give byte-identical files;
     ``meta/info.json`` is written last and marks a complete dataset.
+
+    Quirks of real recordings that LeRobot tolerates, to test readers against:
+    ``to_timestamp_short_frames`` records every episode's ``to_timestamp`` that many frames short
+    of its rows (the mp4 still holds every frame); ``timestamp_jitter_s`` moves each row's
+    ``timestamp`` by a deterministic amount in [-jitter, +jitter] (within LeRobot's tolerance_s,
+    1e-4 s, when below it); ``codec_label`` is written to info.json as every camera's
+    ``video.codec`` whatever the stream holds; ``bframes`` encodes H.264 with that many B-frames
+    (keyframes still every ``gop`` frames). One episode per file is ``episodes_per_*_file=1``.
     """
     root = Path(root)
     cameras, image_keys = tuple(cameras), tuple(image_keys)
@@ -446,6 +458,12 @@ def synth_dataset(
             0 <= from_timestamp_jitter_s < 0.5 / fps,
             f"from_timestamp_jitter_s {from_timestamp_jitter_s} must be in [0, half a frame = {0.5 / fps})",
         ),
+        (
+            0 <= timestamp_jitter_s < 0.5 / fps,
+            f"timestamp_jitter_s {timestamp_jitter_s} must be in [0, half a frame = {0.5 / fps})",
+        ),
+        (0 <= to_timestamp_short_frames < lo, f"to_timestamp_short_frames must be in [0, {lo})"),
+        (bframes == 0 or (codec == "h264" and gop > bframes), "bframes need codec h264 and gop > bframes"),
     ]
     for ok, message in checks:
         if not ok:
@@ -456,7 +474,7 @@ def synth_dataset(
     lengths = [int(n) for n in np.random.default_rng(seed).integers(lo, hi + 1, size=num_episodes)]
     tasks = [f"task {k}" for k in range(min(num_tasks, num_episodes))]
     starts = np.concatenate([[0], np.cumsum(lengths)]).tolist()
-    features = _features(cameras, image_keys, height, width, fps, codec)
+    features = _features(cameras, image_keys, height, width, fps, codec_label or codec)
     episodes: list[dict[str, Any]] = [
         {
             "episode_index": e,
@@ -475,7 +493,16 @@ def synth_dataset(
         chunk, file = _file_slot(n, chunks_size)
         metadata = _hf_metadata(features, vector_storage, _fingerprint(signature, n))
         table = _data_table(
-            [episodes[e] for e in group], tasks, features, vector_storage, metadata, fps, stats, texture, seed
+            [episodes[e] for e in group],
+            tasks,
+            features,
+            vector_storage,
+            metadata,
+            fps,
+            stats,
+            texture,
+            seed,
+            timestamp_jitter_s,
         )
         _write_parquet(table, root / DATA_PATH.format(chunk_index=chunk, file_index=file))
         for e in group:
@@ -490,12 +517,15 @@ def synth_dataset(
                 sample: list[np.ndarray] = []
                 buf = io.BytesIO()
                 frames = _painted(e, lengths[e], height, width, c, sample, texture, seed)
-                encode_video(frames, buf, fps=fps, codec=codec, gop=gop, crf=crf, threads=1)
+                encode_video(frames, buf, fps=fps, codec=codec, gop=gop, crf=crf, threads=1, bframes=bframes)
                 clips.append(buf.getvalue())
                 stats[e][camera] = _episode_stats(np.stack(sample), image=True)
             offsets: list[float] = []
             path = root / VIDEO_PATH.format(video_key=camera, chunk_index=chunk, file_index=file)
-            _write_atomic(path, lambda tmp: offsets.extend(concat_clips(clips, tmp)))  # noqa: B023 (called at once)
+            _write_atomic(
+                path,
+                lambda tmp: offsets.extend(concat_clips(clips, tmp, reordered=bframes > 0)),  # noqa: B023 (called at once)
+            )
             for e, offset in zip(group, offsets):
                 if offset > 0 and from_timestamp_jitter_s:
                     offset += float(jitter_rng.uniform(-from_timestamp_jitter_s, from_timestamp_jitter_s))
@@ -504,7 +534,7 @@ def synth_dataset(
                         f"videos/{camera}/chunk_index": chunk,
                         f"videos/{camera}/file_index": file,
                         f"videos/{camera}/from_timestamp": offset,
-                        f"videos/{camera}/to_timestamp": offset + lengths[e] / fps,
+                        f"videos/{camera}/to_timestamp": offset + (lengths[e] - to_timestamp_short_frames) / fps,
                     }
                 )
 
@@ -543,6 +573,7 @@ def _data_table(
     stats: list[dict[str, Stats]],
     texture: str,
     seed: int,
+    timestamp_jitter_s: float = 0.0,
 ) -> pa.Table:
     """One data parquet's rows: every column encodes its (episode, frame); fills the episodes' stats."""
     size = len(JOINT_NAMES) if vector_storage == "fixed_size_list" else -1
@@ -566,7 +597,9 @@ def _data_table(
         values = {
             "action": state + np.float32(0.5),
             "observation.state": state,
-            "timestamp": (f / fps).astype(np.float32),
+            "timestamp": (
+                f / fps + np.random.default_rng([seed, 2, e]).uniform(-timestamp_jitter_s, timestamp_jitter_s, len(f))
+            ).astype(np.float32),
             "frame_index": f,
             "episode_index": np.full_like(f, e),
             "index": f + ep["dataset_from_index"],

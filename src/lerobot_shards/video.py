@@ -129,14 +129,16 @@ def _fps_fraction(fps: float) -> Fraction:
     return Fraction(fps).limit_denominator(1001)
 
 
-def _encoder_options(codec: str, gop: int, crf: int, threads: int) -> dict[str, str]:
+def _encoder_options(codec: str, gop: int, crf: int, threads: int, bframes: int = 0) -> dict[str, str]:
     if codec not in CODECS:
         raise ValueError(f"codec {codec!r} is not one of {sorted(CODECS)}")
     if gop < 1:
         raise ValueError(f"gop must be >= 1, got {gop}")
+    if bframes and codec != "h264":
+        raise ValueError(f"bframes: only h264 here, got codec {codec!r}")
     options = {"crf": str(crf), "g": str(gop)}
     if codec == "h264":
-        options["x264-params"] = f"keyint={gop}:min-keyint={gop}:scenecut=0:bframes=0"
+        options["x264-params"] = f"keyint={gop}:min-keyint={gop}:scenecut=0:bframes={bframes}"
         if threads == 1:  # no lookahead or sliced threads either: the bytes must not depend on scheduling
             options["x264-params"] += ":threads=1:lookahead-threads=1:sliced-threads=0"
     elif codec == "hevc":
@@ -161,8 +163,9 @@ class _Encoder:
         crf: int,
         pix_fmt: str,
         threads: int,
+        bframes: int = 0,
     ) -> None:
-        self._options = _encoder_options(codec, gop, crf, threads)
+        self._options = _encoder_options(codec, gop, crf, threads, bframes)
         if codec == "av1":
             os.environ.setdefault("SVT_LOG", "1")  # SVT-AV1 prints a banner per encoder unless told
         self._codec, self._pix_fmt, self._threads = codec, pix_fmt, threads
@@ -209,14 +212,16 @@ def encode_video(
     crf: int = 30,
     pix_fmt: str = "yuv420p",
     threads: int = 0,
+    bframes: int = 0,
 ) -> None:
     """Encode HxWx3 uint8 RGB frames to an mp4 with a keyframe exactly every ``gop`` frames.
 
-    No B-frames and no scene-cut keyframes, so every ``gop``-th frame is a cut point for stream
-    copy. ``threads=1`` makes the bytes independent of the machine's core count (x265 output
-    depends on it); 0 lets the encoder choose.
+    No B-frames (unless ``bframes``, H.264 only: to reproduce sources that have them) and no
+    scene-cut keyframes, so every ``gop``-th frame is a cut point for stream copy. ``threads=1``
+    makes the bytes independent of the machine's core count (x265 output depends on it); 0 lets
+    the encoder choose.
     """
-    enc = _Encoder(dst, fps=fps, codec=codec, gop=gop, crf=crf, pix_fmt=pix_fmt, threads=threads)
+    enc = _Encoder(dst, fps=fps, codec=codec, gop=gop, crf=crf, pix_fmt=pix_fmt, threads=threads, bframes=bframes)
     try:
         for i, img in enumerate(frames):
             img = np.ascontiguousarray(img)
@@ -245,13 +250,16 @@ def _check_order(packets: Sequence[av.Packet], where: str) -> None:
         raise ClipError(f"{where}: frames are reordered (B-frames) or lack timestamps; re-encode instead")
 
 
-def concat_clips(srcs: Sequence[Source], dst: str | os.PathLike[str] | BinaryIO) -> list[float]:
+def concat_clips(
+    srcs: Sequence[Source], dst: str | os.PathLike[str] | BinaryIO, *, reordered: bool = False
+) -> list[float]:
     """Join same-codec clips by stream copy, as LeRobot builds a camera's multi-episode mp4.
 
     Packets stay bit-identical; each clip's pts/dts are shifted by the summed duration of the
     clips before it, exactly in the stream time base (LeRobot's concat demuxer rounds the offset
     to microseconds, which is where real files drift). Returns each clip's start in seconds: the
-    ``from_timestamp`` an episode row records.
+    ``from_timestamp`` an episode row records. ``reordered`` accepts clips with B-frames (their
+    decode delay, the first pts minus the first dts, stays the stream's start time).
     """
     if not srcs:
         raise ValueError("concat_clips: no source clips")
@@ -279,11 +287,14 @@ def concat_clips(srcs: Sequence[Source], dst: str | os.PathLike[str] | BinaryIO)
                 packets = list(_packets(container, stream))
                 if not packets:
                     raise ClipError(f"{_describe(src)}: no video packets")
-                _check_order(packets, _describe(src))
-                start = _ts(packets[0].pts, "pts")
+                if not reordered:
+                    _check_order(packets, _describe(src))
+                start = min(_ts(p.pts, "pts") for p in packets)
                 end = max(_ts(p.pts, "pts") + _ts(p.duration, "duration") for p in packets)
+                delay = start - _ts(packets[0].dts, "dts")  # 0 without B-frames
                 for p in packets:
-                    p.pts = p.dts = _ts(p.pts, "pts") - start + offset
+                    p.pts = _ts(p.pts, "pts") - start + offset + delay
+                    p.dts = _ts(p.dts, "dts") - start + offset + delay
                     p.stream = out_stream
                     out.mux(p)
                 starts.append(float(offset * tb))

@@ -450,6 +450,16 @@ def convert_dataset(
     _check_resize(src, options)
     plan = make_plan(src, options)
     share = task_share(plan, num_tasks, task_index)
+    mismatched = src.span_mismatches()
+    if mismatched:
+        log.warning(
+            "%d of %d episodes (first: episode %d) have a video to_timestamp that disagrees with their rows; "
+            "converting the frames their rows name, which their mp4s hold (episodes whose frames are missing or "
+            "overlap another episode's still fail)",
+            len(mismatched),
+            len(src.episodes),
+            mismatched[0],
+        )
     out = Destination(str(dest), storage_options=dest_options)
     record = run_record(_source_url(source), options, plan)
     clear = _check_claim(out, record, overwrite=overwrite)

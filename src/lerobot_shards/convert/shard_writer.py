@@ -91,18 +91,6 @@ def _where(source: LeRobotV3Source, rel_path: str) -> str:
     return posixpath.join(source.url.rstrip("/"), rel_path)
 
 
-def _check_clip_span(source: LeRobotV3Source, ep: EpisodeMeta) -> None:
-    """The rows and the clip must cover the same frames, or the clip would borrow a neighbour's."""
-    for cam, ref in ep.videos.items():
-        frames = int(round(ref.to_timestamp * source.fps)) - ref.first_frame(source.fps)
-        if frames != ep.length:
-            raise SourceError(
-                f"{_where(source, ref.path)}: episode {ep.episode_index} field videos/{cam}/from_timestamp.."
-                f"to_timestamp = {ref.from_timestamp:.4f}..{ref.to_timestamp:.4f} s spans {frames} frames "
-                f"but the episode has {ep.length} rows"
-            )
-
-
 def _with_video(source: LeRobotV3Source, rel_path: str, fn: Callable[[Any], T]) -> T:
     """Run ``fn`` on a local path when there is one (PyAV reads it natively), else on an open file."""
     local = source.local_path(rel_path)
@@ -185,7 +173,6 @@ def episode_members(
     try:
         table = source.read_episode_table(ep)
         source.check_episode_videos(ep)
-        _check_clip_span(source, ep)
     except SourceError as e:
         message = str(e) if f"episode {episode_index}" in str(e) else f"episode {episode_index}: {e}"
         raise ConvertError(message) from None

@@ -151,6 +151,7 @@ class EpisodePoolDataset(IterableDataset):
             cache_dir=cache_dir,
             shard_bytes=shard_bytes,
             episodes_per_shard=episodes_per_shard,
+            episodes=None if episodes is None else tuple(int(e) for e in episodes),
         )
         meta = open_source(self.source_url, **self._open_kwargs)  # for its metadata only
         meta.close()

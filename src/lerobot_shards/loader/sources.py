@@ -13,6 +13,7 @@ import io
 import logging
 import os
 import posixpath
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -23,7 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .. import format as fmt
-from ..lerobot_v3 import IMAGE_DTYPE, VIDEO_DTYPE, LeRobotV3Source, protocols
+from ..lerobot_v3 import IMAGE_DTYPE, VIDEO_DTYPE, LeRobotV3Source, SourceError, protocols
 from ..names import check_name, confined_join
 from ..shard_plan import plan_shards
 from .integrity import IntegrityError, check_episode_bytes, download_verified, sha256_file
@@ -126,10 +127,14 @@ def open_source(
     cache_dir: str | None = None,
     shard_bytes: int | None = None,
     episodes_per_shard: int | None = None,
+    episodes: Sequence[int] | None = None,
 ) -> EpisodeSource:
-    """A converted dataset (has manifest.json) or a raw LeRobot v3.0 dataset (has meta/info.json)."""
+    """A converted dataset (has manifest.json) or a raw LeRobot v3.0 dataset (has meta/info.json).
+
+    ``episodes``: the subset that will be read; a raw dataset then needs only their files.
+    """
     with reading(str(url)):
-        return _open_source(str(url), storage_options, cache_dir, shard_bytes, episodes_per_shard)
+        return _open_source(str(url), storage_options, cache_dir, shard_bytes, episodes_per_shard, episodes)
 
 
 def _open_source(
@@ -138,6 +143,7 @@ def _open_source(
     cache_dir: str | None,
     shard_bytes: int | None,
     episodes_per_shard: int | None,
+    episodes: Sequence[int] | None,
 ) -> EpisodeSource:
     fs, path = fsspec.core.url_to_fs(str(url), **(storage_options or {}))
     path = path.rstrip("/")
@@ -148,7 +154,11 @@ def _open_source(
         return ShardSource(str(url), storage_options=storage_options, cache_dir=cache_dir)
     if fs.exists(posixpath.join(path, "meta/info.json")):
         return RawSource(
-            str(url), storage_options=storage_options, shard_bytes=shard_bytes, episodes_per_shard=episodes_per_shard
+            str(url),
+            storage_options=storage_options,
+            shard_bytes=shard_bytes,
+            episodes_per_shard=episodes_per_shard,
+            episodes=episodes,
         )
     raise FileNotFoundError(
         f"{url}: neither a converted dataset ({fmt.MANIFEST_NAME}) nor a LeRobot v3.0 dataset (meta/info.json)"
@@ -350,9 +360,17 @@ class RawSource:
         storage_options: dict[str, Any] | None = None,
         shard_bytes: int | None = None,
         episodes_per_shard: int | None = None,
+        episodes: Sequence[int] | None = None,
     ):
         self.url = url.rstrip("/")
-        self.src = LeRobotV3Source(self.url, storage_options=storage_options)
+        # With a subset, only its episodes' files must exist (as LeRobot downloads only those).
+        self.src = LeRobotV3Source(self.url, storage_options=storage_options, allow_missing_files=episodes is not None)
+        if episodes is not None:
+            known = {e.episode_index for e in self.src.episodes}
+            missing = self.src.missing_files_for(e for e in episodes if e in known)
+            if missing:
+                listing = "; ".join(f"{p} (needed by episode {ep})" for p, ep in sorted(missing.items()))
+                raise SourceError(f"{self.url}: {len(missing)} missing file(s) for the chosen episodes: {listing}")
         plan = plan_shards(self.src.episode_sizes(), target_bytes=shard_bytes, episodes_per_shard=episodes_per_shard)
         self.info = SourceInfo(
             fps=self.src.fps,
