@@ -562,7 +562,9 @@ def _decode_range(
         try:
             return stream.codec_context.decode(packet)
         except av.FFmpegError as e:
-            at = "the end of the stream" if packet is None else f"frame {ix.index(packet.pts) - first_frame}"
+            at = (
+                "the end of the stream" if packet is None else f"frame {ix.index(_ts(packet.pts, 'pts')) - first_frame}"
+            )
             raise ClipError(f"{where}: {at} does not decode ({e}); the source is corrupt") from None
 
     for lo, hi in spans:
@@ -572,12 +574,11 @@ def _decode_range(
         while want < hi:
             packet = next(packets, None)
             if packet is not None:
-                if packet.pts is None or packet.dts is None:
-                    raise ClipError(f"{where}: a packet has no timestamp")
-                if ix.index(packet.dts) >= hi:
+                _ts(packet.pts, "pts")
+                if ix.index(_ts(packet.dts, "dts")) >= hi:
                     packet = None  # dts <= pts and grows: nothing later is in range; flush the decoder
             for frame in decode(packet):
-                i = ix.index(frame.pts)
+                i = ix.index(_ts(frame.pts, "pts"))
                 if want <= i < hi:
                     if i != want:
                         raise ClipError(f"{where}: frame {want - first_frame} is missing (next is {i - first_frame})")

@@ -307,7 +307,7 @@ class _Verifier:
         clip = entry.clips[cam]
         name = clip_member(entry.key, cam)
         want = None
-        if source_path is not None and clip.stream_copied:
+        if source_path is not None and clip.stream_copied and self.source_frames is not None:
             want = self.source_frames.sequential(source_path, clip.source_first_frame, entry.length)
         try:
             for i, frame in decoded_frames(data, 0, entry.length, label=name):
