@@ -264,16 +264,19 @@ def test_persistent_workers_follow_load_state_dict(raw: Path) -> None:
     assert [_keys(b) for b in loader] == full[5:]
 
 
-def test_resume_state_records_workers_and_refuses_another_count(raw: Path) -> None:
+def test_resume_state_records_workers_and_resumes_under_another_count(raw: Path) -> None:
     ds = _dataset(raw, cameras=[], seed=9)
     assert "num_workers" not in ds.state_dict(batches_consumed=0, batch_size=4)  # nothing ran yet
-    _epoch(ds, 2)
+    full = _epoch(ds, 2)
     state = ds.state_dict(batches_consumed=3, batch_size=4)
     assert state["num_workers"] == 2
     resumed = _dataset(raw, cameras=[], seed=9)
     resumed.load_state_dict(state)
-    with pytest.raises(Exception, match=r"saved with DataLoader num_workers=2 but this DataLoader has num_workers=1"):
-        _epoch(resumed, 1)
+    rest = _epoch(resumed, 1)  # elastic: the rest of the epoch on one worker
+    assert collections.Counter(k for b in full[:3] + rest for k in b) == _all_frames(raw)
+    unrecorded = _dataset(raw, cameras=[], seed=9)
+    with pytest.raises(ValueError, match=r"saved with world_size=2 but this dataset has world_size=1"):
+        unrecorded.load_state_dict({"epoch": 0, "batches_consumed": 1, "batch_size": 4, "world_size": 2})
     single = _dataset(raw, cameras=[], seed=9)
     _epoch(single, 0)
     state = single.state_dict(batches_consumed=2, batch_size=4)

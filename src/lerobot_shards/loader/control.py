@@ -13,7 +13,9 @@ from __future__ import annotations
 import multiprocessing
 from dataclasses import dataclass
 
-_EPOCH, _SEEN_WORKERS, _HAS_RESUME, _R_EPOCH, _R_BATCHES, _R_BATCH_SIZE, _R_WORKERS = range(7)
+from .elastic import Origin
+
+(_EPOCH, _SEEN_WORKERS, _HAS_RESUME, _R_EPOCH, _R_BATCHES, _R_BATCH_SIZE, _R_WORKERS, _R_WORLD, *_R_ORIGIN) = range(12)
 _UNKNOWN = -1
 
 
@@ -25,13 +27,15 @@ class ResumeState:
     batches_consumed: int
     batch_size: int
     num_workers: int | None  # DataLoader workers of the run that saved it (None: not recorded)
+    world_size: int | None = None  # ranks of the run that saved it (None: not recorded)
+    origin: Origin | None = None  # saved inside an elastic-resumed epoch: the run that epoch resumed
 
 
 class SharedControl:
     """The epoch, the pending resume state and the observed worker count, in shared memory."""
 
     def __init__(self) -> None:
-        self._array = multiprocessing.Array("q", 7, lock=False)
+        self._array = multiprocessing.Array("q", 12, lock=False)
         self._array[_SEEN_WORKERS] = _UNKNOWN
 
     @property
@@ -58,12 +62,15 @@ class SharedControl:
         """The pending resume state (``None`` when none was loaded)."""
         if not self._array[_HAS_RESUME]:
             return None
-        workers = int(self._array[_R_WORKERS])
+        workers, world = int(self._array[_R_WORKERS]), int(self._array[_R_WORLD])
+        origin = [int(self._array[i]) for i in _R_ORIGIN]
         return ResumeState(
             epoch=int(self._array[_R_EPOCH]),
             batches_consumed=int(self._array[_R_BATCHES]),
             batch_size=int(self._array[_R_BATCH_SIZE]),
             num_workers=None if workers == _UNKNOWN else workers,
+            world_size=None if world == _UNKNOWN else world,
+            origin=None if origin[0] == _UNKNOWN else Origin(*origin),
         )
 
     @resume.setter
@@ -73,4 +80,13 @@ class SharedControl:
         self._array[_R_BATCHES] = state.batches_consumed
         self._array[_R_BATCH_SIZE] = state.batch_size
         self._array[_R_WORKERS] = _UNKNOWN if state.num_workers is None else state.num_workers
+        self._array[_R_WORLD] = _UNKNOWN if state.world_size is None else state.world_size
+        origin = state.origin
+        values = (
+            [_UNKNOWN] * 4
+            if origin is None
+            else [origin.world_size, origin.num_workers, origin.batches_consumed, origin.batch_size]
+        )
+        for i, v in zip(_R_ORIGIN, values):
+            self._array[i] = v
         self._array[_HAS_RESUME] = 1

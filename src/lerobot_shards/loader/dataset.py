@@ -27,6 +27,7 @@ from ..resize import DEFAULT_MODE, resized_features
 from .control import ResumeState, SharedControl
 from .decode import DecodePool, DecoderCache, check_cuda_backend, decode_image, decode_sizes
 from .device import rank_device
+from .elastic import ElasticPlan, Origin, SubsetSampler, plan_elastic
 from .partition import Consumer, ConsumerPlan, PlanOptions, ShardSpec, filter_shards, plan_consumer
 from .reader import EpisodeReader
 from .remote import with_timeouts
@@ -233,8 +234,14 @@ class EpisodePoolDataset(IterableDataset):
             "seed": self.seed,
             "world_size": self.world_size,
         }
-        if self._control.seen_workers is not None:
-            state["num_workers"] = self._control.seen_workers
+        seen = self._control.seen_workers
+        if seen is not None:
+            state["num_workers"] = seen
+            resume = self._control.resume
+            if resume is not None and resume.epoch == self.epoch:
+                origin, _ = _elastic_origin(resume, self.world_size, seen)
+                if origin is not None:  # this epoch is elastic: a later resume must rebuild it
+                    state.update({f"elastic_{k}": v for k, v in vars(origin).items()})
         return state
 
     def load_state_dict(self, state: Mapping[str, int]) -> None:
@@ -242,19 +249,23 @@ class EpisodePoolDataset(IterableDataset):
         missing = {"epoch", "batches_consumed", "batch_size"} - set(state)
         if missing:
             raise ValueError(f"resume state lacks {sorted(missing)}: {dict(state)}")
-        for key in ("seed", "world_size"):
+        # Another world size is resumed elastically, which needs the saved worker count.
+        for key in ("seed", "world_size") if "num_workers" not in state else ("seed",):
             if key in state and int(state[key]) != getattr(self, key):
                 raise ValueError(
                     f"resume state was saved with {key}={state[key]} but this dataset has {key}={getattr(self, key)}: "
                     f"the sample order would differ"
                 )
         self._control.epoch = int(state["epoch"])
-        workers = state.get("num_workers")
+        workers, world = state.get("num_workers"), state.get("world_size")
+        fields = [f"elastic_{k}" for k in Origin.__dataclass_fields__]
         self._control.resume = ResumeState(
             epoch=int(state["epoch"]),
             batches_consumed=int(state["batches_consumed"]),
             batch_size=int(state["batch_size"]),
             num_workers=None if workers is None else int(workers),
+            world_size=None if world is None else int(world),
+            origin=Origin(*(int(state[f]) for f in fields)) if all(f in state for f in fields) else None,
         )
 
     # -- planning (pure) ------------------------------------------------------------------------
@@ -285,6 +296,19 @@ class EpisodePoolDataset(IterableDataset):
             self.shards, seed=self.seed, epoch=self.epoch, consumer=consumer, options=self.plan_options
         )
 
+    def _plan_elastic(self, origin: Origin, worker: int, num_workers: int) -> ElasticPlan:
+        consumer = Consumer(self.rank, self.world_size, worker, max(1, num_workers))
+        return plan_elastic(
+            self.shards,
+            seed=self.seed,
+            epoch=self.epoch,
+            options=self.plan_options,
+            pool_size=self.episode_pool_size,
+            origin=origin,
+            drop_last=self.drop_last,
+            consumer=consumer,
+        )
+
     # -- iteration ------------------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
@@ -295,19 +319,35 @@ class EpisodePoolDataset(IterableDataset):
         # restarts its round-robin at worker 0, the interrupted run was mid-round.
         self._control.saw_workers(num_workers)
         stream, skip = worker, 0
+        plan: ConsumerPlan | None = None
+        sampler: PoolSampler | SubsetSampler | None = None
         resume = self._control.resume
         if resume is not None and resume.epoch == self.epoch:
-            _check_same_workers(resume, num_workers)
-            counts = self._plan(self.rank, worker, num_workers).rank_samples
-            stream, skip = resume_point(resume.batches_consumed, resume.batch_size, counts, worker, self.drop_last)
-        plan = self.plan(self.rank, stream, num_workers)
-        sampler = PoolSampler(
-            plan.lengths,
-            self.episode_pool_size,
-            consumer_rng(self.seed, self.epoch, self.rank, stream),
-            shuffle=self.shuffle,
-            num_samples=plan.num_samples,
-        )
+            origin, batches = _elastic_origin(resume, self.world_size, num_workers)
+            if origin is None:
+                counts = self._plan(self.rank, worker, num_workers).rank_samples
+                stream, skip = resume_point(batches, resume.batch_size, counts, worker, self.drop_last)
+            else:
+                elastic = self._plan_elastic(origin, stream, num_workers)
+                plan = elastic.plan
+                counts = plan.rank_samples
+                if batches:
+                    stream, skip = resume_point(batches, resume.batch_size, counts, worker, self.drop_last)
+                    elastic = self._plan_elastic(origin, stream, num_workers)
+                    plan = elastic.plan
+                sampler = SubsetSampler(
+                    elastic, self.episode_pool_size, seed=self.seed, epoch=self.epoch, shuffle=self.shuffle
+                )
+        if sampler is None:
+            plan = self.plan(self.rank, stream, num_workers)
+            sampler = PoolSampler(
+                plan.lengths,
+                self.episode_pool_size,
+                consumer_rng(self.seed, self.epoch, self.rank, stream),
+                shuffle=self.shuffle,
+                num_samples=plan.num_samples,
+            )
+        assert plan is not None
         stats.reset()
         start = time.perf_counter()
         sampler.skip(skip)
@@ -316,7 +356,7 @@ class EpisodePoolDataset(IterableDataset):
         return self._stream(plan, sampler, skip, stats)
 
     def _stream(
-        self, plan: ConsumerPlan, sampler: PoolSampler, emitted: int, stats: StatSlot
+        self, plan: ConsumerPlan, sampler: PoolSampler | SubsetSampler, emitted: int, stats: StatSlot
     ) -> Iterator[dict[str, Any]]:
         per_pass = sum(plan.lengths)
         if sampler.num_samples == emitted:
@@ -427,6 +467,33 @@ class EpisodePoolDataset(IterableDataset):
     def stats(self) -> dict[str, Any]:
         """Per-worker and total counters of the last iteration in this process tree (this rank)."""
         return {"rank": self.rank, **self._stats.summary()}
+
+
+def _elastic_origin(resume: ResumeState, world_size: int, num_workers: int) -> tuple[Origin | None, int]:
+    """The run to finish the epoch of elastically (``None``: resume as is) and batches since.
+
+    A state saved under another layout starts an elastic epoch. A state saved inside an
+    elastic-resumed epoch carries that epoch's origin: it resumes under the same layout as the
+    run that saved it (its batches after the origin's are skipped on the elastic plan), never
+    under a third one.
+    """
+    same = resume.world_size in (None, world_size) and (
+        resume.num_workers is None or max(1, resume.num_workers) == max(1, num_workers)
+    )
+    if resume.origin is not None:
+        if not same:
+            raise ValueError(
+                f"resume state was saved inside an epoch that was itself resumed under another layout, with "
+                f"world_size={resume.world_size} and num_workers={resume.num_workers}; this run has "
+                f"world_size={world_size} and num_workers={num_workers}: resume this epoch with the saving run's "
+                f"layout (or from a checkpoint at an epoch boundary)"
+            )
+        return resume.origin, resume.batches_consumed - resume.origin.batches_consumed
+    if same or resume.num_workers is None:
+        _check_same_workers(resume, num_workers)
+        return None, resume.batches_consumed
+    origin = Origin(resume.world_size or world_size, resume.num_workers, resume.batches_consumed, resume.batch_size)
+    return origin, 0
 
 
 def _check_same_workers(resume: ResumeState, num_workers: int) -> None:

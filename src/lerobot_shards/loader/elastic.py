@@ -1,0 +1,155 @@
+"""Elastic resume: finish an interrupted epoch under another world size or worker count.
+
+The frames the interrupted run emitted are recomputed on tables alone: every old consumer's plan
+and pool order are replayed (``plan_consumer`` + ``PoolSampler.skip``) for as many samples as
+the round-robin gave out (each old rank consumed the same ``batches_consumed`` batches). The
+frames not yet emitted are then laid out again over the new consumers by ``split_shards``
+(contiguous episode ranges, balanced by remaining frames, so reads stay sequential), and each
+consumer draws uniformly over the remaining frames of its resident episodes (``SubsetSampler``).
+Every not-yet-emitted frame is emitted exactly once (equal-count mode: every new consumer yields
+``remaining // consumers`` samples, dropping or repeating like the equal mode of a full epoch).
+All of it is a pure function of metadata, seed, epoch and the two layouts.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from .partition import Consumer, ConsumerPlan, PlanOptions, ShardSpec, plan_consumer, split_shards
+from .resume import samples_to_skip
+from .sampling import Emission, PoolSampler, consumer_rng, keyed_rng
+
+ELASTIC_STREAM = 0x454C_4153  # "ELAS": the resumed consumers' own random stream
+
+
+@dataclass(frozen=True)
+class Origin:
+    """The interrupted run: its layout and how far every rank got."""
+
+    world_size: int
+    num_workers: int  # DataLoader num_workers (0: the main process)
+    batches_consumed: int  # per rank
+    batch_size: int
+
+
+@dataclass(frozen=True)
+class ElasticPlan:
+    """One new consumer's share of the rest of the epoch."""
+
+    plan: ConsumerPlan  # lengths are the remaining frames of each episode
+    frames: tuple[tuple[int, ...], ...]  # the remaining frame indices of each episode, ascending
+
+
+def emitted_frames(
+    shards: Sequence[ShardSpec],
+    *,
+    seed: int,
+    epoch: int,
+    options: PlanOptions,
+    pool_size: int,
+    origin: Origin,
+    drop_last: bool,
+) -> dict[int, set[int]]:
+    """Episode -> frames the interrupted run emitted this epoch, by replaying its consumers."""
+    emitted: dict[int, set[int]] = {}
+    workers = max(1, origin.num_workers)
+    for rank in range(origin.world_size):
+        plans = [
+            plan_consumer(
+                shards, seed=seed, epoch=epoch, consumer=Consumer(rank, origin.world_size, w, workers), options=options
+            )
+            for w in range(workers)
+        ]
+        counts = plans[0].rank_samples
+        for w, plan in enumerate(plans):
+            skip = samples_to_skip(origin.batches_consumed, origin.batch_size, counts, w, drop_last)
+            sampler = PoolSampler(
+                plan.lengths,
+                pool_size,
+                consumer_rng(seed, epoch, rank, w),
+                shuffle=options.shuffle,
+                num_samples=plan.num_samples,
+            )
+            for emission in itertools.islice(sampler, skip):
+                emitted.setdefault(plan.episodes[emission.position][1], set()).add(emission.frame)
+    return emitted
+
+
+def plan_elastic(
+    shards: Sequence[ShardSpec],
+    *,
+    seed: int,
+    epoch: int,
+    options: PlanOptions,
+    pool_size: int,
+    origin: Origin,
+    drop_last: bool,
+    consumer: Consumer,
+) -> ElasticPlan:
+    """``consumer``'s remaining episodes, frames and sample count for the rest of ``epoch``."""
+    emitted = emitted_frames(
+        shards, seed=seed, epoch=epoch, options=options, pool_size=pool_size, origin=origin, drop_last=drop_last
+    )
+    frames: dict[int, tuple[int, ...]] = {}
+    remaining: list[ShardSpec] = []
+    for s in shards:
+        kept = []
+        for e, n in zip(s.episodes, s.lengths):
+            done = emitted.get(e, set())
+            frames[e] = tuple(f for f in range(n) if f not in done)
+            if frames[e]:
+                kept.append((e, len(frames[e])))
+        if kept:
+            remaining.append(ShardSpec(s.index, tuple(e for e, _ in kept), tuple(n for _, n in kept)))
+    units = split_shards(remaining, consumer.count, seed=seed, epoch=epoch, shuffle=options.shuffle)
+    loads = [sum(s.frames for s in mine) for mine in units]
+    counts = [sum(loads) // len(loads)] * len(loads) if options.equal_samples_per_rank else loads
+    if options.equal_samples_per_rank and counts[0] and not all(loads):
+        raise ValueError(
+            f"elastic resume in equal-count mode needs remaining frames on every consumer, but only "
+            f"{sum(1 for n in loads if n)} of {len(loads)} have some; resume with fewer ranks or workers"
+        )
+    mine = units[consumer.index]
+    first = consumer.rank * consumer.num_workers
+    plan = ConsumerPlan(
+        consumer=consumer,
+        episodes=tuple((s.index, e) for s in mine for e in s.episodes),
+        lengths=tuple(n for s in mine for n in s.lengths),
+        num_samples=counts[consumer.index],
+        rank_samples=tuple(counts[first : first + consumer.num_workers]),
+        warnings=(),
+    )
+    return ElasticPlan(plan, tuple(frames[e] for _, e in plan.episodes))
+
+
+def elastic_rng_key(seed: int, epoch: int, rank: int, worker: int) -> tuple[int, ...]:
+    """The key of a resumed consumer's generator: apart from every full-epoch consumer's."""
+    return (ELASTIC_STREAM, seed, epoch, rank, worker)
+
+
+class SubsetSampler(Iterator[Emission]):
+    """A ``PoolSampler`` over each episode's remaining frames, emitting their real frame indices."""
+
+    def __init__(self, elastic: ElasticPlan, pool_size: int, *, seed: int, epoch: int, shuffle: bool) -> None:
+        plan = elastic.plan
+        rng = keyed_rng(*elastic_rng_key(seed, epoch, plan.consumer.rank, plan.consumer.worker))
+        self._inner = PoolSampler(plan.lengths, pool_size, rng, shuffle=shuffle, num_samples=plan.num_samples)
+        self._frames = elastic.frames
+        self.num_samples = self._inner.num_samples
+
+    def admission_order(self) -> Iterator[tuple[int, int]]:
+        """As ``PoolSampler.admission_order``."""
+        return self._inner.admission_order()
+
+    def skip(self, n: int) -> None:
+        """As ``PoolSampler.skip``."""
+        self._inner.skip(n)
+
+    def __iter__(self) -> SubsetSampler:
+        return self
+
+    def __next__(self) -> Emission:
+        e = next(self._inner)
+        return Emission(e.position, self._frames[e.position][e.frame], e.last)

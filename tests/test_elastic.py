@@ -1,0 +1,149 @@
+"""Elastic resume: an epoch interrupted under one (ranks x workers) layout finishes under another.
+
+Real DataLoader worker processes on a synthetic dataset; the tables-only tests leave the camera
+out (no video), the end-to-end one reads every frame's identity back from its pixels.
+"""
+
+from __future__ import annotations
+
+import collections
+from pathlib import Path
+
+import pytest
+from torch.utils.data import DataLoader
+
+from lerobot_shards.loader import EpisodePoolDataset
+from lerobot_shards.loader.elastic import Origin, plan_elastic
+from lerobot_shards.loader.partition import Consumer, PlanOptions, ShardSpec
+from lerobot_shards.synth import read_identity, synth_dataset
+
+pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create 3 worker processes")
+
+CAM = "observation.images.front"
+BATCH = 3
+
+
+@pytest.fixture(scope="module")
+def raw(tmp_path_factory) -> Path:
+    """6 episodes in 3 virtual shards, one camera with identity painted."""
+    return synth_dataset(
+        tmp_path_factory.mktemp("elastic") / "ds",
+        num_episodes=6,
+        cameras=(CAM,),
+        length_range=(8, 20),
+        episodes_per_video_file=3,
+        episodes_per_data_file=3,
+        seed=5,
+    )
+
+
+def _dataset(root: Path, rank: int, world_size: int, **kwargs) -> EpisodePoolDataset:
+    kwargs.setdefault("cameras", [])
+    return EpisodePoolDataset(
+        str(root),
+        episodes_per_shard=2,
+        episode_pool_size=2,
+        seed=4,
+        rank=rank,
+        world_size=world_size,
+        equal_samples_per_rank=False,
+        **kwargs,
+    )
+
+
+def _batches(ds: EpisodePoolDataset, num_workers: int, check_pixels: bool = False) -> list[list[tuple[int, int]]]:
+    out = []
+    for batch in DataLoader(ds, batch_size=BATCH, num_workers=num_workers):
+        keys = list(zip(batch["episode_index"].tolist(), batch["frame_index"].tolist()))
+        if check_pixels:
+            assert [read_identity(image) for image in batch[CAM]] == keys
+        out.append(keys)
+    return out
+
+
+def _all_frames(root: Path) -> collections.Counter:
+    ds = _dataset(root, 0, 1)
+    return collections.Counter((e, f) for s in ds.shards for e, n in zip(s.episodes, s.lengths) for f in range(n))
+
+
+def _interrupted(root: Path, cut: int, **kwargs) -> tuple[collections.Counter, dict[str, int]]:
+    """Frames a (2 ranks x 2 workers) run emitted in its first ``cut`` batches per rank, and its state."""
+    seen: collections.Counter = collections.Counter()
+    for rank in range(2):
+        ds = _dataset(root, rank, 2, **kwargs)
+        batches = _batches(ds, 2)
+        assert cut < len(batches)  # interrupted mid-epoch
+        for batch in batches[:cut]:
+            seen.update(batch)
+        state = ds.state_dict(batches_consumed=cut, batch_size=BATCH)
+    return seen, state
+
+
+def _resumed(root: Path, state: dict[str, int], world_size: int, num_workers: int, **kwargs) -> list:
+    """Every rank's batches of the resumed epoch under the new layout."""
+    out = []
+    for rank in range(world_size):
+        ds = _dataset(root, rank, world_size, **kwargs)
+        ds.load_state_dict(state)
+        out.append(_batches(ds, num_workers, check_pixels=CAM in kwargs.get("cameras", [])))
+    return out
+
+
+@pytest.mark.parametrize("layout", [(1, 3), (3, 1)])
+@pytest.mark.parametrize("cut", [1, 4, 8])
+def test_elastic_resume_covers_the_epoch_exactly_once(raw: Path, layout: tuple[int, int], cut: int) -> None:
+    before, state = _interrupted(raw, cut)
+    after = collections.Counter(k for rank in _resumed(raw, state, *layout) for b in rank for k in b)
+    assert before + after == _all_frames(raw)  # nothing lost, nothing twice
+    assert all(n == 1 for n in (before + after).values())
+
+
+def test_elastic_resume_is_deterministic(raw: Path) -> None:
+    _, state = _interrupted(raw, 3)
+    assert _resumed(raw, state, 1, 3) == _resumed(raw, state, 1, 3)
+
+
+def test_elastic_resume_end_to_end_reads_the_right_pixels(raw: Path) -> None:
+    before, state = _interrupted(raw, 4)
+    after = collections.Counter(k for rank in _resumed(raw, state, 3, 1, cameras=[CAM]) for b in rank for k in b)
+    assert before + after == _all_frames(raw)
+
+
+def test_second_resume_inside_an_elastic_epoch(raw: Path) -> None:
+    """A state saved in an elastic epoch resumes under that run's layout, and refuses any other."""
+    before, state = _interrupted(raw, 3)
+    ds = _dataset(raw, 0, 1)
+    ds.load_state_dict(state)
+    elastic = _batches(ds, 3)
+    state2 = ds.state_dict(batches_consumed=state["batches_consumed"] + 4, batch_size=BATCH)
+    assert state2["elastic_world_size"] == 2 and state2["elastic_num_workers"] == 2
+    again = _dataset(raw, 0, 1)
+    again.load_state_dict(state2)
+    assert _batches(again, 3) == elastic[4:]
+    assert before + collections.Counter(k for b in elastic for k in b) == _all_frames(raw)
+    other = _dataset(raw, 0, 1)
+    other.load_state_dict(state2)
+    with pytest.raises(Exception, match=r"resume this epoch with the saving run's layout"):
+        _batches(other, 2)
+
+
+def test_equal_mode_gives_every_new_consumer_the_same_count() -> None:
+    shards = [ShardSpec(i, (2 * i, 2 * i + 1), (7 + i, 11 - i)) for i in range(4)]
+    options = PlanOptions(equal_samples_per_rank=True)
+    origin = Origin(world_size=2, num_workers=2, batches_consumed=3, batch_size=2)
+    plans = [
+        plan_elastic(
+            shards,
+            seed=1,
+            epoch=0,
+            options=options,
+            pool_size=2,
+            origin=origin,
+            drop_last=False,
+            consumer=Consumer(rank, 3, 0, 1),
+        ).plan
+        for rank in range(3)
+    ]
+    remaining = 4 * 18 - 2 * 3 * 2  # each of the 2 old ranks consumed 3 batches of 2
+    assert [p.num_samples for p in plans] == [remaining // 3] * 3
+    assert sum(sum(p.lengths) for p in plans) == remaining
