@@ -14,7 +14,7 @@ import os
 import time
 import warnings
 from collections import deque
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any
 
@@ -24,6 +24,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from ..lerobot_v3 import IMAGE_DTYPE
 from ..resize import DEFAULT_MODE, resized_features
+from .cache import default_cache_bytes
 from .control import ResumeState, SharedControl
 from .decode import DecodePool, DecoderCache, check_cuda_backend, decode_image, decode_sizes
 from .device import rank_device
@@ -63,7 +64,10 @@ class EpisodePoolDataset(IterableDataset):
         episodes: subset of episode indices (default all).
         tolerance_s: tolerance for ``delta_timestamps`` (LeRobot's default 1e-4 s).
         rank, world_size: default from torch.distributed, else ``RANK``/``WORLD_SIZE``, else 0/1.
-        cache_dir: local directory where remote shards are downloaded whole and kept.
+        cache_dir: local directory where remote shards (and a raw dataset's mp4s) are downloaded
+            whole, shared by every worker and rank on the node (see ``loader.cache``).
+        cache_max_bytes: bound on the cache's size; default half of the free space of its
+            filesystem, at most 1 TiB (``cache.default_cache_bytes``). Unused files are evicted LRU.
         storage_options: fsspec options for remote sources (e.g. s3 endpoint and keys).
         equal_samples_per_rank: every consumer yields total_frames // consumers samples, so all
             ranks run the same number of batches and DDP never hangs at epoch end; a consumer
@@ -106,6 +110,7 @@ class EpisodePoolDataset(IterableDataset):
         rank: int | None = None,
         world_size: int | None = None,
         cache_dir: str | None = None,
+        cache_max_bytes: int | None = None,
         storage_options: dict[str, Any] | None = None,
         equal_samples_per_rank: bool | None = None,
         drop_last: bool = False,
@@ -150,6 +155,9 @@ class EpisodePoolDataset(IterableDataset):
         self._open_kwargs: dict[str, Any] = dict(
             storage_options=storage_options,
             cache_dir=cache_dir,
+            cache_max_bytes=default_cache_bytes(cache_dir)
+            if cache_dir and cache_max_bytes is None
+            else cache_max_bytes,
             shard_bytes=shard_bytes,
             episodes_per_shard=episodes_per_shard,
             episodes=None if episodes is None else tuple(int(e) for e in episodes),
@@ -382,6 +390,8 @@ class EpisodePoolDataset(IterableDataset):
         pool: dict[tuple[int, int], ResidentEpisode | None] = {}  # None: skipped (on_error="skip")
         pending: deque[dict[str, Any]] = deque()  # samples whose frames are being decoded, in order
         lookahead = 2 * self.decode_threads
+        releases: deque[tuple[int, Callable[[], None]]] = deque()  # (samples queued before it, release)
+        queued = done = 0
         try:
             for emission in sampler:
                 key = (emitted // per_pass, emission.position)
@@ -402,17 +412,27 @@ class EpisodePoolDataset(IterableDataset):
                         del pool[key]
                     continue
                 pending.append(self._sample(episode, emission.frame, decoders))
+                queued += 1
                 if emission.last:
                     del pool[key]
                     stats.add("evictions", 1)
                     for clip in episode.clips.values():
                         if clip.data is not None:
                             decoders.drop(clip.cache_key)
+                    if episode.release is not None:  # its cached mp4s, once its queued samples are decoded
+                        releases.append((queued, episode.release))
                 stats.set("pool_occupancy", len(pool))
                 while len(pending) > lookahead:
                     yield self._emit(pending.popleft(), decoders, stats)
+                    done += 1
+                    while releases and releases[0][0] <= done:
+                        releases.popleft()[1]()
+                for name, value in source.io_stats().items():
+                    stats.set(name, value)
             while pending:
                 yield self._emit(pending.popleft(), decoders, stats)
+            for name, value in source.io_stats().items():
+                stats.set(name, value)
         finally:
             reader.close()
             source.close()

@@ -8,12 +8,12 @@ as numpy arrays, video still encoded.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import io
 import logging
 import os
 import posixpath
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -25,9 +25,10 @@ import pyarrow.parquet as pq
 
 from .. import format as fmt
 from ..lerobot_v3 import IMAGE_DTYPE, VIDEO_DTYPE, LeRobotV3Source, SourceError, protocols
-from ..names import check_name, confined_join
+from ..names import check_name
 from ..shard_plan import plan_shards
-from .integrity import IntegrityError, check_episode_bytes, download_verified, sha256_file
+from .cache import CachedFile, IOCounters, LocalFile, Reader, RemoteFile, RemoteIO, close_when_open, ranged
+from .integrity import IntegrityError, check_episode_bytes
 from .partition import ShardSpec
 from .remote import reading
 
@@ -55,6 +56,7 @@ class ResidentEpisode:
     columns: dict[str, np.ndarray]  # per tabular/image feature, first axis = frame
     clips: dict[str, ClipRef]  # per camera
     nbytes: int  # bytes read to load it
+    release: Callable[[], None] | None = None  # call when it leaves the pool (frees its cached mp4s)
 
 
 @dataclass
@@ -115,6 +117,10 @@ class EpisodeSource(Protocol):
         """Hint that ``shard`` is read next: start fetching it in the background (may do nothing)."""
         ...
 
+    def io_stats(self) -> dict[str, int]:
+        """Bytes fetched from storage and cache hits/misses/evictions so far (``cache.COUNTERS``)."""
+        ...
+
     def close(self) -> None:
         """Release files and background work; the source is not used afterwards."""
         ...
@@ -125,6 +131,7 @@ def open_source(
     *,
     storage_options: dict[str, Any] | None = None,
     cache_dir: str | None = None,
+    cache_max_bytes: int | None = None,
     shard_bytes: int | None = None,
     episodes_per_shard: int | None = None,
     episodes: Sequence[int] | None = None,
@@ -134,13 +141,16 @@ def open_source(
     ``episodes``: the subset that will be read; a raw dataset then needs only their files.
     """
     with reading(str(url)):
-        return _open_source(str(url), storage_options, cache_dir, shard_bytes, episodes_per_shard, episodes)
+        return _open_source(
+            str(url), storage_options, cache_dir, cache_max_bytes, shard_bytes, episodes_per_shard, episodes
+        )
 
 
 def _open_source(
     url: str,
     storage_options: dict[str, Any] | None,
     cache_dir: str | None,
+    cache_max_bytes: int | None,
     shard_bytes: int | None,
     episodes_per_shard: int | None,
     episodes: Sequence[int] | None,
@@ -151,11 +161,15 @@ def _open_source(
         path = posixpath.dirname(path)
         url = str(url).rstrip("/")[: -len(fmt.MANIFEST_NAME)].rstrip("/")
     if fs.exists(posixpath.join(path, fmt.MANIFEST_NAME)):
-        return ShardSource(str(url), storage_options=storage_options, cache_dir=cache_dir)
+        return ShardSource(
+            str(url), storage_options=storage_options, cache_dir=cache_dir, cache_max_bytes=cache_max_bytes
+        )
     if fs.exists(posixpath.join(path, "meta/info.json")):
         return RawSource(
             str(url),
             storage_options=storage_options,
+            cache_dir=cache_dir,
+            cache_max_bytes=cache_max_bytes,
             shard_bytes=shard_bytes,
             episodes_per_shard=episodes_per_shard,
             episodes=episodes,
@@ -168,11 +182,17 @@ def _open_source(
 class ShardSource:
     """A converted dataset: manifest, per-shard sidecars, episodes read by byte range."""
 
-    def __init__(self, url: str, *, storage_options: dict[str, Any] | None = None, cache_dir: str | None = None):
+    def __init__(
+        self,
+        url: str,
+        *,
+        storage_options: dict[str, Any] | None = None,
+        cache_dir: str | None = None,
+        cache_max_bytes: int | None = None,
+    ):
         self.url = url.rstrip("/")
         self.fs, self.root = fsspec.core.url_to_fs(self.url, **(storage_options or {}))
         self.root = self.root.rstrip("/")
-        self.cache_dir = cache_dir
         where = posixpath.join(self.url, fmt.MANIFEST_NAME)
         with self.fs.open(posixpath.join(self.root, fmt.MANIFEST_NAME), "rb") as f:
             self.manifest = fmt.Manifest.from_json(f.read(), where=where)
@@ -181,9 +201,13 @@ class ShardSource:
         self._by_name = {s.name: s for s in m.shards}
         self._sidecars: dict[int, fmt.Sidecar] = {}
         self._entries: dict[int, tuple[int, fmt.EpisodeEntry]] = {}  # episode -> (shard, entry)
-        self._open: tuple[int, Any] | None = None  # (shard index, file object)
-        self._downloads: dict[str, Future[str]] = {}
-        self._downloader: ThreadPoolExecutor | None = None  # started by the first download
+        self.counters = IOCounters()
+        remote = "file" not in protocols(self.fs)
+        self.remote = RemoteIO(self.url, cache_dir, cache_max_bytes, self.counters) if remote else None
+        self._readers: dict[int, Future[Reader]] = {}  # the shard being read and the prefetched next one
+        self._current: int | None = None
+        self._next: int | None = None
+        self._opening: ThreadPoolExecutor | None = None
         self.info = SourceInfo(
             fps=m.fps,
             features=m.features,
@@ -218,88 +242,84 @@ class ShardSource:
         lengths = {e.episode_index: e.length for e in self.sidecar(rec.index).episodes}  # an older manifest
         return tuple(lengths[e] for e in rec.episodes)
 
-    def _local_copy(self, name: str) -> str | None:
-        """Path of a shard in the cache dir (downloaded whole, atomically), or None without one."""
-        if self.cache_dir is None or "file" in protocols(self.fs):
-            return None
-        self._start_download(name)
-        return self._downloads[name].result()
+    def _open_reader(self, shard: int) -> Reader:
+        """The shard's bytes: the local file, the node cache (downloading it), or ranged reads."""
+        rec = self._records[shard]
+        path = self._shard_path(rec.name)
+        if self.remote is None:
+            return LocalFile(path)
+        fetch = ranged(self.fs, path)
+        where = f"{self.url}/{fmt.SHARDS_DIR}/{rec.name}"
+        if self.remote.cache is not None:
+            cached = self.remote.cache.acquire(
+                fetch,
+                f"{self.remote.prefix}/{rec.name}",
+                rec.bytes,
+                rec.sha256,
+                where,
+                rehash=self.manifest.format_version < 2,
+            )
+            if cached is not None:
+                return cached
+        reader = RemoteFile(fetch, rec.bytes, self.remote.pool, self.remote.counters)
+        reader.start()
+        return reader
 
-    def _start_download(self, name: str) -> None:
-        if name not in self._downloads:
-            if self._downloader is None:
-                self._downloader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shard-prefetch")
-            self._downloads[name] = self._downloader.submit(self._download, name)
+    def _reader(self, shard: int) -> Reader:
+        self._open_async(shard)
+        if self._next is not None:  # queued after the current shard: its chunks are fetched first
+            self._open_async(self._next)
+        if shard != self._current:  # left a shard: release every other one but the prefetched next
+            self._current = shard
+            for other in [k for k in self._readers if k not in (shard, self._next)]:
+                close_when_open(self._readers.pop(other))
+        return self._readers[shard].result()
 
-    def _cache_path(self, name: str) -> str:
-        if self.cache_dir is None:
-            raise RuntimeError(f"{self.url}: shard download without a cache_dir")
-        sub = hashlib.sha1(self.url.encode()).hexdigest()[:16]
-        return confined_join(os.path.join(self.cache_dir, sub), name, f"{self.url}: shard name")
+    def _opener(self) -> ThreadPoolExecutor:
+        if self._opening is None:  # acquiring may wait for another process's download: off the reader thread
+            self._opening = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shard-prefetch-open")
+        return self._opening
 
-    def _download(self, name: str) -> str:
-        """The verified local copy of shard ``name``: downloaded (and checked against the manifest's
-        size and sha256, twice at most) unless a copy of the right size is there. Format 1 shards,
-        whose episodes cannot be checked one by one, are re-hashed when a source first uses them."""
-        dst = self._cache_path(name)
-        rec = self._by_name[name]
-        where = f"{self.url}/{fmt.SHARDS_DIR}/{name}"
-        if os.path.exists(dst):
-            if os.path.getsize(dst) == rec.bytes and (
-                self.manifest.format_version >= 2 or sha256_file(dst) == rec.sha256
-            ):
-                return dst
-            log.warning("%s: cached copy %s is damaged; downloading it again", where, dst)
-            os.remove(dst)
-        os.makedirs(os.path.dirname(dst), exist_ok=True)
-        try:
-            download_verified(self.fs, self._shard_path(name), dst, size=rec.bytes, sha256=rec.sha256, where=where)
-        except IntegrityError as e:
-            log.warning("%s; downloading it again", e)
-            download_verified(self.fs, self._shard_path(name), dst, size=rec.bytes, sha256=rec.sha256, where=where)
-        return dst
+    def _open_async(self, shard: int) -> None:
+        if shard not in self._readers:
+            self._readers[shard] = self._opener().submit(self._open_reader, shard)
 
     def prefetch(self, shard: int) -> None:
-        """Start downloading a shard into the cache dir in the background (no-op without one)."""
-        if self.cache_dir is not None and "file" not in protocols(self.fs):
-            self._start_download(self._records[shard].name)
+        """Read ``shard`` in the background (its download into the cache, or its first chunks) once
+        the shard being read has been requested: the reader asks for the next shard first."""
+        self._next = shard
+        if self._current is not None:
+            self._open_async(shard)
 
-    def _file(self, shard: int) -> Any:
-        if self._open is None or self._open[0] != shard:
-            self._close_file()
-            name = self._records[shard].name
-            local = self._local_copy(name)
-            f = open(local, "rb") if local else self.fs.open(self._shard_path(name), "rb", block_size=8 << 20)
-            self._open = (shard, f)
-        return self._open[1]
-
-    def _close_file(self) -> None:
-        if self._open is not None:
-            self._open[1].close()
-            self._open = None
+    def io_stats(self) -> dict[str, int]:
+        return self.counters.snapshot()
 
     def close(self) -> None:
-        """Close the open shard and stop the downloader: queued downloads are cancelled, one in
-        flight finishes in the background (it lands atomically in the cache dir)."""
-        self._close_file()
-        if self._downloader is not None:
-            self._downloader.shutdown(wait=False, cancel_futures=True)
-            self._downloader = None
+        """Release every shard (unfinished downloads are abandoned) and stop the background threads."""
+        for fut in self._readers.values():
+            close_when_open(fut)
+        self._readers.clear()
+        if self._opening is not None:
+            self._opening.shutdown(wait=False, cancel_futures=True)
+            self._opening = None
+        if self.remote is not None:
+            self.remote.close()
 
     def _drop(self, shard: int) -> None:
-        """Forget what was read of ``shard``: the open file and, when cached, the local copy."""
-        self._close_file()
-        name = self._records[shard].name
-        if self._downloads.pop(name, None) is not None:
+        """Forget what was read of ``shard``: its reader and, when cached, the local copy (fetched again)."""
+        opening = self._readers.pop(shard, None)
+        if opening is None:
+            return
+        reader = opening.result()
+        if isinstance(reader, CachedFile):
             with contextlib.suppress(FileNotFoundError):
-                os.remove(self._cache_path(name))
+                os.remove(reader.path)
+        reader.close()
 
     def _read_span(self, shard: int, entry: fmt.EpisodeEntry, where: str) -> bytes:
         """The episode's bytes, checked against the sidecar's member checksums."""
         start, end = entry.span()
-        f = self._file(shard)
-        f.seek(start)
-        blob = f.read(end - start)
+        blob = self._reader(shard).read(start, end)
         if len(blob) != end - start:
             raise IntegrityError(f"{where}: shard is truncated (wanted bytes {start}..{end}, got {len(blob)})")
         check_episode_bytes(entry, blob, start, where)
@@ -351,13 +371,21 @@ class ShardSource:
 
 
 class RawSource:
-    """A raw LeRobot v3.0 dataset read in place, split into the converter's plan as virtual shards."""
+    """A raw LeRobot v3.0 dataset read in place, split into the converter's plan as virtual shards.
+
+    From object storage with a ``cache_dir`` (prefetch-on-admit): the mp4 files of the next
+    virtual shard are downloaded into the node cache in the background, and an episode's files
+    are held (reference-counted: v3 packs several episodes per file) until it leaves the pool, so
+    decoders read local bytes. Released files stay in the cache, unpinned, until evicted LRU.
+    """
 
     def __init__(
         self,
         url: str,
         *,
         storage_options: dict[str, Any] | None = None,
+        cache_dir: str | None = None,
+        cache_max_bytes: int | None = None,
         shard_bytes: int | None = None,
         episodes_per_shard: int | None = None,
         episodes: Sequence[int] | None = None,
@@ -382,22 +410,109 @@ class RawSource:
             ],
             stats=self.src.stats,
         )
+        self.counters = IOCounters()
+        self.remote = None
+        if cache_dir is not None and "file" not in protocols(self.src.fs):
+            self.remote = RemoteIO(self.url, cache_dir, cache_max_bytes, self.counters)
+        self._files: dict[str, Future[CachedFile | None]] = {}  # mp4s downloading or held
+        self._refs: dict[str, int] = {}  # resident episodes per held mp4
+        self._lock = threading.Lock()  # episodes are released by the training thread
+        self._opening: ThreadPoolExecutor | None = None
+        self._next: int | None = None  # the virtual shard to prefetch after the next read
+
+    def io_stats(self) -> dict[str, int]:
+        return self.counters.snapshot()
 
     def close(self) -> None:
-        """Nothing to release: data files are opened per read, videos by the decoders."""
+        """Release every held mp4 (an unfinished download is abandoned) and stop the downloads."""
+        with self._lock:
+            for fut in self._files.values():
+                close_when_open(fut)
+            self._files.clear()
+        if self._opening is not None:
+            self._opening.shutdown(wait=False, cancel_futures=True)
+        if self.remote is not None:
+            self.remote.close()
+
+    def _video_files(self, episode_index: int) -> list[str]:
+        return [v.path for v in self.src.episode(episode_index).videos.values()]
+
+    def _hold(self, rel: str) -> Future[CachedFile | None]:
+        """Start (or join) the download of one mp4 into the cache; caller holds ``_lock``."""
+        if rel not in self._files:
+            if self._opening is None:
+                self._opening = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shard-prefetch-open")
+            self._files[rel] = self._opening.submit(self._acquire, rel)
+            self._refs.setdefault(rel, 0)
+        return self._files[rel]
+
+    def _acquire(self, rel: str) -> CachedFile | None:
+        assert self.remote is not None and self.remote.cache is not None
+        fetch = ranged(self.src.fs, posixpath.join(self.src.root, rel))
+        where = f"{self.url}/{rel}"
+        return self.remote.cache.acquire(fetch, f"{self.remote.prefix}/{rel}", self.src.file_size(rel), None, where)
 
     def prefetch(self, shard: int) -> None:
-        """No read-ahead: the source's files are read in place."""
+        """Download the mp4s of the virtual shard ``shard`` in the background, queued after those of
+        the episode read next (the reader asks for the next shard first); nothing without a cache."""
+        self._next = shard
+
+    def _start_prefetch(self) -> None:
+        if self._next is None:
+            return
+        spec = next(s for s in self.info.shards if s.index == self._next)
+        self._next = None
+        with self._lock:
+            for e in spec.episodes:
+                for rel in self._video_files(e):
+                    self._hold(rel)
+
+    def _release(self, files: list[str]) -> None:
+        with self._lock:
+            for rel in files:
+                self._refs[rel] -= 1
+                if self._refs[rel] == 0 and rel in self._files:
+                    del self._refs[rel]
+                    close_when_open(self._files.pop(rel))
+
+    def _local_videos(self, episode_index: int) -> dict[str, str]:
+        """The episode's mp4s in the cache (waiting for their downloads), counted as held; {} if none."""
+        if self.remote is None:
+            return {}
+        files = self._video_files(episode_index)
+        with self._lock:
+            opening = [self._hold(rel) for rel in files]
+            for rel in files:
+                self._refs[rel] += 1
+        self._start_prefetch()
+        local = {}
+        for rel, fut in zip(files, opening):
+            cached = fut.result()
+            if cached is not None:  # does not fit in the cache: decoded from storage
+                local[rel] = cached.wait()
+        return local
 
     def read_episode(self, shard: int, episode_index: int) -> ResidentEpisode:
-        """The episode's rows from its data file; clips point into the source mp4s."""
+        """The episode's rows from its data file; clips point into the source mp4s (cached if possible)."""
         ep = self.src.episode(episode_index)
+        local = self._local_videos(episode_index)
         table = self.src.read_episode_table(ep)
         where = f"{self.url}/{ep.data_path}: episode {episode_index}"
         columns = table_to_columns(table, self.info.features, where)
         clips = {}
         for cam, v in ep.videos.items():
             url = self.src.local_path(v.path) or posixpath.join(self.url, v.path)
-            clips[cam] = ClipRef(url, None, url, v.first_frame(self.src.fps), None, f"{where} camera {cam} ({v.path})")
+            clips[cam] = ClipRef(
+                url,
+                None,
+                local.get(v.path, url),
+                v.first_frame(self.src.fps),
+                None,
+                f"{where} camera {cam} ({v.path})",
+            )
         nbytes = int(table.nbytes)
-        return ResidentEpisode(episode_index, ep.length, columns, clips, nbytes)
+        release = None
+        if self.remote is not None:
+            files = self._video_files(episode_index)
+            release = lambda: self._release(files)  # noqa: E731
+        return ResidentEpisode(episode_index, ep.length, columns, clips, nbytes, release)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import multiprocessing
 from typing import Any
 
+from .cache import COUNTERS
+
 MAX_WORKERS = 64  # stats rows per process tree
 STAT_FIELDS = (
     "frames_emitted",
@@ -27,6 +29,7 @@ STAT_FIELDS = (
     "wait_seconds",
     "episodes_skipped",  # on_error="skip": episodes whose bytes were bad, and their samples dropped
     "samples_skipped",
+    *COUNTERS,  # storage bytes and cache outcomes (loader.cache)
 )
 
 
@@ -50,7 +53,7 @@ class SharedStats:
             values = dict(zip(STAT_FIELDS, self._array[w * n : (w + 1) * n]))
             if any(values.values()):
                 per_worker.append({"worker": w, **values})
-        total = {f: sum(w[f] for w in per_worker) for f in STAT_FIELDS}
+        total = {f: (max if f.endswith("_peak") else sum)((w[f] for w in per_worker), default=0) for f in STAT_FIELDS}
         return {"workers": per_worker, "total": total}
 
 

@@ -1,0 +1,502 @@
+"""A node-wide, bounded cache of remote files (converted shards, raw mp4s), and the remote reads behind it.
+
+Every DataLoader worker of every rank on a node may point at the same ``cache_dir``; nothing but
+the directory is shared, so the rules are kept with file locks (``flock``), which the kernel drops
+when a process dies:
+
+- Downloaded once per node: one downloader holds the entry's lock (``.locks/``) while it
+  downloads; another consumer of the same file waits on that lock, then finds the file.
+- Never evicted while in use: each consumer holds a shared lock on the file's descriptor for as
+  long as it uses the file; eviction takes an exclusive lock without blocking and leaves the file
+  alone when that fails.
+- Bounded: space is reserved under one global lock (``.cache.lock``) by creating the download's
+  temporary file at its full size, so the sum of file sizes in the directory (downloads in flight
+  included) never exceeds ``max_bytes``. Unused files are evicted least-recently-used (access time,
+  set on every use). A file that does not fit even after evicting every unused file is not cached:
+  the caller reads it from storage instead.
+- Verified: a download is checked against its expected size and sha256 before it gets its final
+  name; a cached file of the wrong size (truncated, replaced) is deleted and fetched again.
+
+Downloads are large ranged requests (``CHUNK_BYTES``) issued in order by a thread pool, and a reader
+can read any byte range as soon as the chunks covering it have landed: the first episode of a
+shard does not wait for the whole shard.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from ..format import TMP_SUFFIX
+from ..names import check_relpath
+
+CHUNK_BYTES = 8 << 20  # one ranged request: large enough to amortise a request's latency
+READ_AHEAD_CHUNKS = 4  # without a cache: chunks requested ahead of the reader
+FETCH_THREADS = 4  # ranged requests in flight per consumer
+DEFAULT_CACHE_FRACTION = 0.5  # of the cache filesystem's free space (plus what the cache holds)
+DEFAULT_CACHE_CAP = 1 << 40  # 1 TiB
+LOCKS_DIR = ".locks"
+GLOBAL_LOCK = ".cache.lock"
+COUNTERS = ("storage_bytes", "cache_hits", "cache_misses", "cache_evictions", "cache_bytes_peak")
+
+
+def default_cache_bytes(cache_dir: str) -> int:
+    """The cap used when only ``cache_dir`` is given: half of the space the cache could use (its
+    filesystem's free space plus what it already holds), at most ``DEFAULT_CACHE_CAP``. Half,
+    because the node's other jobs and checkpoints need the disk too."""
+    os.makedirs(cache_dir, exist_ok=True)
+    free = shutil.disk_usage(cache_dir).free
+    held = sum(e.size for e in scan(cache_dir, probe=False))
+    return int(min(DEFAULT_CACHE_CAP, DEFAULT_CACHE_FRACTION * (free + held)))
+
+
+class IOCounters:
+    """Bytes fetched from storage and cache outcomes of one source (read by ``stats()``); thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._values = dict.fromkeys(COUNTERS, 0)
+
+    def add(self, field: str, n: int) -> None:
+        with self._lock:
+            self._values[field] += n
+
+    def peak(self, field: str, n: int) -> None:
+        with self._lock:
+            self._values[field] = max(self._values[field], n)
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._values)
+
+
+# -- eviction (pure) ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CacheEntry:
+    """A file in the cache directory as eviction sees it."""
+
+    path: str
+    size: int
+    last_used: float  # access time
+    in_use: bool  # some consumer holds its shared lock
+
+
+def plan_evictions(entries: list[CacheEntry], need: int, max_bytes: int) -> list[str] | None:
+    """Paths to delete, least recently used first, so that ``need`` more bytes fit in ``max_bytes``;
+    None when they cannot fit without evicting a file in use (or ``need`` alone is too large)."""
+    used = sum(e.size for e in entries)
+    evict: list[str] = []
+    for e in sorted((e for e in entries if not e.in_use), key=lambda e: (e.last_used, e.path)):
+        if used + need <= max_bytes:
+            break
+        evict.append(e.path)
+        used -= e.size
+    return evict if used + need <= max_bytes else None
+
+
+# -- locks and the directory ------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _locked(path: str) -> Iterator[None]:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _in_use(path: str) -> bool:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+
+
+def scan(root: str, *, probe: bool = True) -> list[CacheEntry]:
+    """Every cached or downloading file under ``root`` (lock files excluded)."""
+    out = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        if dirpath == root:
+            dirnames[:] = [d for d in dirnames if d != LOCKS_DIR]
+            filenames = [f for f in filenames if f != GLOBAL_LOCK]
+        for name in filenames:
+            path = os.path.join(dirpath, name)
+            try:
+                st = os.stat(path)
+            except FileNotFoundError:
+                continue
+            out.append(CacheEntry(path, st.st_size, st.st_atime, probe and _in_use(path)))
+    return out
+
+
+def _evict(path: str) -> bool:
+    """Delete ``path`` unless someone uses it (holding its exclusive lock while unlinking)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return False
+    os.unlink(path)
+    os.close(fd)
+    return True
+
+
+def _lease(path: str, size: int, sha256: str | None = None) -> int | None:
+    """A descriptor of ``path`` holding its shared lock, if it exists with ``size`` bytes (and
+    ``sha256`` when given); touches it."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    fcntl.flock(fd, fcntl.LOCK_SH)
+    st = os.fstat(fd)
+    try:
+        same = os.stat(path).st_ino == st.st_ino  # not evicted between open and lock
+    except FileNotFoundError:
+        same = False
+    if not same or st.st_size != size or (sha256 is not None and _sha256(path) != sha256):
+        os.close(fd)
+        return None
+    with contextlib.suppress(PermissionError):  # another user's file: its owner's uses order it
+        os.utime(path, ns=(time.time_ns(), st.st_mtime_ns))  # last use, for LRU
+    return fd
+
+
+# -- readers ------------------------------------------------------------------------------------------
+
+
+def _chunks(start: int, end: int, chunk: int) -> range:
+    return range(start // chunk, (max(end, start + 1) - 1) // chunk + 1)
+
+
+class CachedFile:
+    """A cache entry in use: readable by byte range while its download proceeds; ``close`` releases it."""
+
+    def __init__(self, fd: int, path: str, size: int, chunk: int = CHUNK_BYTES) -> None:
+        self.path = path  # the final path (valid once ``wait`` returned)
+        self.size = size
+        self._fd = fd
+        self._chunk = chunk
+        self._lock = threading.Lock()
+        self._closed = False
+        self._parts: list[Future[None]] = []
+        self.done: Future[str] = Future()
+
+    def read(self, start: int, end: int) -> bytes:
+        """Bytes [start, end), waiting only for the chunks that hold them."""
+        for i in _chunks(start, min(end, self.size), self._chunk):
+            if i < len(self._parts):
+                self._parts[i].result()
+        with self._lock:
+            if self._closed:
+                raise ValueError(f"{self.path}: read after close")
+            return os.pread(self._fd, end - start, start)
+
+    def wait(self) -> str:
+        """The local path once the whole file has landed and was verified (raises on a failed download)."""
+        return self.done.result()
+
+    def close(self) -> None:
+        """Release the file (it becomes evictable); an unfinished download is abandoned and deleted."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            for part in self._parts:
+                part.cancel()
+            os.close(self._fd)
+
+    def _write(self, offset: int, data: bytes) -> None:
+        with self._lock:
+            if self._closed:
+                raise CancelledError
+            os.pwrite(self._fd, data, offset)
+
+
+class FileCache:
+    """The cache directory as one consumer uses it; see the module docstring for the rules.
+
+    Args:
+        root: the cache directory (shared by every consumer on the node).
+        max_bytes: bound on the sum of file sizes under ``root``.
+        pool: threads that issue the ranged requests (the consumer's).
+        counters: where bytes fetched and hits/misses/evictions are counted.
+    """
+
+    def __init__(
+        self, root: str, max_bytes: int, pool: ThreadPoolExecutor, counters: IOCounters, chunk: int = CHUNK_BYTES
+    ) -> None:
+        self.root = root
+        self.max_bytes = int(max_bytes)
+        self.pool = pool
+        self.counters = counters
+        self.chunk = chunk
+        os.makedirs(os.path.join(root, LOCKS_DIR), exist_ok=True)
+
+    def acquire(
+        self,
+        fetch: Callable[[int, int], bytes],
+        rel: str,
+        size: int,
+        sha256: str | None,
+        where: str,
+        *,
+        rehash: bool = False,
+    ) -> CachedFile | None:
+        """The cached file ``rel`` (downloading it with ``fetch(start, end)`` if absent), or None
+        when it cannot fit; the caller then reads from storage. ``where`` names it in errors.
+        ``rehash``: check a cached copy's sha256 too (files whose parts carry no checksums)."""
+        final = os.path.join(self.root, *check_relpath(rel, f"{where}: cache path").split("/"))
+        check = sha256 if rehash else None
+        fd = _lease(final, size, check)
+        if fd is not None:
+            return self._hit(fd, final, size)
+        lock_path = os.path.join(self.root, LOCKS_DIR, hashlib.sha1(rel.encode()).hexdigest() + ".lock")
+        lock = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # another consumer downloading it: wait, then find it
+            fd = _lease(final, size, check)
+            if fd is not None:
+                os.close(lock)
+                return self._hit(fd, final, size)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(final)  # a copy of the wrong size (truncated or replaced): fetch it again
+            tmp = self._reserve(final, size)
+        except BaseException:
+            os.close(lock)
+            raise
+        if tmp is None:
+            os.close(lock)
+            return None
+        self.counters.add("cache_misses", 1)
+        return self._download(fetch, tmp, final, size, sha256, lock, where)
+
+    def _hit(self, fd: int, path: str, size: int) -> CachedFile:
+        self.counters.add("cache_hits", 1)
+        f = CachedFile(fd, path, size, self.chunk)
+        f.done.set_result(path)
+        return f
+
+    def _reserve(self, final: str, size: int) -> tuple[int, str] | None:
+        """Make room and create the temporary file at full size, under the global lock."""
+        with _locked(os.path.join(self.root, GLOBAL_LOCK)):
+            entries = scan(self.root)
+            plan = plan_evictions(entries, size, self.max_bytes)
+            if plan is None:
+                return None
+            for path in plan:
+                if not _evict(path):  # taken into use since the scan
+                    return None
+                self.counters.add("cache_evictions", 1)
+            os.makedirs(os.path.dirname(final), exist_ok=True)
+            tmp = f"{final}.{os.getpid()}.{threading.get_ident()}{TMP_SUFFIX}"
+            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            os.ftruncate(fd, size)
+            evicted = set(plan)
+            self.counters.peak("cache_bytes_peak", sum(e.size for e in entries if e.path not in evicted) + size)
+        return fd, tmp
+
+    def _download(
+        self,
+        fetch: Callable[[int, int], bytes],
+        reserved: tuple[int, str],
+        final: str,
+        size: int,
+        sha256: str | None,
+        lock: int,
+        where: str,
+    ) -> CachedFile:
+        fd, tmp = reserved
+        f = CachedFile(fd, final, size, self.chunk)
+        starts = list(range(0, size, self.chunk)) or [0]
+        remaining = [len(starts)]
+        guard = threading.Lock()
+
+        def part(start: int) -> None:
+            data = fetch(start, min(size, start + self.chunk))
+            self.counters.add("storage_bytes", len(data))
+            if len(data) != min(size, start + self.chunk) - start:
+                raise ValueError(f"{where}: storage returned {len(data)} bytes at offset {start} (size {size})")
+            f._write(start, data)
+
+        def finished(_: Future[None]) -> None:
+            with guard:
+                remaining[0] -= 1
+                if remaining[0]:
+                    return
+            try:
+                for p in f._parts:
+                    p.result()
+                _verify(tmp, size, sha256, where)
+                os.replace(tmp, final)
+                f.done.set_result(final)
+            except BaseException as e:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
+                f.done.set_exception(e)
+            finally:
+                os.close(lock)
+
+        f._parts = [self.pool.submit(part, s) for s in starts]
+        for p in f._parts:
+            p.add_done_callback(finished)
+        return f
+
+
+def _verify(path: str, size: int, sha256: str | None, where: str) -> None:
+    if os.path.getsize(path) != size:
+        raise ValueError(f"{where}: downloaded {os.path.getsize(path)} bytes, expected {size}")
+    if sha256 is None:
+        return
+    got = _sha256(path)
+    if got != sha256:
+        raise ValueError(f"{where}: sha256 {got} does not match the manifest's {sha256}")
+
+
+def _sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(CHUNK_BYTES), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+class RemoteFile:
+    """Without a cache: a remote file read in large ranged requests, in parallel, ahead of the reader.
+
+    Reads are served from ``CHUNK_BYTES`` chunks; each read requests the next ``ahead`` chunks in
+    the background and drops the chunks before it, so memory stays at a few chunks per file.
+    """
+
+    def __init__(
+        self,
+        fetch: Callable[[int, int], bytes],
+        size: int,
+        pool: ThreadPoolExecutor,
+        counters: IOCounters,
+        chunk: int = CHUNK_BYTES,
+        ahead: int = READ_AHEAD_CHUNKS,
+    ) -> None:
+        self._fetch = fetch
+        self.size = size
+        self._pool = pool
+        self._counters = counters
+        self._chunk = chunk
+        self._ahead = ahead
+        self._parts: dict[int, Future[bytes]] = {}
+        self._lock = threading.Lock()
+
+    def _part(self, i: int) -> bytes:
+        data = self._fetch(i * self._chunk, min(self.size, (i + 1) * self._chunk))
+        self._counters.add("storage_bytes", len(data))
+        return data
+
+    def _request(self, first: int, last: int) -> None:
+        with self._lock:
+            for i in range(first, min(last, -(-self.size // self._chunk))):
+                if i not in self._parts:
+                    self._parts[i] = self._pool.submit(self._part, i)
+
+    def start(self) -> None:
+        """Request the first chunks (the file is read next)."""
+        self._request(0, self._ahead)
+
+    def read(self, start: int, end: int) -> bytes:
+        """Bytes [start, end) (fewer if the file is shorter)."""
+        span = _chunks(start, min(end, self.size), self._chunk)
+        self._request(span.start, span.stop + self._ahead)
+        with self._lock:
+            for i in [i for i in self._parts if i < span.start]:
+                self._parts.pop(i).cancel()
+            parts = [self._parts.get(i) for i in span]
+        data = b"".join(p.result() for p in parts if p is not None)
+        offset = start - span.start * self._chunk
+        return data[offset : offset + end - start]
+
+    def close(self) -> None:
+        with self._lock:
+            for p in self._parts.values():
+                p.cancel()
+            self._parts.clear()
+
+
+class LocalFile:
+    """A file on local disk, read by byte range (the same interface as the remote readers)."""
+
+    def __init__(self, path: str) -> None:
+        self._fd = os.open(path, os.O_RDONLY)
+
+    def read(self, start: int, end: int) -> bytes:
+        return os.pread(self._fd, end - start, start)
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
+def ranged(fs: Any, path: str) -> Callable[[int, int], bytes]:
+    """``fetch(start, end)`` of one remote object: a single ranged request."""
+    return lambda start, end: fs.cat_file(path, start=start, end=end)
+
+
+class Reader(Protocol):
+    """A file read by byte range: ``LocalFile``, ``CachedFile`` or ``RemoteFile``."""
+
+    def read(self, start: int, end: int) -> bytes: ...
+
+    def close(self) -> None: ...
+
+
+def close_when_open(opening: Future[Any]) -> None:
+    """Close a reader that is being opened in the background, once it is (nothing if opening failed)."""
+
+    def close(f: Future[Any]) -> None:
+        if not f.cancelled() and f.exception() is None and f.result() is not None:
+            f.result().close()
+
+    opening.add_done_callback(close)
+
+
+class RemoteIO:
+    """One consumer's remote reading kit for one dataset: fetch threads, the node cache (if any), counters.
+
+    ``prefix`` is the dataset's directory in the cache (a hash of its URL), so two datasets never
+    share names while every consumer of the same dataset shares its files.
+    """
+
+    def __init__(self, url: str, cache_dir: str | None, cache_max_bytes: int | None, counters: IOCounters) -> None:
+        self.counters = counters
+        self.pool = ThreadPoolExecutor(max_workers=FETCH_THREADS, thread_name_prefix="shard-prefetch")
+        self.prefix = hashlib.sha1(url.rstrip("/").encode()).hexdigest()[:16]
+        self.cache = None
+        if cache_dir is not None:
+            max_bytes = default_cache_bytes(cache_dir) if cache_max_bytes is None else cache_max_bytes
+            self.cache = FileCache(cache_dir, max_bytes, self.pool, counters)
+
+    def close(self) -> None:
+        """Stop the fetch threads: queued requests are cancelled, those in flight finish."""
+        self.pool.shutdown(wait=False, cancel_futures=True)
