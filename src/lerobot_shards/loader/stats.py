@@ -53,7 +53,7 @@ class SharedStats:
             values = dict(zip(STAT_FIELDS, self._array[w * n : (w + 1) * n]))
             if any(values.values()):
                 per_worker.append({"worker": w, **values})
-        total = {f: (max if f.endswith("_peak") else sum)((w[f] for w in per_worker), default=0) for f in STAT_FIELDS}
+        total = {f: _combine(f, [w[f] for w in per_worker]) for f in STAT_FIELDS}
         return {"workers": per_worker, "total": total}
 
 
@@ -77,3 +77,8 @@ class StatSlot:
     def set(self, field: str, value: float) -> None:
         """Overwrite a gauge (pool occupancy, decoder cache totals)."""
         self._array[self._index[field]] = value
+
+
+def _combine(field: str, values: list[float]) -> float:
+    """Totals add up, except peaks (the largest worker's)."""
+    return max(values, default=0.0) if field.endswith("_peak") else sum(values)

@@ -1,0 +1,203 @@
+"""Training from a bucket (real S3-protocol server, real DataLoader workers): the node cache end to end."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import threading
+from pathlib import Path
+
+import fsspec
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from lerobot_shards.convert.run import convert_dataset
+from lerobot_shards.format import Manifest
+from lerobot_shards.loader import EpisodePoolDataset
+from lerobot_shards.loader.cache import scan
+from lerobot_shards.synth import read_identity, synth_dataset
+
+CAM = "observation.images.front"
+WINDOW = {CAM: [-1 / 30, 0.0], "action": [0.0, 1 / 30]}
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> tuple[Path, Path]:
+    """A raw dataset of 8 short episodes and its conversion into 8 one-episode shards."""
+    base = tmp_path_factory.mktemp("storage")
+    raw = synth_dataset(
+        base / "raw", num_episodes=8, cameras=(CAM,), length_range=(6, 10), episodes_per_video_file=2, seed=3
+    )
+    convert_dataset(raw, base / "converted", episodes_per_shard=1, progress=False)
+    return raw, base / "converted"
+
+
+def _upload(s3_server, local: Path, bucket: str) -> str:
+    fs = fsspec.filesystem("s3", **s3_server.storage_options)
+    fs.makedirs(bucket, exist_ok=True)
+    fs.put(str(local) + "/", f"s3://{bucket}/ds", recursive=True)
+    return f"s3://{bucket}/ds"
+
+
+def _dataset(url: Path | str, **kwargs) -> EpisodePoolDataset:
+    kwargs.setdefault("episodes_per_shard", 2)
+    return EpisodePoolDataset(str(url), seed=5, episode_pool_size=2, delta_timestamps=WINDOW, **kwargs)
+
+
+def _epoch(ds: EpisodePoolDataset, epoch: int = 0) -> list[dict]:
+    ds.set_epoch(epoch)
+    return list(DataLoader(ds, batch_size=4, num_workers=2))
+
+
+def _assert_same(a: list[dict], b: list[dict]) -> None:
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        assert x.keys() == y.keys()
+        for k in x:
+            assert torch.equal(x[k], y[k]) if isinstance(x[k], torch.Tensor) else x[k] == y[k], k
+
+
+def _assert_identity(batches: list[dict]) -> None:
+    for batch in batches:
+        for i, (ep, frame) in enumerate(zip(batch["episode_index"].tolist(), batch["frame_index"].tolist())):
+            assert read_identity(batch[CAM][i, 1]) == (ep, frame)
+
+
+class SizeWatcher(threading.Thread):
+    """Sums the sizes of the files in a cache directory, over and over, and keeps the largest sum."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(daemon=True)
+        self.root, self.largest, self.samples = str(root), 0, 0
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        while not self._stop_event.is_set():
+            if os.path.isdir(self.root):
+                self.largest = max(self.largest, sum(e.size for e in scan(self.root, probe=False)))
+                self.samples += 1
+            self._stop_event.wait(0.002)
+
+    def __enter__(self) -> SizeWatcher:
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop_event.set()
+        self.join()
+
+
+def test_bucket_yields_the_local_samples_with_and_without_cache(data, s3_server, tmp_path: Path) -> None:
+    _, converted = data
+    url = _upload(s3_server, converted, "storage-same")
+    opts = s3_server.storage_options
+    local = _epoch(_dataset(converted))
+    uncached_ds = _dataset(url, storage_options=opts)
+    uncached = _epoch(uncached_ds)
+    cached_ds = _dataset(url, storage_options=opts, cache_dir=str(tmp_path / "cache"))
+    cached = _epoch(cached_ds)
+    _assert_same(local, uncached)
+    _assert_same(local, cached)
+    _assert_identity(cached)
+    tars = sum(s.bytes for s in Manifest.from_json((converted / "manifest.json").read_text()).shards)
+    plain, with_cache = uncached_ds.stats()["total"], cached_ds.stats()["total"]
+    assert plain["storage_bytes"] == tars and plain["cache_misses"] == 0  # each shard byte fetched once
+    assert with_cache["cache_misses"] == 8 and with_cache["storage_bytes"] == tars
+    assert "127.0.0.1" not in json.dumps(cached_ds.stats()) and "testing" not in json.dumps(cached_ds.stats())
+
+
+def test_cache_stays_under_its_cap_over_two_epochs(data, s3_server, tmp_path: Path) -> None:
+    _, converted = data
+    url = _upload(s3_server, converted, "storage-cap")
+    manifest = Manifest.from_json((converted / "manifest.json").read_text())
+    cap = manifest.total_bytes // 4
+    cache = tmp_path / "cache"
+    ds = _dataset(url, storage_options=s3_server.storage_options, cache_dir=str(cache), cache_max_bytes=cap)
+    local = _dataset(converted)
+    evictions = hits = 0
+    with SizeWatcher(cache) as watcher:
+        for epoch in range(2):
+            _assert_same(_epoch(local, epoch), _epoch(ds, epoch))
+            total = ds.stats()["total"]
+            assert 0 < total["cache_bytes_peak"] <= cap
+            evictions += total["cache_evictions"]
+            hits += total["cache_hits"]
+    assert watcher.samples > 10 and 0 < watcher.largest <= cap
+    assert evictions > 0
+    assert sum(e.size for e in scan(str(cache))) <= cap
+    assert not any(e.in_use for e in scan(str(cache)))  # every lease released at the end of the epoch
+
+
+def _rank(url: str, cache: str, rank: int, opts: dict, results) -> None:
+    """One rank of a 2-rank job (a forked process: it shares nothing with its peer but the cache dir)."""
+    ds = EpisodePoolDataset(
+        url, seed=5, episode_pool_size=2, rank=rank, world_size=2, storage_options=opts, cache_dir=cache, cameras=[]
+    )
+    out = []
+    for epoch in range(2):
+        ds.set_epoch(epoch)
+        batches = DataLoader(ds, batch_size=4)
+        frames = [(int(e), int(f)) for b in batches for e, f in zip(b["episode_index"], b["frame_index"])]
+        out.append({"frames": frames, "stats": ds.stats()["total"]})
+    results.put((rank, out))
+
+
+def test_two_ranks_sharing_a_cache_download_each_shard_once(data, s3_server, tmp_path: Path) -> None:
+    _, converted = data
+    url = _upload(s3_server, converted, "storage-ranks")
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    args = (url, str(tmp_path / "cache"))
+    procs = [ctx.Process(target=_rank, args=(*args, r, s3_server.storage_options, queue)) for r in range(2)]
+    for p in procs:
+        p.start()
+    results = [out for _, out in sorted(queue.get(timeout=300) for _ in procs)]
+    for p in procs:
+        p.join(timeout=30)
+    assert [p.exitcode for p in procs] == [0, 0]
+    manifest = Manifest.from_json((converted / "manifest.json").read_text())
+    everything = sorted(
+        (e, f) for s in manifest.shards for e, n in zip(s.episodes, s.episode_lengths) for f in range(n)
+    )
+    for epoch in range(2):  # the ranks together cover the dataset exactly once per epoch
+        assert sorted(f for r in results for f in r[epoch]["frames"]) == everything
+    stats = [r[epoch]["stats"] for r in results for epoch in range(2)]
+    assert sum(s["cache_misses"] for s in stats) == len(manifest.shards)  # one download per shard per node
+    assert sum(s["cache_hits"] for s in stats) == len(manifest.shards)  # the second epoch reads the cache
+    assert sum(s["storage_bytes"] for s in stats) == manifest.total_bytes
+
+
+def test_a_truncated_cached_shard_is_fetched_again(data, s3_server, tmp_path: Path) -> None:
+    _, converted = data
+    url = _upload(s3_server, converted, "storage-truncated")
+    cache = tmp_path / "cache"
+    ds = _dataset(url, storage_options=s3_server.storage_options, cache_dir=str(cache))
+    first = _epoch(ds)
+    tars = sorted(cache.rglob("shard-*.tar"))
+    assert len(tars) == 8
+    with open(tars[3], "r+b") as f:
+        f.truncate(tars[3].stat().st_size // 2)
+    again = _epoch(ds)
+    _assert_same(first, again)
+    _assert_identity(again)
+    assert ds.stats()["total"]["cache_misses"] == 1 and ds.stats()["total"]["cache_hits"] == 7
+
+
+def test_raw_from_a_bucket_prefetches_mp4s_into_a_bounded_cache(data, s3_server, tmp_path: Path) -> None:
+    raw, _ = data
+    url = _upload(s3_server, raw, "storage-raw")
+    videos = sorted((raw / "videos").rglob("*.mp4"))
+    cap = sum(v.stat().st_size for v in videos) // 2
+    cache = tmp_path / "cache"
+    local = _epoch(_dataset(raw))
+    ds = _dataset(url, storage_options=s3_server.storage_options, cache_dir=str(cache), cache_max_bytes=cap)
+    with SizeWatcher(cache) as watcher:
+        remote = _epoch(ds)
+    _assert_same(local, remote)
+    _assert_identity(remote)
+    total = ds.stats()["total"]
+    assert total["cache_misses"] >= len(videos) // 2 and total["storage_bytes"] > 0
+    assert total["cache_bytes_peak"] <= cap and watcher.largest <= cap
+    assert not any(e.in_use for e in scan(str(cache)))  # released when their episodes left the pool
