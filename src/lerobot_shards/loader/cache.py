@@ -362,7 +362,15 @@ class FileCache:
             finally:
                 os.close(lock)
 
-        f._parts = [self.pool.submit(part, s) for s in starts]
+        try:
+            for s in starts:
+                f._parts.append(self.pool.submit(part, s))
+        except RuntimeError:  # the consumer is closing (its pool shut down): give the reservation back
+            f.close()  # cancels the parts queued so far; one already running finds it closed
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            os.close(lock)
+            raise
         for p in f._parts:
             p.add_done_callback(finished)
         return f
