@@ -13,6 +13,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
+from lerobot_shards.convert.plan import ConvertOptions
 from lerobot_shards.convert.run import convert_dataset
 from lerobot_shards.format import Manifest
 from lerobot_shards.loader import EpisodePoolDataset
@@ -30,7 +31,7 @@ def data(tmp_path_factory) -> tuple[Path, Path]:
     raw = synth_dataset(
         base / "raw", num_episodes=8, cameras=(CAM,), length_range=(6, 10), episodes_per_video_file=2, seed=3
     )
-    convert_dataset(raw, base / "converted", episodes_per_shard=1, progress=False)
+    convert_dataset(raw, base / "converted", ConvertOptions(episodes_per_shard=1), progress=False)
     return raw, base / "converted"
 
 

@@ -32,6 +32,7 @@ from typing import Any
 import fsspec
 from torch.utils.data import DataLoader
 
+from lerobot_shards.convert.plan import ConvertOptions
 from lerobot_shards.convert.run import convert_dataset
 from lerobot_shards.loader import EpisodePoolDataset
 from lerobot_shards.synth import synth_dataset
@@ -152,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     raw = synth_dataset(
         work / "raw", num_episodes=args.episodes, cameras=CAMS, codec="av1", texture=args.texture, seed=1
     )
-    convert_dataset(raw, work / "converted", episodes_per_shard=args.episodes_per_shard, progress=False)
+    convert_dataset(raw, work / "converted", ConvertOptions(episodes_per_shard=args.episodes_per_shard), progress=False)
     moto_port = free_port()
     moto = start_moto(moto_port)
     try:
