@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import shutil
 import tarfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ from lerobot_shards.convert.verify import verify_dataset
 from lerobot_shards.format import MANIFEST_NAME, SHARDS_DIR, FormatError
 from lerobot_shards.lerobot_v3 import LeRobotV3Source, SourceError
 from lerobot_shards.loader import EpisodePoolDataset
+from lerobot_shards.loader.cache import FileCache, IOCounters
 from lerobot_shards.loader.sources import ShardSource
 from lerobot_shards.names import UnsafeNameError, check_name, check_relpath, confined_join
 
@@ -139,9 +141,11 @@ def test_tar_member_names_checked_by_verify(clean: Path, tmp_path: Path) -> None
 def test_defence_in_depth_at_the_joins(clean: Path, tmp_path: Path) -> None:
     """Even a name that skipped parsing cannot leave the cache dir or the dataset."""
     src = ShardSource(str(clean), cache_dir=str(tmp_path / "cache"))
+    with ThreadPoolExecutor(1) as pool:
+        cache = FileCache(str(tmp_path / "cache"), 1 << 20, pool, IOCounters())
     for form in ("absolute", "climbing", "nul"):
         with pytest.raises(UnsafeNameError):
-            src._download(_attack(form, tmp_path))
+            cache.acquire(lambda start, end: b"x", f"dataset/{_attack(form, tmp_path)}", 1, None, "shard")
         with pytest.raises(UnsafeNameError):
             src._shard_path(_attack(form, tmp_path))
     dest = Destination(str(clean))
