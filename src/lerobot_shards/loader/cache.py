@@ -466,9 +466,16 @@ class LocalFile:
         os.close(self._fd)
 
 
-def ranged(fs: Any, path: str) -> Callable[[int, int], bytes]:
-    """``fetch(start, end)`` of one remote object: a single ranged request."""
-    return lambda start, end: fs.cat_file(path, start=start, end=end)
+def ranged(fs: Any, path: str, where: str) -> Callable[[int, int], bytes]:
+    """``fetch(start, end)`` of one remote object: a single ranged request; a failure names ``where``."""
+
+    def fetch(start: int, end: int) -> bytes:
+        try:
+            return fs.cat_file(path, start=start, end=end)
+        except Exception as e:
+            raise OSError(f"{where}: reading bytes {start}..{end} from storage failed: {e}") from e
+
+    return fetch
 
 
 class Reader(Protocol):

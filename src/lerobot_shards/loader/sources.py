@@ -248,8 +248,8 @@ class ShardSource:
         path = self._shard_path(rec.name)
         if self.remote is None:
             return LocalFile(path)
-        fetch = ranged(self.fs, path)
         where = f"{self.url}/{fmt.SHARDS_DIR}/{rec.name}"
+        fetch = ranged(self.fs, path, where)
         if self.remote.cache is not None:
             cached = self.remote.cache.acquire(
                 fetch,
@@ -448,8 +448,8 @@ class RawSource:
 
     def _acquire(self, rel: str) -> CachedFile | None:
         assert self.remote is not None and self.remote.cache is not None
-        fetch = ranged(self.src.fs, posixpath.join(self.src.root, rel))
         where = f"{self.url}/{rel}"
+        fetch = ranged(self.src.fs, posixpath.join(self.src.root, rel), where)
         return self.remote.cache.acquire(fetch, f"{self.remote.prefix}/{rel}", self.src.file_size(rel), None, where)
 
     def prefetch(self, shard: int) -> None:
