@@ -134,7 +134,15 @@ def test_cache_stays_under_its_cap_over_two_epochs(data, s3_server, tmp_path: Pa
 def _rank(url: str, cache: str, rank: int, opts: dict, results) -> None:
     """One rank of a 2-rank job (a forked process: it shares nothing with its peer but the cache dir)."""
     ds = EpisodePoolDataset(
-        url, seed=5, episode_pool_size=2, rank=rank, world_size=2, storage_options=opts, cache_dir=cache, cameras=[]
+        url,
+        seed=5,
+        episode_pool_size=2,
+        rank=rank,
+        world_size=2,
+        storage_options=opts,
+        cache_dir=cache,
+        cameras=[],
+        equal_samples_per_rank=False,
     )
     out = []
     for epoch in range(2):
