@@ -219,7 +219,10 @@ def test_corrupt_remote_shard_never_enters_the_cache(s3_server, bucket: str, con
     fs.pipe_file(f"{bucket[5:]}/shards/shard-000001.tar", bytes(data))
     cache = tmp_path / "cache"
     opts = s3_server.storage_options
-    with pytest.raises(IntegrityError, match=r"shards/shard-000001\.tar: downloaded .* the manifest says"):
+    # the episode's member checksum (served while the shard downloads) or the whole shard's sha256
+    with pytest.raises(
+        IntegrityError, match=r"shards/shard-000001\.tar: (downloaded .* the manifest says|episode 2: member)"
+    ):
         _samples(bucket, cache_dir=str(cache), storage_options=opts, shuffle=False)
     assert not list(cache.glob("*/shard-000001.tar*"))  # neither the shard nor a temporary file
     # without a cache the episode's bytes are checked as they are read by range

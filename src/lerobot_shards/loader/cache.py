@@ -32,16 +32,18 @@ import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..format import TMP_SUFFIX
 from ..names import check_relpath
+from .integrity import IntegrityError
 
 CHUNK_BYTES = 8 << 20  # one ranged request: large enough to amortise a request's latency
 READ_AHEAD_CHUNKS = 4  # without a cache: chunks requested ahead of the reader
 FETCH_THREADS = 4  # ranged requests in flight per consumer
+CLOSE_WAIT_S = 30.0  # closing an unfinished download waits this long for its requests in flight
 DEFAULT_CACHE_FRACTION = 0.5  # of the cache filesystem's free space (plus what the cache holds)
 DEFAULT_CACHE_CAP = 1 << 40  # 1 TiB
 LOCKS_DIR = ".locks"
@@ -229,6 +231,7 @@ class CachedFile:
             for part in self._parts:
                 part.cancel()
             os.close(self._fd)
+        wait([self.done], timeout=CLOSE_WAIT_S)  # requests in flight end, the partial file is deleted
 
     def _write(self, offset: int, data: bytes) -> None:
         with self._lock:
@@ -377,13 +380,12 @@ class FileCache:
 
 
 def _verify(path: str, size: int, sha256: str | None, where: str) -> None:
-    if os.path.getsize(path) != size:
-        raise ValueError(f"{where}: downloaded {os.path.getsize(path)} bytes, expected {size}")
-    if sha256 is None:
-        return
-    got = _sha256(path)
-    if got != sha256:
-        raise ValueError(f"{where}: sha256 {got} does not match the manifest's {sha256}")
+    got_size = os.path.getsize(path)
+    got = _sha256(path) if sha256 is not None else None
+    if got_size != size or got != sha256:
+        raise IntegrityError(
+            f"{where}: downloaded {got_size} bytes with sha256 {got}, the manifest says {size} bytes with sha256 {sha256}"
+        )
 
 
 def _sha256(path: str) -> str:

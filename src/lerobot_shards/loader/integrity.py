@@ -2,22 +2,15 @@
 
 Wrong bytes are never handed on: an episode's members are checked against the sidecar's
 per-member xxh3-128 (format 2) right after its byte range is read, and a shard downloaded into
-the cache dir is checked against the manifest's size and sha256 before it is renamed into place.
+the cache dir is checked against the manifest's size and sha256 before it is renamed into place
+(``cache.py``).
 The caller re-fetches once on a mismatch, then raises ``IntegrityError`` (or skips the episode
 when the user chose ``on_error="skip"``).
 """
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import os
-import threading
-from typing import Any
-
 from .. import format as fmt
-
-DOWNLOAD_CHUNK = 8 * 1024 * 1024
 
 
 class IntegrityError(ValueError):
@@ -37,34 +30,3 @@ def check_episode_bytes(entry: fmt.EpisodeEntry, blob: bytes, start: int, where:
                     f"{where}: member {name} (bytes {m.offset}..{m.offset + m.size}) has checksum {got}, "
                     f"the sidecar says {m.xxh3_128}"
                 )
-
-
-def sha256_file(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(DOWNLOAD_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def download_verified(fs: Any, remote: str, dst: str, *, size: int, sha256: str, where: str) -> None:
-    """Copy ``remote`` to the local ``dst``, hashing while writing; ``dst`` appears only when the
-    bytes match ``size`` and ``sha256`` (else IntegrityError, and nothing is left behind)."""
-    tmp = f"{dst}.{os.getpid()}.{threading.get_ident()}{fmt.TMP_SUFFIX}"
-    h = hashlib.sha256()
-    n = 0
-    try:
-        with fs.open(remote, "rb", block_size=DOWNLOAD_CHUNK) as src, open(tmp, "wb") as out:
-            while chunk := src.read(DOWNLOAD_CHUNK):
-                h.update(chunk)
-                out.write(chunk)
-                n += len(chunk)
-        if n != size or h.hexdigest() != sha256:
-            raise IntegrityError(
-                f"{where}: downloaded {n} bytes with sha256 {h.hexdigest()}, the manifest says {size} bytes "
-                f"with sha256 {sha256}"
-            )
-        os.replace(tmp, dst)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(tmp)
