@@ -185,3 +185,27 @@ def test_uncached_reads_are_large_ranged_requests_ahead_of_the_reader() -> None:
     assert b"".join(pieces) == data
     pool.shutdown()
     assert sorted(requests) == [(i, i + 1000) for i in range(0, 10_000, 1000)]  # each chunk once, 1000 bytes
+
+
+def test_uncached_read_ahead_waits_until_the_reads_own_chunks_landed() -> None:
+    """On a capped link read-ahead in flight would slow the chunk the reader waits for."""
+    data, requests, gate = _blob(10_000, 8), [], threading.Event()
+    pool = ThreadPoolExecutor(max_workers=4)
+
+    def fetch(start: int, end: int) -> bytes:
+        requests.append((start, end))
+        if start == 1000:
+            assert gate.wait(30)
+        return data[start:end]
+
+    f = RemoteFile(fetch, len(data), pool, IOCounters(), chunk=1000, ahead=3)
+    f.start()
+    assert f.read(0, 500) == data[:500]
+    reader = threading.Thread(target=lambda: f.read(1500, 1600))
+    reader.start()
+    reader.join(0.3)  # chunk 1 is held back: nothing beyond it may be requested meanwhile
+    assert sorted(requests) == [(0, 1000), (1000, 2000), (2000, 3000), (3000, 4000)]  # read 1's ahead only
+    gate.set()
+    reader.join(30)
+    pool.shutdown()
+    assert (4000, 5000) in requests  # read 2's own chunk landed: its read-ahead followed

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 
@@ -189,5 +190,34 @@ def test_decode_lookahead_is_bounded(pair, monkeypatch) -> None:
 
 
 def test_decode_threads_rejects_bad_values(pair) -> None:
-    with pytest.raises(ValueError, match="decode_threads must be an int >= 0"):
-        EpisodePoolDataset(str(pair[1]), decode_threads=-1)
+    for bad in (-1, 1.5):
+        with pytest.raises(ValueError, match="decode_threads must be None .automatic. or an int >= 0"):
+            EpisodePoolDataset(str(pair[1]), decode_threads=bad)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_automatic_decode_threads_one_per_core_in_the_main_process_none_in_workers(pair, workers: int) -> None:
+    ds = EpisodePoolDataset(str(pair[1]), seed=13, episode_pool_size=2, episodes_per_shard=2)
+    assert ds.decode_threads is None
+    batches = list(DataLoader(ds, batch_size=4, num_workers=workers))
+    expected = min(8, len(os.sched_getaffinity(0))) if workers == 0 else 0
+    total = ds.stats()["total"]
+    assert total["decode_threads"] == expected
+    assert sum(len(b["index"]) for b in batches) == total["frames_emitted"] > 0
+
+
+def test_decode_pool_gives_new_clips_to_threads_in_turn_and_keeps_them_there() -> None:
+    from lerobot_shards.loader.decode import DecodePool
+
+    class NoCache:
+        def drop(self, key: str) -> None: ...
+
+        def close(self) -> None: ...
+
+    pool = DecodePool(2, NoCache)  # type: ignore[arg-type]
+    owners = [pool._route(key) for key in ("ep0/front", "ep0/wrist", "ep1/front", "ep1/wrist")]
+    assert owners == [0, 1, 0, 1]
+    assert pool._route("ep0/wrist") == 1  # a clip stays with its thread (decoders are per thread)
+    pool.drop("ep0/wrist")
+    assert pool._route("ep2/front") == 0 and pool._route("ep0/wrist") == 1
+    pool.close()

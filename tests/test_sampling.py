@@ -69,17 +69,41 @@ def test_keyed_rng_keys_of_different_shapes_do_not_collide():
 
 
 def test_pool_interleaves_episodes_and_first_emission_varies():
-    firsts = {emissions(seed=s)[0][0] for s in range(20)}
+    firsts = {emissions(seed=s, fill_every=0)[0][0] for s in range(20)}
     assert len(firsts) > 1
     positions = [p for p, _, _ in emissions(pool_size=3, seed=1)]
     switches = sum(a != b for a, b in zip(positions, positions[1:]))
     assert switches > len(LENGTHS) - 1  # more than one contiguous run per episode
 
 
+@pytest.mark.parametrize("fill_every", [1, 4])
+def test_pool_starts_with_one_episode_and_grows_by_one_every_fill_every(fill_every):
+    lengths = [40] * 6
+    sampler = PoolSampler(lengths, 4, np.random.default_rng(2), fill_every=fill_every)
+    sizes = []
+    for _ in range(6 * fill_every):
+        next(sampler)
+        sizes.append(len(sampler.resident))
+    # After n emissions the pool holds 1 + n // fill_every episodes, capped at the pool size.
+    assert sizes == [min(4, 1 + n // fill_every) for n in range(1, 6 * fill_every + 1)]
+    assert {p for p, _, _ in emissions(lengths, 4, seed=2, fill_every=fill_every)[:fill_every]} == {0}
+
+
+def test_fill_every_zero_starts_with_a_full_pool_and_fill_changes_only_the_order():
+    sampler = PoolSampler(LENGTHS, 3, np.random.default_rng(0), fill_every=0)
+    next(sampler)
+    assert len(sampler.resident) + 1 >= 3  # the first emission may have finished the 1-frame episode
+    gradual, at_once = emissions(seed=4), emissions(seed=4, fill_every=0)
+    assert gradual != at_once
+    assert sorted((p, f) for p, f, _ in gradual) == sorted((p, f) for p, f, _ in at_once)
+    with pytest.raises(ValueError, match="fill_every"):
+        PoolSampler(LENGTHS, 3, np.random.default_rng(0), fill_every=-1)
+
+
 def test_episode_chosen_in_proportion_to_remaining_frames():
     # Uniform over the pool's frames: a 1-frame episode beside a 9-frame one comes first 10% of
     # the time (uniform over episodes would give 50%).
-    firsts = Counter(emissions([1, 9], pool_size=2, seed=s)[0][0] for s in range(2000))
+    firsts = Counter(emissions([1, 9], pool_size=2, seed=s, fill_every=0)[0][0] for s in range(2000))
     assert 0.07 < firsts[0] / 2000 < 0.13
 
 

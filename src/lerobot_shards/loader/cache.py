@@ -399,8 +399,11 @@ def _sha256(path: str) -> str:
 class RemoteFile:
     """Without a cache: a remote file read in large ranged requests, in parallel, ahead of the reader.
 
-    Reads are served from ``CHUNK_BYTES`` chunks; each read requests the next ``ahead`` chunks in
-    the background and drops the chunks before it, so memory stays at a few chunks per file.
+    Reads are served from ``CHUNK_BYTES`` chunks; once a read's own chunks have landed it requests
+    the next ``ahead`` chunks in the background (never before: on a capped link, read-ahead in
+    flight would share the bandwidth with the bytes the reader waits for, and the first batch
+    would wait for ``ahead`` chunks instead of one), and drops the chunks before it, so memory
+    stays at a few chunks per file.
     """
 
     def __init__(
@@ -433,18 +436,19 @@ class RemoteFile:
                     self._parts[i] = self._pool.submit(self._part, i)
 
     def start(self) -> None:
-        """Request the first chunks (the file is read next)."""
-        self._request(0, self._ahead)
+        """Request the first chunk (the file is read next; read-ahead follows the first read)."""
+        self._request(0, 1)
 
     def read(self, start: int, end: int) -> bytes:
         """Bytes [start, end) (fewer if the file is shorter)."""
         span = _chunks(start, min(end, self.size), self._chunk)
-        self._request(span.start, span.stop + self._ahead)
+        self._request(span.start, span.stop)
         with self._lock:
             for i in [i for i in self._parts if i < span.start]:
                 self._parts.pop(i).cancel()
             parts = [self._parts.get(i) for i in span]
         data = b"".join(p.result() for p in parts if p is not None)
+        self._request(span.stop, span.stop + self._ahead)
         offset = start - span.start * self._chunk
         return data[offset : offset + end - start]
 

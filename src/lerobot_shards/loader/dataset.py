@@ -26,7 +26,7 @@ from ..lerobot_v3 import IMAGE_DTYPE
 from ..resize import DEFAULT_MODE, resized_features
 from .cache import default_cache_bytes
 from .control import ResumeState, SharedControl
-from .decode import DecodePool, DecoderCache, check_cuda_backend, decode_image, decode_sizes
+from .decode import DecodePool, DecoderCache, auto_decode_threads, check_cuda_backend, decode_image, decode_sizes
 from .device import rank_device
 from .elastic import ElasticPlan, Origin, SubsetSampler, plan_elastic
 from .partition import Consumer, ConsumerPlan, PlanOptions, ShardSpec, filter_shards, plan_consumer
@@ -40,7 +40,6 @@ from .windows import delta_frame_offsets, window_indices
 
 log = logging.getLogger(__name__)
 
-DEFAULT_DECODE_THREADS = 0  # measured (benchmarks/speed): threads pay off only with idle cores
 ON_ERROR = ("raise", "skip")
 
 
@@ -88,8 +87,11 @@ class EpisodePoolDataset(IterableDataset):
             and full-size shards (shards converted with ``--resize`` are already that size).
         decode_threads: threads decoding video in each consumer (0: in the iterating thread).
             torchcodec releases the GIL while decoding, so threads decode in parallel and overlap
-            decoding with collation and the copy to the main process; the frames of the next
-            ``2 x decode_threads`` samples are decoded ahead, and samples keep their order.
+            decoding with collation; the frames of the next ``2 x decode_threads`` samples are
+            decoded ahead, and samples keep their order. ``None`` (default) chooses by where the
+            dataset is iterated (``auto_decode_threads``): one per core, up to 8, in the main
+            process (``num_workers=0``, no inter-process copy of frames), 0 in DataLoader workers
+            (the worker processes already use the cores) and with NVDEC.
     """
 
     def __init__(
@@ -121,7 +123,7 @@ class EpisodePoolDataset(IterableDataset):
         prefetch_episodes: int | None = None,
         resize: Sequence[int] | Mapping[str, Sequence[int]] | None = None,
         resize_mode: str = DEFAULT_MODE,
-        decode_threads: int = DEFAULT_DECODE_THREADS,
+        decode_threads: int | None = None,
         on_error: str = "raise",
     ) -> None:
         super().__init__()
@@ -144,8 +146,10 @@ class EpisodePoolDataset(IterableDataset):
             raise ValueError(
                 f"num_ffmpeg_threads must be an int >= 0 (0 = FFmpeg's choice), got {num_ffmpeg_threads!r}"
             )
-        if not isinstance(decode_threads, int) or decode_threads < 0:
-            raise ValueError(f"decode_threads must be an int >= 0 (0 = decode inline), got {decode_threads!r}")
+        if decode_threads is not None and (not isinstance(decode_threads, int) or decode_threads < 0):
+            raise ValueError(
+                f"decode_threads must be None (automatic) or an int >= 0 (0 = decode inline), got {decode_threads!r}"
+            )
         if image_dtype not in (torch.float32, torch.uint8):
             raise ValueError(f"image_dtype must be torch.float32 or torch.uint8, got {image_dtype}")
         video_decode_device = rank_device(video_decode_device, what="video_decode_device")
@@ -375,8 +379,12 @@ class EpisodePoolDataset(IterableDataset):
         reader = EpisodeReader(
             source, plan.episodes, sampler.admission_order(), self.prefetch_episodes, skip_bad=self.on_error == "skip"
         )
+        threads = self.decode_threads
+        if threads is None:
+            threads = auto_decode_threads(self.video_decode_device)
+        stats.set("decode_threads", threads)
         decoders = DecodePool(
-            self.decode_threads,
+            threads,
             lambda: DecoderCache(
                 self.decoder_cache_size,
                 device=self.video_decode_device,
@@ -389,7 +397,7 @@ class EpisodePoolDataset(IterableDataset):
         )
         pool: dict[tuple[int, int], ResidentEpisode | None] = {}  # None: skipped (on_error="skip")
         pending: deque[dict[str, Any]] = deque()  # samples whose frames are being decoded, in order
-        lookahead = 2 * self.decode_threads
+        lookahead = 2 * threads
         releases: deque[tuple[int, Callable[[], None]]] = deque()  # (samples queued before it, release)
         queued = done = 0
         try:

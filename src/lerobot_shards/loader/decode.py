@@ -19,9 +19,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import io
+import os
 import time
 import warnings
-import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -31,6 +31,7 @@ import av
 import fsspec
 import numpy as np
 import torch
+from torch.utils.data import get_worker_info
 from torchcodec.decoders import VideoDecoder, set_cuda_backend
 
 from ..resize import DEFAULT_MODE, camera_sizes, check_mode, check_size, plan_transform
@@ -38,6 +39,7 @@ from ..video import transform_rgb
 from .sources import ClipRef
 
 CUDA_BACKENDS = ("nvdec", "ffmpeg")
+MAX_AUTO_DECODE_THREADS = 8
 _warned_fallback: set[tuple[str, str]] = set()  # (device, codec): one warning per process
 
 
@@ -207,11 +209,26 @@ class DecoderCache:
         self._decoders.clear()
 
 
+def auto_decode_threads(device: str) -> int:
+    """Decode threads for ``decode_threads=None``, chosen by where the dataset is iterated.
+
+    In the main process (``num_workers=0``) one thread per core (at most 8) decodes in parallel
+    with no inter-process copy of frames: on 2 cores this measured at the pure-decode limit,
+    above what 2 worker processes reach (``benchmarks/README.md``). In a DataLoader worker the
+    worker processes already occupy the cores, and more threads only contend; NVDEC decodes on
+    the GPU, whose decoder is not faster for more host threads.
+    """
+    if device != "cpu" or get_worker_info() is not None:
+        return 0
+    return max(1, min(MAX_AUTO_DECODE_THREADS, len(os.sched_getaffinity(0))))
+
+
 class DecodePool:
     """Decode clips on ``threads`` threads (0: inline), each thread owning its own decoders.
 
-    A torchcodec decoder is not safe to share between threads, so every clip is routed to one
-    thread by a hash of its cache key; that thread's ``DecoderCache`` holds its decoder, and a
+    A torchcodec decoder is not safe to share between threads, so every clip is owned by one
+    thread, given round-robin when the clip is first seen (a hash would often give a sample's
+    two cameras to the same thread); that thread's ``DecoderCache`` holds its decoder, and a
     ``drop`` is queued behind that clip's pending decodes (each thread runs its queue in order).
     Results come back as futures: the caller keeps its own emission order, so what a sample
     holds never depends on the thread count or timing.
@@ -222,9 +239,15 @@ class DecodePool:
             raise ValueError(f"decode_threads must be an int >= 0 (0 = decode inline), got {threads!r}")
         self._caches = [make_cache() for _ in range(max(1, threads))]
         self._threads = [ThreadPoolExecutor(1, thread_name_prefix=f"decode-{i}") for i in range(threads)]
+        self._owner: dict[str, int] = {}  # clip -> its thread, until dropped
+        self._turn = 0
 
     def _route(self, cache_key: str) -> int:
-        return zlib.crc32(cache_key.encode()) % len(self._caches)
+        owner = self._owner.get(cache_key)
+        if owner is None:
+            owner = self._owner[cache_key] = self._turn % len(self._caches)
+            self._turn += 1
+        return owner
 
     def submit(
         self,
@@ -247,7 +270,9 @@ class DecodePool:
 
     def drop(self, cache_key: str) -> None:
         """Forget a clip's decoder once the decodes already queued for it are done."""
-        i = self._route(cache_key)
+        i = self._owner.pop(cache_key, None)
+        if i is None:
+            return
         if self._threads:
             self._threads[i].submit(self._caches[i].drop, cache_key)
         else:

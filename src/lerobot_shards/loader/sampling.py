@@ -17,6 +17,9 @@ PARTITION_STREAM = 0x5041_5254  # "PART"
 SAMPLER_STREAM = 0x5341_4D50  # "SAMP"
 
 _UNIFORM_BLOCK = 1024  # uniforms drawn per refill: one numpy call instead of one per emission
+# A pass starts with one resident episode and admits one more every FILL_EVERY emissions until
+# the pool is full: the first batch then waits for one episode's bytes, not the whole pool's.
+FILL_EVERY = 8
 
 
 def keyed_rng(*key: int) -> np.random.Generator:
@@ -53,7 +56,11 @@ class PoolSampler(Iterator[Emission]):
     is uniform over all not-yet-emitted frames of all resident episodes (pick an episode by its
     remaining frames, then its next frame from a permutation drawn at admission). A finished
     episode leaves and the next one is admitted, so the loader only ever holds ``pool_size``
-    episodes and reads its shards sequentially. ``shuffle=False`` emits episodes and frames in
+    episodes and reads its shards sequentially. A pass starts with one resident episode and
+    admits another every ``fill_every`` emissions until the pool is full (0: fill it at once),
+    as a shuffle buffer warms up: the first samples need one episode read, not ``pool_size``,
+    at the price of less mixing in the pass's first ``pool_size x fill_every`` emissions.
+    ``shuffle=False`` emits episodes and frames in
     order (a pool of one). ``num_samples`` stops early, or runs further passes over the same list
     (fresh random order each) to reach it; a pass cut short leaves its residents without ``last``.
 
@@ -69,9 +76,12 @@ class PoolSampler(Iterator[Emission]):
         *,
         shuffle: bool = True,
         num_samples: int | None = None,
+        fill_every: int = FILL_EVERY,
     ) -> None:
         if pool_size < 1:
             raise ValueError(f"pool_size must be at least 1, got {pool_size}")
+        if fill_every < 0:
+            raise ValueError(f"fill_every must be non-negative, got {fill_every}")
         self._lengths = [int(n) for n in episode_lengths]
         if any(n < 1 for n in self._lengths):
             raise ValueError("every episode must have at least one frame")
@@ -92,6 +102,9 @@ class PoolSampler(Iterator[Emission]):
         self._emitted_in_slot = [0] * slots
         self._pool_remaining = 0
         self._next_admit = 0
+        self._fill_every = fill_every
+        self._filling = False  # the pass's pool is still growing by one episode per fill_every
+        self._since_fill = 0
         self._uniforms = np.empty(0)
         self._uniform_cursor = 0
         self._emitted = 0
@@ -155,7 +168,20 @@ class PoolSampler(Iterator[Emission]):
         last = self._remaining[slot] == 0
         if last:
             self._admit(slot)
+        if self._filling:
+            self._grow()
         return Emission(position, frame, last)
+
+    def _grow(self) -> None:
+        self._since_fill += 1
+        if self._since_fill < self._fill_every:
+            return
+        self._since_fill = 0
+        empty = next((slot for slot, p in enumerate(self._position) if p < 0), None)
+        if empty is None or self._next_admit >= len(self._lengths):
+            self._filling = False
+            return
+        self._admit(empty)
 
     def _pick_slot(self) -> int:
         if not self._shuffle:
@@ -178,8 +204,11 @@ class PoolSampler(Iterator[Emission]):
 
     def _start_pass(self) -> None:
         self._next_admit = 0
-        for slot in range(len(self._position)):
+        self._since_fill = 0
+        gradual = self._fill_every > 0 and len(self._position) > 1
+        for slot in range(1 if gradual else len(self._position)):
             self._admit(slot)
+        self._filling = gradual
 
     def _admit(self, slot: int) -> None:
         """Fill ``slot`` with the next episode in list order, or leave it empty at pass end."""

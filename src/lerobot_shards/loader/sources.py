@@ -194,8 +194,10 @@ class ShardSource:
         self.fs, self.root = fsspec.core.url_to_fs(self.url, **(storage_options or {}))
         self.root = self.root.rstrip("/")
         where = posixpath.join(self.url, fmt.MANIFEST_NAME)
-        with self.fs.open(posixpath.join(self.root, fmt.MANIFEST_NAME), "rb") as f:
-            self.manifest = fmt.Manifest.from_json(f.read(), where=where)
+        # cat_file: one GET (open().read() asks for the object's size first: two round trips)
+        self.manifest = fmt.Manifest.from_json(
+            self.fs.cat_file(posixpath.join(self.root, fmt.MANIFEST_NAME)), where=where
+        )
         m = self.manifest
         self._records = {s.index: s for s in m.shards}
         self._by_name = {s.name: s for s in m.shards}
@@ -225,8 +227,7 @@ class ShardSource:
         if shard not in self._sidecars:
             rec = self._records[shard]
             path = self._shard_path(rec.sidecar)
-            with self.fs.open(path, "rb") as f:
-                sc = fmt.Sidecar.from_json(f.read(), where=path)
+            sc = fmt.Sidecar.from_json(self.fs.cat_file(path), where=path)
             if sc.format_version != self.manifest.format_version:  # a sidecar cannot opt out of checksums
                 raise fmt.FormatError(
                     f"{path}: format_version {sc.format_version}, but the manifest's is {self.manifest.format_version}"
@@ -333,6 +334,8 @@ class ShardSource:
             return self._read_episode(shard, episode_index, where)
 
     def _read_episode(self, shard: int, episode_index: int, where: str) -> ResidentEpisode:
+        if shard not in self._sidecars:  # a shard's first read: its bytes start coming while the sidecar does
+            self._open_async(shard)
         self.sidecar(shard)
         shard_of, entry = self._entries[episode_index]
         start, _ = entry.span()

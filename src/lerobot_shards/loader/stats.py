@@ -27,6 +27,7 @@ STAT_FIELDS = (
     "fast_forward_samples",
     "fast_forward_seconds",
     "wait_seconds",
+    "decode_threads",  # threads decoding in each consumer (summed: all consumers')
     "episodes_skipped",  # on_error="skip": episodes whose bytes were bad, and their samples dropped
     "samples_skipped",
     *COUNTERS,  # storage bytes and cache outcomes (loader.cache)
