@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -43,7 +44,13 @@ def _launch(root: Path, ckpt: Path, *extra: str) -> list[subprocess.Popen]:
 
 
 def _finish(procs: list[subprocess.Popen]) -> str:
-    outputs = [p.communicate(timeout=240)[0] for p in procs]
+    try:
+        outputs = [p.communicate(timeout=240)[0] for p in procs]
+    except subprocess.TimeoutExpired:  # a hung run fails this test, never the suite: kill every rank's group
+        for p in procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+        raise
     for p, out in zip(procs, outputs):
         assert p.returncode == 0, out[-3000:]
     return outputs[0]
