@@ -7,14 +7,18 @@ out (no video), the end-to-end one reads every frame's identity back from its pi
 from __future__ import annotations
 
 import collections
+import itertools
+import random
 from pathlib import Path
 
 import pytest
 from torch.utils.data import DataLoader
 
 from lerobot_shards.loader import EpisodePoolDataset
-from lerobot_shards.loader.elastic import Origin, plan_elastic
-from lerobot_shards.loader.partition import Consumer, PlanOptions, ShardSpec
+from lerobot_shards.loader.elastic import Origin, emitted_frames, plan_elastic
+from lerobot_shards.loader.partition import Consumer, PlanOptions, ShardSpec, plan_consumer
+from lerobot_shards.loader.resume import samples_to_skip
+from lerobot_shards.loader.sampling import PoolSampler, consumer_rng
 from lerobot_shards.synth import read_identity, synth_dataset
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create 3 worker processes")
@@ -147,3 +151,61 @@ def test_equal_mode_gives_every_new_consumer_the_same_count() -> None:
     remaining = 4 * 18 - 2 * 3 * 2  # each of the 2 old ranks consumed 3 batches of 2
     assert [p.num_samples for p in plans] == [remaining // 3] * 3
     assert sum(sum(p.lengths) for p in plans) == remaining
+
+
+def _replayed(shards, *, seed, options, pool_size, origin, drop_last) -> dict[int, set[int]]:
+    """The emitted frames the slow way: every old consumer's emissions, one by one."""
+    seen: dict[int, set[int]] = {}
+    workers = max(1, origin.num_workers)
+    for rank in range(origin.world_size):
+        plans = [
+            plan_consumer(
+                shards, seed=seed, epoch=0, consumer=Consumer(rank, origin.world_size, w, workers), options=options
+            )
+            for w in range(workers)
+        ]
+        for w, plan in enumerate(plans):
+            skip = samples_to_skip(origin.batches_consumed, origin.batch_size, plans[0].rank_samples, w, drop_last)
+            sampler = PoolSampler(
+                plan.lengths,
+                pool_size,
+                consumer_rng(seed, 0, rank, w),
+                shuffle=options.shuffle,
+                num_samples=plan.num_samples,
+            )
+            for emission in itertools.islice(sampler, skip):
+                seen.setdefault(plan.episodes[emission.position][1], set()).add(emission.frame)
+    return seen
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+@pytest.mark.parametrize("equal", [True, False])
+def test_emitted_frames_read_off_the_state_equal_a_full_replay(shuffle: bool, equal: bool) -> None:
+    rng, checked = random.Random(7), 0
+    for case in range(40):
+        shards = [
+            ShardSpec(i, tuple(range(3 * i, 3 * i + 3)), tuple(rng.randint(1, 9) for _ in range(3)))
+            for i in range(rng.randint(1, 5))
+        ]
+        world, workers, batch = rng.randint(1, 3), rng.randint(0, 3), rng.randint(1, 4)
+        options = PlanOptions(shuffle=shuffle, equal_samples_per_rank=equal)
+        try:
+            plan_consumer(shards, seed=case, epoch=0, consumer=Consumer(0, world, 0, max(1, workers)), options=options)
+        except ValueError:  # equal-count mode refuses consumers without frames
+            continue
+        batches = min(  # the epoch's batches on its shortest rank: any cut up to it
+            sum(
+                -(-n // batch)
+                for n in plan_consumer(shards, seed=case, epoch=0, consumer=c, options=options).rank_samples
+            )
+            for c in (Consumer(r, world, 0, max(1, workers)) for r in range(world))
+        )
+        origin = Origin(world, workers, rng.randint(0, batches), batch)
+        kwargs = dict(seed=case, options=options, pool_size=rng.randint(1, 4), origin=origin, drop_last=False)
+        lengths = {e: n for s in shards for e, n in zip(s.episodes, s.lengths)}
+        fast = emitted_frames(shards, epoch=0, **kwargs)
+        as_sets = {e: set(range(lengths[e])) if f is None else set(f.tolist()) for e, f in fast.items()}
+        slow = _replayed(shards, **kwargs)
+        assert {e: f for e, f in as_sets.items() if f} == slow, (case, origin)
+        checked += 1
+    assert checked >= 20

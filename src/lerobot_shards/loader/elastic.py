@@ -2,7 +2,9 @@
 
 The frames the interrupted run emitted are recomputed on tables alone: every old consumer's plan
 and pool order are replayed (``plan_consumer`` + ``PoolSampler.skip``) for as many samples as
-the round-robin gave out (each old rank consumed the same ``batches_consumed`` batches). The
+the round-robin gave out (each old rank consumed the same ``batches_consumed`` batches), and the
+emitted frames are read off the sampler's state at the cut (episodes admitted and finished were
+emitted whole; only the resident ones are partial), so nothing is kept per emitted frame. The
 frames not yet emitted are then laid out again over the new consumers by ``split_shards``
 (contiguous episode ranges, balanced by remaining frames, so reads stay sequential), and each
 consumer draws uniformly over the remaining frames of its resident episodes (``SubsetSampler``).
@@ -13,9 +15,10 @@ All of it is a pure function of metadata, seed, epoch and the two layouts.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from .partition import Consumer, ConsumerPlan, PlanOptions, ShardSpec, plan_consumer, split_shards
 from .resume import samples_to_skip
@@ -39,7 +42,7 @@ class ElasticPlan:
     """One new consumer's share of the rest of the epoch."""
 
     plan: ConsumerPlan  # lengths are the remaining frames of each episode
-    frames: tuple[tuple[int, ...], ...]  # the remaining frame indices of each episode, ascending
+    frames: tuple[Sequence[int], ...]  # the remaining frame indices of each episode, ascending
 
 
 def emitted_frames(
@@ -51,9 +54,10 @@ def emitted_frames(
     pool_size: int,
     origin: Origin,
     drop_last: bool,
-) -> dict[int, set[int]]:
-    """Episode -> frames the interrupted run emitted this epoch, by replaying its consumers."""
-    emitted: dict[int, set[int]] = {}
+) -> dict[int, np.ndarray | None]:
+    """Episode -> frames the interrupted run emitted this epoch (``None``: all of them), by
+    replaying its consumers; episodes it did not reach are absent."""
+    emitted: dict[int, np.ndarray | None] = {}
     workers = max(1, origin.num_workers)
     for rank in range(origin.world_size):
         plans = [
@@ -72,8 +76,13 @@ def emitted_frames(
                 shuffle=options.shuffle,
                 num_samples=plan.num_samples,
             )
-            for emission in itertools.islice(sampler, skip):
-                emitted.setdefault(plan.episodes[emission.position][1], set()).add(emission.frame)
+            sampler.skip(skip)
+            if skip >= sum(plan.lengths):  # a whole pass (equal-count mode repeats frames after it)
+                emitted.update((e, None) for _, e in plan.episodes)
+                continue
+            admitted, partial = sampler.progress()
+            for position in range(admitted):
+                emitted[plan.episodes[position][1]] = partial.get(position)  # None: emitted whole
     return emitted
 
 
@@ -92,13 +101,19 @@ def plan_elastic(
     emitted = emitted_frames(
         shards, seed=seed, epoch=epoch, options=options, pool_size=pool_size, origin=origin, drop_last=drop_last
     )
-    frames: dict[int, tuple[int, ...]] = {}
+    frames: dict[int, Sequence[int]] = {}
     remaining: list[ShardSpec] = []
     for s in shards:
         kept = []
         for e, n in zip(s.episodes, s.lengths):
-            done = emitted.get(e, set())
-            frames[e] = tuple(f for f in range(n) if f not in done)
+            if e not in emitted:
+                frames[e] = range(n)
+            elif (done := emitted[e]) is None:
+                continue
+            else:
+                left = np.ones(n, dtype=bool)
+                left[done] = False
+                frames[e] = tuple(np.flatnonzero(left).tolist())
             if frames[e]:
                 kept.append((e, len(frames[e])))
         if kept:

@@ -119,6 +119,22 @@ class PoolSampler(Iterator[Emission]):
         """Positions admitted and not yet finished: the episodes the loader must hold now."""
         return sorted(p for p, r in zip(self._position, self._remaining) if r > 0)
 
+    def progress(self) -> tuple[int, dict[int, np.ndarray]]:
+        """What this pass has emitted, read off the state instead of replayed emission by emission.
+
+        Returns ``(admitted, partial)``: the positions below ``admitted`` were admitted this pass;
+        those in ``partial`` are resident, with the frames they have emitted so far, and the
+        others were emitted whole. (After a whole pass, ``admitted`` is the list's length and
+        ``partial`` is empty.)
+        """
+        partial = {}
+        for slot, position in enumerate(self._position):
+            if position >= 0 and self._remaining[slot] > 0:
+                k = self._emitted_in_slot[slot]
+                order = self._order[slot]
+                partial[position] = np.arange(k) if order is None else order[:k].copy()
+        return self._next_admit, partial
+
     def admission_order(self) -> Iterator[tuple[int, int]]:
         """(pass, position) of every episode still to be used, in the order the pool admits them.
 
