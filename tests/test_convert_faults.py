@@ -80,7 +80,7 @@ def test_missing_bucket_is_one_line(s3_server, source: Path) -> None:
     assert line == "Error: s3://no-such-bucket/ds: bucket 'no-such-bucket' does not exist; create it or correct the URL"
 
 
-def test_bad_endpoint_is_one_line(source: Path) -> None:
+def test_bad_endpoint_is_one_line_without_the_endpoint(source: Path, tmp_path: Path) -> None:
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -92,8 +92,18 @@ def test_bad_endpoint_is_one_line(source: Path) -> None:
             "config_kwargs": {"retries": {"max_attempts": 1}},  # fail at once, not after retries
         }
     )
-    line = _one_line(run_cli("convert", source, "s3://bucket/ds", "--no-progress", "--storage-options", options))
-    assert line.startswith(f"Error: s3://bucket/ds: cannot connect to the storage endpoint http://127.0.0.1:{port};")
+    convert_dataset(source, tmp_path / "out", progress=False)
+    for command, url in (
+        (["convert", source, "s3://bucket/ds"], "s3://bucket/ds"),
+        (["upload", tmp_path / "out", "s3://bucket/up"], "s3://bucket/up"),
+        (["verify", "s3://bucket/ds"], "s3://bucket/ds"),
+        (["verify", tmp_path / "out", "--source", "s3://bucket/raw"], "s3://bucket/raw"),
+    ):
+        line = _one_line(run_cli(*command, "--no-progress", "--storage-options", options))
+        assert line == (
+            f"Error: {url}: cannot connect to the storage endpoint; check endpoint_url in --storage-options "
+            "(or AWS_ENDPOINT_URL) and that the server is up"
+        ), (command, line)
 
 
 def test_unknown_storage_option_is_one_line(source: Path) -> None:
@@ -132,6 +142,66 @@ def test_error_mapping_and_redaction() -> None:
     )
     for leaked in ("AKIDX", "0123abcd", "feed", "AKIDY", "AKIDREDACTME", "SECRETREDACTME", "ab" * 32):
         assert leaked not in text, (leaked, text)
+
+
+def test_endpoints_are_redacted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Endpoint URLs from storage options (top level or in client_kwargs) and the environment become
+    ``<endpoint>`` as URL, ``host:port`` and ``('host', port)``; bucket URLs and other hosts stay."""
+    register_secrets({"endpoint_url": "https://minio.internal.example:9443/"})
+    register_secrets({"key": "k", "client_kwargs": {"endpoint_url": "http://10.11.12.13:19000"}})
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", "http://10.4.5.6:29000")
+    text = redact(
+        'Could not connect to the endpoint URL: "http://10.11.12.13:19000/bucket/ds/shards/shard-000003.tar"; '
+        "Cannot connect to host 10.11.12.13:19000 ssl:default [Connect call failed ('10.11.12.13', 19000)]; "
+        "https://minio.internal.example:9443/b/k; minio.internal.example:9443; 10.4.5.6:29000"
+    )
+    for leaked in ("10.11.12.13:", "'10.11.12.13'", "minio.internal", "10.4.5.6"):
+        assert leaked not in text, (leaked, text)
+    assert text.startswith('Could not connect to the endpoint URL: "<endpoint>/bucket/ds/shards/shard-000003.tar"')
+    assert "[Connect call failed (<endpoint>)]" in text and text.endswith("<endpoint>/b/k; <endpoint>; <endpoint>")
+    others = "s3://bucket/ds 10.11.12.130:19000 10.11.12.13:190001 ('10.11.12.13', 1900)"
+    assert redact(others) == others  # bucket URLs, other hosts and ports
+    for name in ("AWS_ENDPOINT_URL", "FSSPEC_S3_ENDPOINT_URL"):  # read when redacting, not when registering
+        monkeypatch.setenv(name, "http://storage.example.net:7480")
+        assert redact("GET http://storage.example.net:7480/b/k") == "GET <endpoint>/b/k"
+        monkeypatch.delenv(name)
+
+
+def test_explain_does_not_name_the_endpoint() -> None:
+    from botocore.exceptions import ConnectTimeoutError, EndpointConnectionError
+
+    register_secrets({"client_kwargs": {"endpoint_url": "http://10.21.22.23:39000"}})
+    request = "http://10.21.22.23:39000/bucket/ds/manifest.json"
+    hint = "check endpoint_url in --storage-options (or AWS_ENDPOINT_URL) and that the server is up"
+    assert explain(EndpointConnectionError(endpoint_url=request), ["/data/src", "s3://bucket/ds"]) == (
+        f"s3://bucket/ds: cannot connect to the storage endpoint; {hint}"
+    )
+    assert (
+        explain(ConnectTimeoutError(endpoint_url=request))
+        == f"storage: timed out talking to the storage endpoint; {hint}"
+    )
+    assert explain(RuntimeError(f"failed: {request}")) == (
+        "RuntimeError: failed: <endpoint>/bucket/ds/manifest.json (run with -vv for the traceback)"
+    )
+
+
+def test_unreadable_parquet_reason_hides_the_endpoint() -> None:
+    """A timeout while reading a source parquet becomes the episode's reason (kept in the manifest
+    with --skip-bad-episodes): without the endpoint."""
+    from lerobot_shards.lerobot_v3 import SourceError, _read_parquet
+
+    register_secrets({"endpoint_url": "http://10.31.32.33:49000"})
+
+    class TimingOut:
+        def open(self, path: str, mode: str) -> None:
+            raise TimeoutError(f"Read timeout on endpoint URL: http://10.31.32.33:49000/{path}")
+
+    with pytest.raises(SourceError) as failure:
+        _read_parquet(TimingOut(), "bucket/ds/data/file-000.parquet")  # type: ignore[arg-type]
+    assert str(failure.value) == (
+        "bucket/ds/data/file-000.parquet: not a readable parquet file "
+        "(Read timeout on endpoint URL: <endpoint>/bucket/ds/data/file-000.parquet)"
+    )
 
 
 # -- a killed parent takes its workers along ----------------------------------------------------

@@ -1,14 +1,17 @@
-"""Turning exceptions into one line a user can act on, and keeping credentials out of logs.
+"""Turning exceptions into one line a user can act on, and keeping credentials and endpoints out of logs.
 
 The CLI prints ``explain(exc)`` (the path, what went wrong, what to do) instead of a traceback;
 ``-vv`` adds the traceback through logging, whose formatter redacts access key ids, secrets,
-session tokens and request signatures (botocore logs them at debug level). Object-store
-exceptions are recognised by their attributes, not imported: s3fs is an optional dependency.
+session tokens and request signatures (botocore logs them at debug level), and the storage
+endpoint: a private server's address is no business of whoever reads a log or an error
+(botocore and aiohttp put it in every connection error). Object-store exceptions are recognised
+by their attributes, not imported: s3fs is an optional dependency.
 """
 
 from __future__ import annotations
 
 import errno
+import functools
 import logging
 import os
 import re
@@ -18,6 +21,11 @@ from typing import Any
 REDACTED = "***"
 # Environment variables whose values are secrets wherever they show up in a log line.
 SECRET_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN")
+# Environment variables and the storage option (also inside client_kwargs) naming the endpoint
+# URL (boto3, s3fs, fsspec), replaced by ENDPOINT wherever it shows up.
+ENDPOINT_ENV = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "FSSPEC_S3_ENDPOINT_URL")
+ENDPOINT_OPTION = "endpoint_url"
+ENDPOINT = "<endpoint>"
 # Storage-option names whose values are secrets (s3fs, gcsfs, adlfs, generic fsspec).
 _SECRET_OPTION = re.compile(r"(key|secret|token|password|credential|sas|signature)", re.IGNORECASE)
 # Request-signing material as botocore and presigned URLs print it.
@@ -33,19 +41,44 @@ _PATTERNS = [
     ),
 ]
 _secrets: set[str] = set()
+_endpoints: set[str] = set()
 
 
 def register_secrets(options: Mapping[str, Any] | None) -> None:
-    """Remember the secret values of storage options (nested too) so logs never show them."""
+    """Remember the secret values and endpoint URLs of storage options (nested too) so logs and
+    errors never show them. Every process that opens storage calls it (spawned workers too)."""
     for name, value in (options or {}).items():
         if isinstance(value, Mapping):
             register_secrets(value)
+        elif isinstance(value, str) and name == ENDPOINT_OPTION and value:
+            _endpoints.add(value)
         elif isinstance(value, str) and len(value) >= 4 and _SECRET_OPTION.search(str(name)):
             _secrets.add(value)
 
 
+@functools.lru_cache(maxsize=64)  # redact runs on every log line
+def _endpoint_patterns(url: str) -> tuple[re.Pattern[str], ...]:
+    """The endpoint URL, its bare ``host:port`` and ``('host', port)`` as socket errors print it;
+    never inside a longer host name or port number."""
+    url = url.strip().rstrip("/")
+    m = re.match(r"^(?:[a-z0-9+.-]+://)?(\[[^\]]+\]|[^/:?#\[]+)(?::(\d+))?", url, re.IGNORECASE)
+    if not m:
+        return ()
+    host, port = re.escape(m.group(1)), m.group(2)
+    patterns = [re.escape(url) + r"(?!\d)"]
+    if port:
+        patterns += [rf"(?<![\w.-]){host}:{port}(?!\d)", rf"['\"]{host}['\"],\s*{port}(?!\d)"]
+    else:
+        patterns.append(rf"(?<![\w.-]){host}(?![\w-]|\.\w)")
+    return tuple(re.compile(p, re.IGNORECASE) for p in patterns)
+
+
 def redact(text: str) -> str:
-    """``text`` with credentials and signatures replaced by ``***``."""
+    """``text`` with storage endpoints replaced by ``<endpoint>``, credentials and signatures by ``***``."""
+    endpoints = _endpoints | {v for k in ENDPOINT_ENV if (v := os.environ.get(k, "").strip())}
+    for url in sorted(endpoints, key=len, reverse=True):
+        for pattern in _endpoint_patterns(url):
+            text = pattern.sub(ENDPOINT, text)
     values = _secrets | {v for k in SECRET_ENV if len(v := os.environ.get(k, "")) >= 4}
     for value in sorted(values, key=len, reverse=True):
         text = text.replace(value, REDACTED)
@@ -91,11 +124,15 @@ _ERRNO_HINTS = {
 
 
 def explain(exc: BaseException, urls: Iterable[str | None] = ()) -> str:
-    """One line for ``exc``: where, what went wrong and what to do.
+    """One line for ``exc``: where, what went wrong and what to do; credentials and endpoints redacted.
 
     ``urls`` are the locations the command was given (source, destination), used to say which
     of them an object-store error concerns when the exception itself does not.
     """
+    return redact(_explain(exc, urls))
+
+
+def _explain(exc: BaseException, urls: Iterable[str | None]) -> str:
     given = [u for u in urls if u]
     for e in _chain(exc):
         name = type(e).__name__
@@ -104,12 +141,10 @@ def explain(exc: BaseException, urls: Iterable[str | None] = ()) -> str:
             "endpoint_url"
         ):
             request = str(kwargs["endpoint_url"])
-            m = re.match(r"^([a-z0-9+.-]+://[^/]+)", request)
-            endpoint = m.group(1) if m else request
             where = next((u for u in given if "://" in u and u.split("://", 1)[1].split("/", 1)[0] in request), None)
             what = "cannot connect to" if name == "EndpointConnectionError" else "timed out talking to"
-            return (
-                f"{where or request}: {what} the storage endpoint {endpoint}; check endpoint_url in "
+            return (  # the endpoint itself is not named: it is the user's to know, not the log's
+                f"{where or 'storage'}: {what} the storage endpoint; check endpoint_url in "
                 f"--storage-options (or AWS_ENDPOINT_URL) and that the server is up"
             )
         if name in ("NoCredentialsError", "PartialCredentialsError"):

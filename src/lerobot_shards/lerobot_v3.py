@@ -21,6 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from .errors import redact
 from .names import UnsafeNameError, check_name, check_relpath
 from .shard_plan import EpisodeSize
 
@@ -94,8 +95,8 @@ def _read_parquet(fs: fsspec.AbstractFileSystem, path: str) -> pa.Table:
             return pq.ParquetFile(f).read()  # read_table would import pyarrow.dataset (and pandas)
     except FileNotFoundError:
         raise SourceError(f"{path}: file not found") from None
-    except (pa.ArrowInvalid, OSError) as e:
-        raise SourceError(f"{path}: not a readable parquet file ({e})") from None
+    except (pa.ArrowInvalid, OSError) as e:  # OSError: also a timeout, whose text names the endpoint
+        raise SourceError(redact(f"{path}: not a readable parquet file ({e})")) from None
 
 
 def _int64s(col: pa.ChunkedArray, where: str) -> np.ndarray:

@@ -36,6 +36,7 @@ from concurrent.futures import CancelledError, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from ..errors import redact
 from ..format import TMP_SUFFIX
 from ..names import check_relpath
 from .integrity import IntegrityError
@@ -473,13 +474,16 @@ class LocalFile:
 
 
 def ranged(fs: Any, path: str, where: str) -> Callable[[int, int], bytes]:
-    """``fetch(start, end)`` of one remote object: a single ranged request; a failure names ``where``."""
+    """``fetch(start, end)`` of one remote object: a single ranged request; a failure names ``where``
+    (redacted, without the storage's exception chained: its text names the endpoint)."""
 
     def fetch(start: int, end: int) -> bytes:
         try:
             return fs.cat_file(path, start=start, end=end)
         except Exception as e:
-            raise OSError(f"{where}: reading bytes {start}..{end} from storage failed: {e}") from e
+            raise OSError(
+                redact(f"{where}: reading bytes {start}..{end} from storage failed ({type(e).__name__}: {e})")
+            ) from None
 
     return fetch
 

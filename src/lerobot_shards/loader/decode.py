@@ -34,6 +34,7 @@ import torch
 from torch.utils.data import get_worker_info
 from torchcodec.decoders import VideoDecoder, set_cuda_backend
 
+from ..errors import redact
 from ..resize import DEFAULT_MODE, camera_sizes, check_mode, check_size, plan_transform
 from ..video import transform_rgb
 from .sources import ClipRef
@@ -174,7 +175,9 @@ class DecoderCache:
         except Exception as e:  # torchcodec's errors name neither the clip nor the frame
             self.drop(clip.cache_key)  # a decoder that failed may be left mid-stream
             wanted = ", ".join(str(int(i)) for i in indices)
-            raise DecodeError(f"{clip.where}: cannot decode frame(s) {wanted} ({type(e).__name__}: {e})") from e
+            error = DecodeError(redact(f"{clip.where}: cannot decode frame(s) {wanted} ({type(e).__name__}: {e})"))
+            # an mp4 read from storage: its failure is not chained, its text names the endpoint
+            raise error from (None if clip.data is None and "://" in (clip.url or "") else e)
         if self.device != "cpu":
             self._check_fallback(decoder, clip)
             frames = frames.to(self.device)  # a CPU fallback's frames join the other clips' device

@@ -16,12 +16,18 @@ from typing import Any
 
 import fsspec
 
+from ..errors import redact
+
 CONNECT_TIMEOUT_S = 5.0
 READ_TIMEOUT_S = 5.0  # longest silence within one response, not the time to read it
 # botocore retries a failed request (timeouts, connection errors, 5xx) once, with its jittered
 # backoff; s3fs wraps that in its own 5 attempts with backoff (0.1 s, 0.17 s, ... ; not settable
 # per instance). A bucket that stops answering fails after 5 x 2 x READ_TIMEOUT_S = 50 s at most.
 BOTOCORE_RETRIES = {"mode": "standard", "max_attempts": 1}
+READ_HINT = (
+    "check that the storage server is up and reachable (endpoint_url in storage_options, or AWS_ENDPOINT_URL) "
+    "and read again"
+)
 
 
 def with_timeouts(url: str, storage_options: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -44,13 +50,15 @@ def with_timeouts(url: str, storage_options: dict[str, Any] | None) -> dict[str,
 @contextlib.contextmanager
 def reading(where: str) -> Iterator[None]:
     """Re-raise a filesystem's transport failures (timeouts, refused connections: botocore, aiohttp
-    and asyncio types alike) as one ``OSError`` that says what was being read.
+    and asyncio types alike) as one ``OSError`` that says what was being read and what to do.
 
-    The package's own errors (ValueError subclasses) and missing files already say where and pass.
+    Its text is redacted and it is raised ``from None``: botocore's and aiohttp's messages name the
+    endpoint, and a chained cause would print them again in every traceback. The package's own
+    errors (ValueError subclasses) and missing files already say where and pass.
     """
     try:
         yield
     except (ValueError, LookupError, FileNotFoundError, PermissionError):
         raise
     except Exception as e:
-        raise OSError(f"{where}: cannot read it ({type(e).__name__}: {e})") from e
+        raise OSError(redact(f"{where}: cannot read it ({type(e).__name__}: {e}); {READ_HINT}")) from None

@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .. import format as fmt
+from ..errors import register_secrets
 from ..lerobot_v3 import IMAGE_DTYPE, VIDEO_DTYPE, LeRobotV3Source, SourceError, protocols
 from ..names import check_name
 from ..shard_plan import plan_shards
@@ -139,7 +140,10 @@ def open_source(
     """A converted dataset (has manifest.json) or a raw LeRobot v3.0 dataset (has meta/info.json).
 
     ``episodes``: the subset that will be read; a raw dataset then needs only their files.
+    Registers the options' secrets and endpoint with ``errors.redact`` first: each DataLoader
+    worker opens its own source, and a spawned worker starts with nothing registered.
     """
+    register_secrets(storage_options)
     with reading(str(url)):
         return _open_source(
             str(url), storage_options, cache_dir, cache_max_bytes, shard_bytes, episodes_per_shard, episodes
@@ -478,30 +482,45 @@ class RawSource:
                     del self._refs[rel]
                     close_when_open(self._files.pop(rel))
 
-    def _local_videos(self, episode_index: int) -> dict[str, str]:
-        """The episode's mp4s in the cache (waiting for their downloads), counted as held; {} if none."""
+    def _hold_videos(self, episode_index: int) -> dict[str, Future[CachedFile | None]]:
+        """The episode's mp4s by path, downloading into the cache (or already there), counted as held
+        by the episode; the next virtual shard's are queued after them. {} without a cache."""
         if self.remote is None:
             return {}
-        files = self._video_files(episode_index)
         with self._lock:
-            opening = [self._hold(rel) for rel in files]
-            for rel in files:
+            held = {rel: self._hold(rel) for rel in self._video_files(episode_index)}
+            for rel in held:
                 self._refs[rel] += 1
         self._start_prefetch()
+        return held
+
+    def _local_videos(self, held: dict[str, Future[CachedFile | None]], episode_index: int) -> dict[str, str]:
+        """Local paths of the held mp4s once downloaded; a failure names the file and the episode."""
         local = {}
-        for rel, fut in zip(files, opening):
-            cached = fut.result()
-            if cached is not None:  # does not fit in the cache: decoded from storage
-                local[rel] = cached.wait()
+        for rel, opening in held.items():
+            with reading(f"{self.url}/{rel}: episode {episode_index}"):
+                cached = opening.result()
+                if cached is not None:  # does not fit in the cache: decoded from storage
+                    local[rel] = cached.wait()
         return local
 
     def read_episode(self, shard: int, episode_index: int) -> ResidentEpisode:
-        """The episode's rows from its data file; clips point into the source mp4s (cached if possible)."""
+        """The episode's rows from its data file; clips point into the source mp4s (cached if possible).
+
+        A failed read names the file and episode, and lets go of the mp4s held for the episode.
+        """
         ep = self.src.episode(episode_index)
-        local = self._local_videos(episode_index)
-        table = self.src.read_episode_table(ep)
+        held = self._hold_videos(episode_index)
+        files = list(held)
         where = f"{self.url}/{ep.data_path}: episode {episode_index}"
-        columns = table_to_columns(table, self.info.features, where)
+        try:
+            local = self._local_videos(held, episode_index)
+            with reading(where):
+                table = self.src.read_episode_table(ep)
+            columns = table_to_columns(table, self.info.features, where)
+        except BaseException:
+            self._release(files)
+            raise
         clips = {}
         for cam, v in ep.videos.items():
             url = self.src.local_path(v.path) or posixpath.join(self.url, v.path)
@@ -514,8 +533,5 @@ class RawSource:
                 f"{where} camera {cam} ({v.path})",
             )
         nbytes = int(table.nbytes)
-        release = None
-        if self.remote is not None:
-            files = self._video_files(episode_index)
-            release = lambda: self._release(files)  # noqa: E731
+        release = (lambda: self._release(files)) if files else None
         return ResidentEpisode(episode_index, ep.length, columns, clips, nbytes, release)
