@@ -185,23 +185,31 @@ def test_explain_does_not_name_the_endpoint() -> None:
     )
 
 
-def test_unreadable_parquet_reason_hides_the_endpoint() -> None:
-    """A timeout while reading a source parquet becomes the episode's reason (kept in the manifest
-    with --skip-bad-episodes): without the endpoint."""
+def test_a_parquet_read_timeout_is_a_storage_error_without_the_endpoint_not_a_bad_file() -> None:
+    """A timeout while reading a source parquet is not the file's fault: --skip-bad-episodes must
+    not drop its episodes (SourceError), and the error names the file, not the endpoint."""
     from lerobot_shards.lerobot_v3 import SourceError, _read_parquet
 
     register_secrets({"endpoint_url": "http://10.31.32.33:49000"})
 
     class TimingOut:
-        def open(self, path: str, mode: str) -> None:
+        def cat_file(self, path: str) -> bytes:
             raise TimeoutError(f"Read timeout on endpoint URL: http://10.31.32.33:49000/{path}")
 
-    with pytest.raises(SourceError) as failure:
+    class Garbled:
+        def cat_file(self, path: str) -> bytes:
+            return b"PAR1 not really parquet"
+
+    with pytest.raises(OSError) as failure:
         _read_parquet(TimingOut(), "bucket/ds/data/file-000.parquet")  # type: ignore[arg-type]
+    assert not isinstance(failure.value, SourceError)
     assert str(failure.value) == (
-        "bucket/ds/data/file-000.parquet: not a readable parquet file "
-        "(Read timeout on endpoint URL: <endpoint>/bucket/ds/data/file-000.parquet)"
+        "bucket/ds/data/file-000.parquet: cannot read it (TimeoutError: Read timeout on endpoint URL: "
+        "<endpoint>/bucket/ds/data/file-000.parquet); check that the storage is reachable and run again"
     )
+    assert failure.value.__cause__ is None
+    with pytest.raises(SourceError, match=r"file-000.parquet: not a readable parquet file"):
+        _read_parquet(Garbled(), "bucket/ds/data/file-000.parquet")  # type: ignore[arg-type]
 
 
 # -- a killed parent takes its workers along ----------------------------------------------------

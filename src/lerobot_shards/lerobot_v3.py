@@ -90,13 +90,22 @@ def _read_json(fs: fsspec.AbstractFileSystem, path: str) -> dict[str, Any]:
 
 
 def _read_parquet(fs: fsspec.AbstractFileSystem, path: str) -> pa.Table:
+    # Fetch, then parse: a timeout or a refused connection is the storage's fault, never a reason to
+    # call the file bad (``--skip-bad-episodes`` would drop its episodes for a slow network).
     try:
-        with fs.open(path, "rb") as f:
-            return pq.ParquetFile(f).read()  # read_table would import pyarrow.dataset (and pandas)
+        data = fs.cat_file(path)
     except FileNotFoundError:
         raise SourceError(f"{path}: file not found") from None
-    except (pa.ArrowInvalid, OSError) as e:  # OSError: also a timeout, whose text names the endpoint
-        raise SourceError(redact(f"{path}: not a readable parquet file ({e})")) from None
+    except OSError as e:  # its text may name the endpoint
+        raise OSError(
+            redact(
+                f"{path}: cannot read it ({type(e).__name__}: {e}); check that the storage is reachable and run again"
+            )
+        ) from None
+    try:
+        return pq.ParquetFile(pa.BufferReader(data)).read()  # read_table would import pyarrow.dataset (and pandas)
+    except (pa.ArrowInvalid, OSError) as e:
+        raise SourceError(f"{path}: not a readable parquet file ({e})") from None
 
 
 def _int64s(col: pa.ChunkedArray, where: str) -> np.ndarray:
