@@ -210,3 +210,13 @@ def test_raw_from_a_bucket_prefetches_mp4s_into_a_bounded_cache(data, s3_server,
     assert total["cache_misses"] >= len(videos) // 2 and total["storage_bytes"] > 0
     assert total["cache_bytes_peak"] <= cap and watcher.largest <= cap
     assert not any(e.in_use for e in scan(str(cache)))  # released when their episodes left the pool
+
+
+def test_raw_from_a_bucket_without_a_cache_decodes_straight_from_storage(data, s3_server) -> None:
+    """No cache_dir: the mp4s are read through a bounded block cache, frames still exact."""
+    raw, _ = data
+    url = _upload(s3_server, raw, "storage-raw-direct")
+    local = _epoch(_dataset(raw))
+    remote = _epoch(_dataset(url, storage_options=s3_server.storage_options))
+    _assert_same(local, remote)
+    _assert_identity(remote)

@@ -40,6 +40,11 @@ from ..video import transform_rgb
 from .sources import ClipRef
 
 CUDA_BACKENDS = ("nvdec", "ffmpeg")
+# A raw mp4 decoded straight from object storage (no cache_dir): an LRU of 4 MiB blocks, 64 MiB per
+# open file. The filesystem's default read-ahead window (s3fs: 50 MB from each seek) refetched
+# tens of MB per random-access sample, since every seek outside the window starts a new one.
+REMOTE_BLOCK_BYTES = 4 << 20
+REMOTE_BLOCKS = {"maxblocks": 16}
 MAX_AUTO_DECODE_THREADS = 8
 _warned_fallback: set[tuple[str, str]] = set()  # (device, codec): one warning per process
 
@@ -128,7 +133,10 @@ class DecoderCache:
         if clip.data is not None:
             source: Any = clip.data
         elif "://" in (clip.url or ""):
-            handle = fsspec.open(clip.url, "rb", **self.storage_options).open()
+            fs, path = fsspec.core.url_to_fs(clip.url, **self.storage_options)
+            handle = fs.open(
+                path, "rb", block_size=REMOTE_BLOCK_BYTES, cache_type="blockcache", cache_options=REMOTE_BLOCKS
+            )
             source = handle
         else:
             source = clip.url
