@@ -40,7 +40,7 @@ from .windows import delta_frame_offsets, window_indices
 
 log = logging.getLogger(__name__)
 
-DEFAULT_DECODE_THREADS = 0  # measured (benchmarks/speed): threads pay off only with idle cores
+DEFAULT_DECODE_THREADS = 0  # measured (README, decode_threads): threads pay off only with idle cores
 ON_ERROR = ("raise", "skip")
 
 
