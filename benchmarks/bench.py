@@ -1,7 +1,9 @@
 """The loader benchmark: how many samples/s a training loop gets, from local disk and from a shaped bucket.
 
     .venv/bin/python benchmarks/bench.py                      # the quick matrix (make bench)
-    .venv/bin/python benchmarks/bench.py --size full --batches 200 --out benchmarks/results/full
+    .venv/bin/python benchmarks/bench.py --rounds 3           # each case 3 times, interleaved: medians
+    .venv/bin/python benchmarks/bench.py --size full --modes frame,act,long --workers 0,2,4 \\
+        --batches 200 --max-seconds 120 --timeout 600 --out benchmarks/results/full
     .venv/bin/python benchmarks/bench.py --modes act --sources converted-local \\
         --opt num_ffmpeg_threads=2 --label ffmpeg2            # one more case: any loader option
 
@@ -9,8 +11,10 @@ Builds (once) a synthetic LeRobot v3.0 dataset with the weight of real footage a
 serves both from the real S3-protocol server behind our shaper (30 ms per request, 100 MB/s
 shared by default), and runs every case of the matrix (sources x modes x decodes x workers x
 image dtypes, then the LeRobot baselines, the pure-decode limit and the DataLoader ceiling) in
-its own process with a timeout. One JSON per case lands in ``--out``; ``summarize.py`` then
-writes the table, ``summary.csv`` and the charts.
+its own process with a timeout. With ``--rounds N`` the whole matrix runs N times, round after
+round, so slow spells of a shared machine hit every case alike, and each case reports its median
+round. One JSON per case lands in ``--out``; ``summarize.py`` then writes the table,
+``summary.csv`` and the charts.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ sys.path.insert(0, str(HERE))
 
 from harness import data  # noqa: E402
 from harness.cases import DECODES, MODES, SOURCES, Case, expand  # noqa: E402
-from harness.runner import LEROBOT, baseline_command, our_command, run_case  # noqa: E402
+from harness.runner import LEROBOT, baseline_command, median_round, our_command, run_case  # noqa: E402
 from harness.shaper import PROFILES, Profile  # noqa: E402
 
 LEROBOT_LATEST_SH = Path("/work/shared/tools/lerobot-latest.sh")
@@ -74,9 +78,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--data-dir", type=Path, default=REPO / "data/bench", help="where datasets are built and kept")
     ap.add_argument("--out", type=Path, default=HERE / "results/latest", help="results directory")
     ap.add_argument("--sources", default=",".join(SOURCES), help=f"subset of {','.join(SOURCES)} ('' for none)")
-    ap.add_argument("--modes", default="frame,act,long", help=f"subset of {','.join(MODES)}")
+    ap.add_argument("--modes", default="act", help=f"subset of {','.join(MODES)}")
     ap.add_argument("--decodes", default="cpu,cuda", help=f"subset of {','.join(DECODES)} (cuda: skipped without GPU)")
-    ap.add_argument("--workers", default="2", help="DataLoader worker counts, e.g. 1,2,4")
+    ap.add_argument(
+        "--workers",
+        default="0,2",
+        help="DataLoader worker counts, e.g. 0,2,4 (0: ours decodes in threads of the main process; no LeRobot case)",
+    )
     ap.add_argument("--cuda-workers", type=int, default=1, help="workers for cuda cases (each holds a CUDA context)")
     ap.add_argument(
         "--cuda-reencode",
@@ -89,8 +97,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--prefetch-factor", type=int, default=4)
     ap.add_argument("--resize", help="HxW: resize frames in the loader (passed as resize=(H, W))")
     ap.add_argument("--warmup-batches", type=int, default=3)
-    ap.add_argument("--batches", type=int, default=30, help="measured batches per case (after warm-up)")
-    ap.add_argument("--timeout", type=float, default=300, help="seconds per case before it is killed")
+    ap.add_argument("--batches", type=int, default=30, help="measured batches per case (after warm-up), at most")
+    ap.add_argument("--max-seconds", type=float, default=20, help="stop measuring a case after this long (0: never)")
+    ap.add_argument("--rounds", type=int, default=1, help="run the matrix this many times, interleaved; medians")
+    ap.add_argument("--timeout", type=float, default=120, help="seconds per case (and round) before it is killed")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--profile", choices=sorted(PROFILES), default="cross-region", help="bucket network shape")
     ap.add_argument("--latency-ms", type=float, help="override the profile's per-request latency")
@@ -155,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
         bad = sorted(set(values) - set(allowed))
         if bad:
             raise SystemExit(f"unknown {what} {bad}; choose from {', '.join(allowed)}")
+    if args.rounds < 1:
+        raise SystemExit(f"--rounds {args.rounds} must be >= 1")
     baselines = {} if args.no_baselines else dict(b.split("=", 1) for b in (args.baseline or default_baselines()))
     resize = [int(x) for x in args.resize.lower().split("x")] if args.resize else None
     cases = expand(
@@ -209,6 +221,8 @@ def main(argv: list[str] | None = None) -> int:
         },
         "warmup_batches": args.warmup_batches,
         "batches": args.batches,
+        "max_seconds": args.max_seconds,
+        "rounds": args.rounds,
         "seed": args.seed,
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
         "git": _git(),
@@ -225,32 +239,51 @@ def main(argv: list[str] | None = None) -> int:
         if gpu:
             url = bucket.upload(Path(paths["converted-local@cuda"]), "converted-cuda")
             paths["converted-bucket@cuda"] = paths["converted-bucket-warm@cuda"] = url
-    failed = 0
+    runnable = []
+    for case in cases:
+        if case.decode == "cuda" and no_cuda:
+            _report(case, skip(case, config, out, "no CUDA device on this machine"), "not run:")
+        else:
+            runnable.append(case)
+    rounds: dict[str, list[dict[str, Any]]] = {case.name: [] for case in runnable}
     try:
-        for i, case in enumerate(cases, 1):
-            if case.decode == "cuda" and no_cuda:
-                result = skip(case, config, out, "no CUDA device on this machine")
-            else:
-                result = _run(case, args, config, paths, cameras, info["fps"], baselines, bucket, out, data_dir)
-            failed += result["status"] not in ("ok", "skipped")
-            rate = result.get("samples_per_s")
-            detail = (
-                f"{rate} samples/s, first batch {result.get('first_batch_s')} s"
-                if rate
-                else _last_line(result.get("note") or result.get("error") or "")
-            )
-            print(
-                f"[bench {time.strftime('%H:%M:%S')}] {i}/{len(cases)} {case.name}: {result['status']}: {detail}",
-                flush=True,
-            )
+        for k in range(1, args.rounds + 1):
+            where = out if args.rounds == 1 else out / "rounds" / f"r{k}"  # the median lands in out
+            for i, case in enumerate(runnable, 1):
+                result = _run(case, args, config, paths, cameras, info["fps"], baselines, bucket, where, data_dir)
+                rounds[case.name].append(result)
+                _report(case, result, f"round {k}/{args.rounds}, {i}/{len(runnable)}")
     finally:
         if bucket is not None:
             bucket.close()
+    failed = 0
+    for case in runnable:
+        result = median_round(rounds[case.name])
+        (out / f"{case.name}.json").write_text(json.dumps(result, indent=1, default=str))
+        failed += result["status"] not in ("ok", "skipped")
+        if args.rounds > 1:
+            each = ", ".join(str(r["samples_per_s"]) for r in result["rounds"])
+            print(
+                f"[bench] {case.name}: median of {args.rounds} rounds {result.get('samples_per_s')} samples/s ({each})"
+            )
     if not args.no_summary:
         from summarize import summarize
 
         print(summarize(out))
     return 1 if failed == len(cases) else 0
+
+
+def _report(case: Case, result: dict[str, Any], where: str) -> None:
+    """One progress line: the case's samples/s, CPU ms per sample and first batch, or why it has none."""
+    rate = result.get("samples_per_s")
+    first = result.get("first_batch_s")
+    detail = (
+        f"{rate} samples/s, {result.get('cpu_ms_per_sample')} CPU ms/sample"
+        + (f", first batch {first} s" if first is not None else "")
+        if rate
+        else _last_line(result.get("note") or result.get("error") or "")
+    )
+    print(f"[bench {time.strftime('%H:%M:%S')}] {where} {case.name}: {result['status']}: {detail}", flush=True)
 
 
 def _run(
@@ -275,6 +308,7 @@ def _run(
         "seed": args.seed,
         "warmup_batches": args.warmup_batches,
         "batches": args.batches,
+        "max_seconds": args.max_seconds,
         "storage_options": bucket.storage_options if bucket else None,
         "cache_dir": str(out / "cache" / case.name),
         "hf_home": str(data_dir / "hf-home"),

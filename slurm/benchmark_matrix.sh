@@ -32,7 +32,8 @@ PY=${VENV:+$VENV/bin/}python
 common=(--parsable --nodes=1 --ntasks=1 --cpus-per-task="$CPUS" --time="$TIME" --output="$RESULTS/logs/%x-%j.log")
 [[ -n "${ACCOUNT:-}" ]] && common+=(--account="$ACCOUNT")
 [[ -n "${PARTITION:-}" ]] && common+=(--partition="$PARTITION")
-bench=("$PY" benchmarks/bench.py --size "$SIZE" --data-dir "$DATA_DIR" --out "$RESULTS" --no-summary "$@")
+# the full dataset's cases need longer than bench.py's quick-matrix timeout (120 s); "$@" can override
+bench=("$PY" benchmarks/bench.py --size "$SIZE" --data-dir "$DATA_DIR" --out "$RESULTS" --no-summary --timeout 600 "$@")
 
 submit() {  # submit NAME DEPENDENCY COMMAND...: prints the job id
     local name=$1 dep=$2

@@ -23,6 +23,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from harness.cases import Case, camera_offsets, delta_timestamps, expand  # noqa: E402
+from harness.report import targets  # noqa: E402
+from harness.runner import median_round  # noqa: E402
 from harness.shaper import Profile, ShapedProxy  # noqa: E402
 
 RESPONSE = 1 << 20
@@ -95,19 +97,72 @@ def test_matrix_names_are_unique() -> None:
     assert Case("ours", "raw-local", "act", loader_opts={"x": 1}).name != Case("ours", "raw-local", "act").name
 
 
+def test_lerobot_never_runs_without_workers() -> None:
+    common = dict(sources=["raw-local"], modes=["act"], decodes=["cpu"], image_dtypes=["uint8"], limits=True)
+    cases = expand(workers=[0, 2], baselines=["lerobot-0.6.1"], baseline_datasets=["map", "streaming"], **common)
+    assert sorted((c.kind, c.workers) for c in cases if c.kind.startswith("lerobot")) == [
+        ("lerobot-0.6.1:map", 2),
+        ("lerobot-0.6.1:streaming", 2),
+    ]
+    assert {c.workers for c in cases if c.kind in ("ours", "pure-decode", "ceiling")} == {0, 2}
+
+
+def _result(kind: str, workers: int, sps: float | None, status: str = "ok", **extra: object) -> dict:
+    case = Case(kind, "converted-local" if kind == "ours" else "raw-local", "act", workers=workers).to_dict()
+    return {"status": status, "samples_per_s": sps, "case": case, "memory": {"workers": []}, **extra}
+
+
+def test_median_round_reports_one_real_round() -> None:
+    rounds = [_result("ours", 2, s, cpu_ms_per_sample=c) for s, c in ((30.0, 21.0), (10.0, 25.0), (20.0, 22.0))]
+    median = median_round(rounds)
+    assert median["samples_per_s"] == 20.0 and median["cpu_ms_per_sample"] == 22.0 and median["median_round"] == 3
+    assert [r["samples_per_s"] for r in median["rounds"]] == [30.0, 10.0, 20.0]
+    assert [r["cpu_ms_per_sample"] for r in median["rounds"]] == [21.0, 25.0, 22.0]
+    even = median_round([_result("ours", 2, 10.0), _result("ours", 2, 40.0)])
+    assert even["samples_per_s"] == 40.0  # the faster middle round: load only slows a case down
+    crashed = _result("ours", 2, None, status="crashed")
+    assert median_round([crashed, _result("ours", 2, 5.0)])["samples_per_s"] == 5.0
+    failed = median_round([crashed, _result("ours", 2, None, status="timeout")])
+    assert failed["status"] == "timeout" and failed["median_round"] is None and len(failed["rounds"]) == 2
+    assert median_round([_result("ours", 2, 7.0)])["rounds"] == [
+        {"status": "ok", "samples_per_s": 7.0, "cpu_ms_per_sample": None}
+    ]
+    with pytest.raises(ValueError, match="no rounds"):
+        median_round([])
+
+
+def test_workers_0_is_held_against_lerobots_best_worker_count() -> None:
+    results = [
+        _result("ours", 0, 30.0, decode_threads=2),
+        _result("lerobot-0.6.1:map", 2, 10.0),
+        _result("lerobot-0.6.1:map", 4, 15.0),
+        _result("lerobot-0.4.4:map", 4, 50.0),  # an older LeRobot is not the reference
+    ]
+    found = [t for t in targets(results) if "LeRobot" in t["target"] or "lerobot" in t["target"]]
+    assert len(found) == 1 and found[0]["workers"] == 0
+    assert found[0]["target"] == "converted-local (w0, 2 threads) >= 1.5x lerobot-0.6.1:map (best: w4)"
+    assert found[0]["value"] == "2.00x" and found[0]["result"] == "met"
+
+
 def test_tiny_matrix_end_to_end(tmp_path: Path) -> None:
-    """One source per kind (local raw, bucket converted), the limits, two batches each; then the summary."""
+    """One source per kind (local raw, bucket converted), the limits, two batches each, in two rounds; then the summary."""
     out = tmp_path / "results"
     args = ["--size", "tiny", "--data-dir", str(tmp_path / "data"), "--out", str(out), "--modes", "act"]
     args += ["--sources", "raw-local,converted-bucket", "--decodes", "cpu", "--workers", "1", "--no-baselines"]
-    args += ["--batch-size", "4", "--warmup-batches", "1", "--batches", "2", "--timeout", "240"]
+    args += ["--batch-size", "4", "--warmup-batches", "1", "--batches", "2", "--timeout", "240", "--rounds", "2"]
+    args += ["--max-seconds", "120"]
     run = subprocess.run([sys.executable, str(REPO / "benchmarks/bench.py"), *args], capture_output=True, text=True)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     results = {p.stem: json.loads(p.read_text()) for p in out.glob("*.json")}
     assert {r["case"]["kind"] for r in results.values()} == {"ours", "pure-decode", "ceiling"}
     for name, r in results.items():
         assert r["status"] == "ok", (name, r.get("error"), r.get("log_tail"))
-        assert r["samples_per_s"] > 0 and r["config"]["size"] == "tiny"
+        assert r["samples_per_s"] > 0 and r["config"]["size"] == "tiny" and r["config"]["rounds"] == 2
+        assert [x["status"] for x in r["rounds"]] == ["ok", "ok"] and r["median_round"] in (1, 2)
+        assert r["samples_per_s"] == r["rounds"][r["median_round"] - 1]["samples_per_s"]
+        assert r["cpu_ms_per_sample"] >= 0 and not r["time_capped"]  # /proc counts CPU in 10 ms ticks
+        assert (out / "rounds/r2" / f"{name}.json").is_file()
+    assert any(r["cpu_ms_per_sample"] > 0 for r in results.values())
     loaders = [r for r in results.values() if r["case"]["kind"] == "ours"]
     assert {r["case"]["source"] for r in loaders} == {"raw-local", "converted-bucket"}
     for r in loaders:
@@ -116,8 +171,11 @@ def test_tiny_matrix_end_to_end(tmp_path: Path) -> None:
         assert r["storage_bytes_per_sample"] > 0 and r["memory"]["workers"]
     summary = (out / "summary.md").read_text()
     assert "## Targets" in summary and "converted-bucket >= 0.8x converted-local" in summary
+    assert "cpu_ms_per_sample" in summary and "median of 2 interleaved rounds" in summary
     with open(out / "summary.csv") as f:
-        assert len(list(csv.DictReader(f))) == len(results)
+        rows = list(csv.DictReader(f))
+    assert len(rows) == len(results) and all(float(row["cpu_ms_per_sample"]) >= 0 for row in rows)
+    assert all(len(row["round_samples_per_s"].split(" / ")) == 2 for row in rows)
     for png in ("throughput.png", "wait.png"):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
     (out / "summary.md").unlink()

@@ -86,7 +86,12 @@ def expand(
     limits: bool,
     **common: Any,
 ) -> list[Case]:
-    """Every case of the matrix, ours first, then baselines and limits (raw-local, cpu), per mode."""
+    """Every case of the matrix, ours first, then baselines and limits (raw-local, cpu), per mode.
+
+    LeRobot's baselines run only at worker counts above 0: its loaders are always measured with
+    DataLoader workers, and ours at workers=0 (decode threads in the main process) is compared
+    with LeRobot's best worker count instead (``report.targets``).
+    """
     cases = [
         Case("ours", s, m, d, w, image_dtype=t, **common)
         for m in modes
@@ -97,7 +102,7 @@ def expand(
     ]
     for m in modes:
         for w in workers:
-            for b in baselines:
+            for b in baselines if w else ():
                 cases += [
                     Case(f"{b}:{kind}", "raw-local", m, "cpu", w, image_dtype=t, **common)
                     for kind in baseline_datasets

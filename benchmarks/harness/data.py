@@ -3,7 +3,8 @@
 Built once per size and options under ``DATA_DIR/<key>/`` (``raw/`` and ``converted-<hash>/``)
 and reused by later runs; a build killed half-way is redone (synth_dataset writes info.json last,
 the converter writes its manifest last). Frames are 640x480 AV1 (LeRobot's encoder settings: g=2,
-crf=30) from ``synth --texture realistic``: about 21 KB per frame, like real robot footage.
+crf=30) from ``synth --texture realistic``: about 21 KB per frame, like real robot footage. Its
+clips are painted and encoded by one process per usable CPU (the same bytes as one process's).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def _key(obj: Any) -> str:
 
 def raw_dataset(data_dir: Path, size: str, codec: str = "av1", seed: int = 0) -> Path:
     """The raw dataset of ``size`` (built on first use)."""
-    from lerobot_shards.synth import synth_dataset
+    from lerobot_shards.synth import synth_dataset, usable_cpus
 
     spec = dict(SIZES[size], cameras=CAMERAS, codec=codec, gop=2, crf=30, texture="realistic", seed=seed)
     root = data_dir / f"{size}-{_key(spec)}" / "raw"
@@ -48,7 +49,9 @@ def raw_dataset(data_dir: Path, size: str, codec: str = "av1", seed: int = 0) ->
     if not (root / "meta/info.json").is_file():
         shutil.rmtree(root, ignore_errors=True)
         print(f"[bench] building the {size} dataset in {root} (once; later runs reuse it)", flush=True)
-        synth_dataset(root, episodes_per_video_file=per_file, episodes_per_data_file=per_file, **spec)
+        synth_dataset(
+            root, episodes_per_video_file=per_file, episodes_per_data_file=per_file, workers=usable_cpus(), **spec
+        )
     return root
 
 

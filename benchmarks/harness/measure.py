@@ -1,4 +1,4 @@
-"""How every case is measured: one timing loop and one RSS/IO monitor, the same for us and for LeRobot.
+"""How every case is measured: one timing loop and one RSS/IO/CPU monitor, the same for us and for LeRobot.
 
 Standalone on purpose (standard library only, no lerobot_shards or psutil; Linux /proc): the LeRobot runners import it
 from their own interpreters (a separate venv, or a Debian 13 root where this folder is mounted at
@@ -19,6 +19,7 @@ from typing import Any
 
 MiB = 1 << 20
 PAGE = os.sysconf("SC_PAGE_SIZE")
+TICK = os.sysconf("SC_CLK_TCK")
 
 
 def _children(pid: int) -> list[int]:
@@ -36,29 +37,50 @@ def _children(pid: int) -> list[int]:
     return out
 
 
-def _rss_and_reads(pid: int) -> tuple[int, int] | None:
-    """(resident bytes, bytes passed to read() calls so far) of one process, None once it is gone."""
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of one process so far, all its threads (``/proc/PID/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()  # after "(comm)", which may hold spaces
+    return (int(fields[11]) + int(fields[12])) / TICK  # utime, stime: fields 14 and 15 of stat(5)
+
+
+def _proc_sample(pid: int) -> tuple[int, int, float] | None:
+    """(resident bytes, bytes passed to read() calls so far, CPU seconds so far) of one process, None once gone."""
     try:
         rss = int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE
         io = dict(line.split(": ") for line in Path(f"/proc/{pid}/io").read_text().splitlines())
-        return rss, int(io["rchar"])
+        return rss, int(io["rchar"]), _cpu_seconds(pid)
     except (OSError, ValueError, KeyError, IndexError):
         return None
 
 
+def tree_cpu_seconds() -> float:
+    """CPU seconds used so far by this process and its live descendants."""
+    total = 0.0
+    for pid in [os.getpid(), *_children(os.getpid())]:
+        try:
+            total += _cpu_seconds(pid)
+        except (OSError, ValueError, IndexError):  # exited meanwhile
+            pass
+    return total
+
+
 class Monitor:
-    """Samples RSS and bytes read (``rchar``) of this process and its descendants every ``interval`` s.
+    """Samples RSS, bytes read (``rchar``) and CPU time of this process and its descendants every ``interval`` s.
 
     Descendants are the DataLoader workers; those alive before ``start`` are ignored. ``warm()``
-    marks the end of the warm-up so growth is measured from there.
+    marks the end of the warm-up so memory growth and CPU time are measured from there. CPU time
+    is what load on a shared machine barely moves: other jobs take cores away from a case, which
+    lowers its samples/s, but not CPU seconds it did not get.
     """
 
     def __init__(self, interval: float = 0.1) -> None:
         self.interval = interval
-        self._series: dict[int, list[tuple[float, int, int]]] = {}  # pid -> (t, rss, rchar)
+        self._series: dict[int, list[tuple[float, int, int, float]]] = {}  # pid -> (t, rss, rchar, cpu_s)
+        self._lock = threading.Lock()  # warm() samples from the caller's thread too
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._ignore: set[int] = set()
+        self._cpu_warm: dict[int, float] = {}
         self.t0 = time.perf_counter()
         self.t_warm: float | None = None
 
@@ -70,14 +92,19 @@ class Monitor:
         return self
 
     def warm(self) -> None:
+        """Mark the end of the warm-up: sample every process now, the baseline of their CPU time."""
+        self._sample()
         self.t_warm = time.perf_counter() - self.t0
+        with self._lock:
+            self._cpu_warm = {pid: series[-1][3] for pid, series in self._series.items()}
 
     def _sample(self) -> None:
-        now = time.perf_counter() - self.t0
-        for pid in [os.getpid()] + [c for c in _children(os.getpid()) if c not in self._ignore]:
-            got = _rss_and_reads(pid)
-            if got and got[0]:  # zombies report 0
-                self._series.setdefault(pid, []).append((now, *got))
+        with self._lock:
+            now = time.perf_counter() - self.t0
+            for pid in [os.getpid()] + [c for c in _children(os.getpid()) if c not in self._ignore]:
+                got = _proc_sample(pid)
+                if got and got[0]:  # zombies report 0
+                    self._series.setdefault(pid, []).append((now, *got))
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -85,31 +112,34 @@ class Monitor:
             self._stop.wait(self.interval)
 
     def stop(self) -> dict[str, Any]:
-        """Per-process memory (MiB) and total bytes read since ``start``; call before workers exit."""
+        """Per-process memory (MiB), total bytes read since ``start`` and CPU seconds since ``warm``
+        (a process born after it counts whole; None without a ``warm``); call before workers exit."""
         self._sample()
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
-        main, workers, read = None, [], 0
+        main, workers, read, cpu = None, [], 0, 0.0
         for pid, series in self._series.items():
             read += series[-1][2] - series[0][2]
+            cpu += series[-1][3] - self._cpu_warm.get(pid, 0.0)
             row = _memory_row(series, self.t_warm)
             if pid == os.getpid():
                 main = row
             else:
                 workers.append(row)
         workers.sort(key=lambda r: r.pop("first_seen_s"))
-        return {"main": main, "workers": workers, "read_bytes": read}
+        cpu_s = round(cpu, 3) if self.t_warm is not None else None
+        return {"main": main, "workers": workers, "read_bytes": read, "cpu_s": cpu_s}
 
 
-def _memory_row(series: list[tuple[float, int, int]], t_warm: float | None) -> dict[str, Any]:
+def _memory_row(series: list[tuple[float, int, int, float]], t_warm: float | None) -> dict[str, Any]:
     t_warm = series[0][0] if t_warm is None else t_warm
-    after = [rss for t, rss, _ in series if t >= t_warm] or [series[-1][1]]
+    after = [rss for t, rss, _, _ in series if t >= t_warm] or [series[-1][1]]
     half = after[len(after) // 2 :]
     return {
         "first_seen_s": series[0][0],
         "warm_mb": round(after[0] / MiB, 1),
-        "peak_mb": round(max(rss for _, rss, _ in series) / MiB, 1),
+        "peak_mb": round(max(rss for _, rss, _, _ in series) / MiB, 1),
         "end_mb": round(series[-1][1] / MiB, 1),
         # a leak lifts the floor that batch buffers come and go above: min of the 2nd half - min of the 1st
         "floor_growth_mb": round((min(half) - min(after[: max(1, len(after) // 2)])) / MiB, 1),
@@ -131,25 +161,36 @@ def drive(
     batches: int,
     frames_per_sample: int,
     batch_len: Callable[[Any], int],
+    max_seconds: float | None = None,
 ) -> dict[str, Any]:
     """Iterate ``loader`` as a training loop that does nothing else and time what it waits for.
 
     Rates are over the post-warm-up wall clock (from the end of batch ``warmup_batches`` to the
-    last batch), so worker start-up and pool fill show only in ``first_batch_s``. Each wait is the
-    time one ``next()`` blocked; their percentiles are over the measured batches only. Memory and
-    bytes read cover the process tree from ``iter()`` on.
+    last batch), so worker start-up and pool fill show only in ``first_batch_s``. Measurement
+    stops after ``batches`` batches or once it has lasted ``max_seconds``, whichever comes first,
+    so a slow case stays bounded. Each wait is the time one ``next()`` blocked; their percentiles
+    are over the measured batches only. ``cpu_ms_per_sample`` is the CPU time of the whole process
+    tree (this process and its workers) over the measured span per measured sample: unlike
+    samples/s, other load on the machine hardly moves it. Memory and bytes read cover the
+    process tree from ``iter()`` on.
     """
     monitor = Monitor().start()
     t0 = time.perf_counter()
+    t_warm: float | None = None
+    if not warmup_batches:  # measured from iter() on
+        t_warm = t0
+        monitor.warm()
     it = iter(loader)
     waits: list[float] = []
-    first = t_warm = None
+    first = None
     samples = warm_samples = 0
+    ended = capped = False
     while len(waits) < warmup_batches + batches:
         t = time.perf_counter()
         try:
             batch = next(it)
         except StopIteration:
+            ended = True
             break
         now = time.perf_counter()
         waits.append(now - t)
@@ -157,27 +198,35 @@ def drive(
         del batch
         if first is None:
             first = now - t0
-        if len(waits) == warmup_batches or (warmup_batches == 0 and t_warm is None):
-            t_warm, warm_samples = (now, samples) if warmup_batches else (t0, 0)
+        if warmup_batches and len(waits) == warmup_batches:
+            t_warm, warm_samples = now, samples
             monitor.warm()
+        if max_seconds and t_warm is not None and len(waits) > warmup_batches and now - t_warm >= max_seconds:
+            capped = True
+            break
     end = time.perf_counter()
     measured = waits[warmup_batches:]
     span = end - t_warm if t_warm is not None and measured else None
-    sps = (samples - warm_samples) / span if span else None
+    measured_samples = samples - warm_samples
+    sps = measured_samples / span if span else None
     out = {
         "batches": len(waits),
         "measured_batches": len(measured),
         "samples": samples,
-        "measured_samples": samples - warm_samples,
+        "measured_samples": measured_samples,
         "wall_s": round(end - t0, 3),
         "measured_s": round(span, 3) if span else None,
         "first_batch_s": round(first, 3) if first is not None else None,
         "samples_per_s": round(sps, 2) if sps else None,
         "frames_per_s": round(sps * frames_per_sample, 1) if sps else None,
         "wait_s": {k: (round(v, 4) if v is not None else None) for k, v in percentiles(measured).items()},
-        "epoch_ended": len(waits) < warmup_batches + batches,
+        "epoch_ended": ended,
+        "time_capped": capped,
     }
-    out["memory"] = monitor.stop()  # while the workers are still alive
+    memory = monitor.stop()  # while the workers are still alive
+    cpu: float | None = memory["cpu_s"] if span and measured_samples else None
+    out["memory"] = memory
+    out["cpu_ms_per_sample"] = round(cpu * 1000 / measured_samples, 2) if cpu is not None else None
     del it  # shuts the workers down
     return out
 

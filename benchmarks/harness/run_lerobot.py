@@ -81,6 +81,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             batches=spec["batches"],
             frames_per_sample=frames_per_sample,
             batch_len=lambda b: len(b["index"]),
+            max_seconds=spec.get("max_seconds"),
         )
     )
     return out

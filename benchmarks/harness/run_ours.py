@@ -1,12 +1,14 @@
 """One case of ours, or a limit, in its own process: ``run_ours.py CASE.json RESULT.json``.
 
 - ``ours``: EpisodePoolDataset on the case's source through a DataLoader, timed by ``measure.drive``.
+  With ``workers=0`` it decodes in ``decode_threads`` threads of the main process, one per CPU
+  the process may use (unless the case's options say otherwise): the way to run without workers.
 - ``ceiling``: samples shaped exactly like ours (same keys, dtypes, shapes; float images converted
   per sample as the loader does) made without I/O, through the same DataLoader: the most any
   DataLoader-based loader can deliver here.
 - ``pure-decode``: the library's own ``DecoderCache`` decoding the frames of random samples of
   pool-resident episodes, in this one process (one core): the decode limit per core. The limit
-  for N workers is N times that, as long as N <= cores.
+  for N workers is N times that, as long as N <= cores (workers=0: as many as its decode threads).
 """
 
 from __future__ import annotations
@@ -24,9 +26,16 @@ import torch  # noqa: E402
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info  # noqa: E402
 
 from harness.cases import camera_offsets, delta_timestamps  # noqa: E402
-from harness.measure import drive, run_main  # noqa: E402
+from harness.measure import drive, run_main, tree_cpu_seconds  # noqa: E402
 
 DTYPES = {"uint8": torch.uint8, "float32": torch.float32}
+
+
+def main_process_threads() -> int:
+    """Decode threads of a workers=0 case: the loader's automatic choice (one per CPU, at most 8)."""
+    from lerobot_shards.loader.decode import auto_decode_threads
+
+    return auto_decode_threads("cpu")
 
 
 def _dataset(spec: dict[str, Any], source: str | None = None, **overrides: Any) -> Any:
@@ -76,6 +85,7 @@ def _drive(spec: dict[str, Any], loader: Any) -> dict[str, Any]:
         batches=spec["batches"],
         frames_per_sample=_frames_per_sample(spec),
         batch_len=lambda b: len(b["index"]),
+        max_seconds=spec.get("max_seconds"),
     )
 
 
@@ -88,6 +98,7 @@ def run_loader(spec: dict[str, Any]) -> dict[str, Any]:
     lookups = total["decoder_hits"] + total["decoder_misses"]
     result["decoder_hit_rate"] = round(total["decoder_hits"] / lookups, 4) if lookups else None
     result["loader_stats"] = total
+    result["decode_threads"] = int(total["decode_threads"])  # the default's choice, summed over consumers
     return result
 
 
@@ -143,23 +154,29 @@ def run_pure_decode(spec: dict[str, Any]) -> dict[str, Any]:
     cache = DecoderCache(len(resident) * len(spec["cameras"]), device=case["decode"])
     offsets = camera_offsets(case["mode"])
     n = (spec["warmup_batches"] + spec["batches"]) * case["batch_size"]
-    frames, start = 0, time.perf_counter()
-    for _ in range(n):
+    max_seconds = spec.get("max_seconds")
+    samples = frames = 0
+    cpu0, start = tree_cpu_seconds(), time.perf_counter()
+    while samples < n and not (max_seconds and time.perf_counter() - start >= max_seconds):
         ep = rng.choice(resident)
         f = rng.randrange(ep.length)
         for cam in spec["cameras"]:
             frames += len(cache.frames(ep.clips[cam], [min(max(f + o, 0), ep.length - 1) for o in offsets]))
-    wall = time.perf_counter() - start
-    per_core = n / wall
-    cores = min(max(1, case["workers"]), os.cpu_count() or 1)
+        samples += 1
+    wall, cpu = time.perf_counter() - start, tree_cpu_seconds() - cpu0
+    per_core = samples / wall
+    cpus = os.cpu_count() or 1
+    cores = min(case["workers"] or main_process_threads(), cpus)
     return {
-        "samples": n,
+        "samples": samples,
         "wall_s": round(wall, 3),
+        "time_capped": samples < n,
         "per_core_samples_per_s": round(per_core, 2),
         "per_core_frames_per_s": round(frames / wall, 1),
         "cores": cores,
         "samples_per_s": round(per_core * cores, 2),  # the limit for this case's worker count
         "frames_per_s": round(frames / wall * cores, 1),
+        "cpu_ms_per_sample": round(cpu * 1000 / samples, 2),
         "decode_seconds": round(cache.decode_seconds, 3),
     }
 

@@ -101,6 +101,11 @@ def _locations(*urls: str | None) -> None:
 @click.option("--codec-label", help="Quirk: video.codec written to info.json whatever the stream holds.")
 @click.option("--bframes", default=0, show_default=True, help="Quirk: H.264 with this many B-frames (gop > bframes).")
 @click.option("--seed", default=0, show_default=True)
+@click.option(
+    "--workers",
+    type=click.IntRange(min=1),
+    help="Processes painting and encoding clips (default: the CPUs this process may use); same bytes for any count.",
+)
 def synth(
     out: str,
     episodes: int,
@@ -122,12 +127,13 @@ def synth(
     codec_label: str | None,
     bframes: int,
     seed: int,
+    workers: int | None,
 ) -> None:
     """Write a synthetic LeRobot v3.0 dataset to OUT whose frames paint their own identity."""
     import json
     from pathlib import Path
 
-    from .synth import synth_dataset
+    from .synth import synth_dataset, usable_cpus
 
     camera_keys = () if cameras.strip() == "0" else tuple(c.strip() for c in cameras.split(",") if c.strip())
     try:
@@ -151,6 +157,7 @@ def synth(
             codec_label=codec_label,
             bframes=bframes,
             seed=seed,
+            workers=workers or usable_cpus(),
         )
     except (ValueError, FileExistsError) as e:
         raise click.ClickException(str(e)) from e

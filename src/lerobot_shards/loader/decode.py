@@ -7,7 +7,7 @@ megabytes of codec state and, for source mp4s, an open file.
 The decode-time resize (for raw datasets and full-size shards) is one batched uint8 resize of
 each call's frames after decoding. torchcodec 0.13's decoder transforms (``VideoDecoder(
 transforms=[Resize(...)])``) do the same inside FFmpeg, but measured 3-4x slower per frame on
-480p (``benchmarks/resize``): they cost more than the decode itself, the uint8 resize less.
+480p (``benchmarks/results/resize-2026-11.md``): they cost more than the decode itself, the uint8 resize less.
 
 ``DecodePool`` spreads decoding over threads inside one process: torchcodec releases the GIL
 while it decodes, so threads decode in parallel (also with DataLoader ``num_workers=0``), and
