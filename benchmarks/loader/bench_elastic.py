@@ -78,7 +78,7 @@ def measure(args: argparse.Namespace, episodes: int) -> dict[str, Any]:
     new_world, new_workers = args.to_layout
     consumer = Consumer(0, new_world, 0, new_workers)
 
-    def replay() -> dict[int, set[int]]:
+    def replay() -> dict[int, np.ndarray | None]:
         return emitted_frames(shards, **common)
 
     def plan() -> Any:
@@ -87,7 +87,8 @@ def measure(args: argparse.Namespace, episodes: int) -> dict[str, Any]:
     emitted, replay_s = _timed(replay)
     elastic, plan_s = _timed(plan)
     replay_peak, plan_peak = _peak_bytes(replay), _peak_bytes(plan)
-    done = sum(len(v) for v in emitted.values())
+    lengths = {e: n for s in shards for e, n in zip(s.episodes, s.lengths)}
+    done = sum(lengths[e] if v is None else len(v) for e, v in emitted.items())  # None: emitted whole
     return {
         "episodes": episodes,
         "shards": len(shards),
