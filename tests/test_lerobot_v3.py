@@ -187,3 +187,35 @@ def test_corrupt_mp4(fixture_copy: Path) -> None:
 def test_unknown_episode(fixture_root: Path) -> None:
     with pytest.raises(SourceError, match="no episode 9"):
         LeRobotV3Source(str(fixture_root)).episode(9)
+
+
+@pytest.mark.parametrize(
+    "values, type_",
+    [
+        ([1, -2, 3], pa.int8()),
+        ([1, -2, 3], pa.int64()),
+        ([1, 2, 3], pa.uint16()),
+        ([2**64 - 1, 0, 7], pa.uint64()),
+        ([0.5, -1.25, 3.0], pa.float16()),
+        ([0.5, -1.25, 3.0], pa.float32()),
+        ([0.5, -1.25, 3.0], pa.float64()),
+        ([True, False, True, True, False, False, True, False, True], pa.bool_()),
+        ([], pa.float32()),
+        ([], pa.bool_()),
+    ],
+)
+def test_numpy_of_equals_to_numpy_for_chunks_slices_and_empties(values, type_) -> None:
+    from lerobot_shards.lerobot_v3 import numpy_of
+
+    arr = pa.array(values, type=type_)
+    chunked = pa.chunked_array([arr, arr.slice(1)], type=type_)
+    for col in (arr, arr.slice(1), arr.slice(2, 1), chunked):
+        got, want = numpy_of(col), col.to_numpy(zero_copy_only=False)
+        assert got.dtype == want.dtype and got.tolist() == want.tolist()
+
+
+def test_numpy_of_keeps_nulls_as_to_numpy_does() -> None:
+    from lerobot_shards.lerobot_v3 import numpy_of
+
+    col = pa.array([1.0, None, 3.0], type=pa.float32())
+    assert np.isnan(numpy_of(col)[1]) and numpy_of(col)[2] == 3.0

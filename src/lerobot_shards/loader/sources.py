@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 
 from .. import format as fmt
 from ..errors import register_secrets
-from ..lerobot_v3 import IMAGE_DTYPE, VIDEO_DTYPE, LeRobotV3Source, SourceError, protocols
+from ..lerobot_v3 import IMAGE_DTYPE, VIDEO_DTYPE, LeRobotV3Source, SourceError, numpy_of, protocols
 from ..names import check_name
 from ..shard_plan import plan_shards
 from .cache import CachedFile, IOCounters, LocalFile, Reader, RemoteFile, RemoteIO, close_when_open, ranged
@@ -84,12 +84,12 @@ def table_to_columns(table: pa.Table, features: dict[str, dict[str, Any]], where
         if spec["dtype"] == IMAGE_DTYPE:
             out[name] = np.array([v["bytes"] if isinstance(v, dict) else v for v in col.to_pylist()], dtype=object)
         elif pa.types.is_fixed_size_list(col.type) or pa.types.is_list(col.type) or pa.types.is_large_list(col.type):
-            flat = col.flatten().to_numpy(zero_copy_only=False)
+            flat = numpy_of(col.flatten())
             out[name] = flat.reshape(len(col), -1) if len(col) else flat.reshape(0, 0)
         elif pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
             out[name] = np.array(col.to_pylist(), dtype=object)
         else:
-            out[name] = col.to_numpy(zero_copy_only=False)
+            out[name] = numpy_of(col)
     return out
 
 
