@@ -21,6 +21,7 @@ from typing import Any, Protocol
 import fsspec
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute  # noqa: F401  (see below)
 import pyarrow.parquet as pq
 
 from .. import format as fmt
@@ -34,6 +35,10 @@ from .partition import ShardSpec
 from .remote import reading
 
 log = logging.getLogger(__name__)
+# pyarrow.compute is imported above, in the process that builds the dataset, on purpose: list
+# columns' flatten() and casts import it lazily, and that first import inside forked DataLoader
+# workers stalled each worker's first episode by ~2.3 s (measured: first batch from the bucket
+# with 2 workers 3.1 s -> 0.96 s).
 
 
 @dataclass(frozen=True)
