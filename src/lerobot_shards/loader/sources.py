@@ -277,8 +277,6 @@ class ShardSource:
 
     def _reader(self, shard: int) -> Reader:
         self._open_async(shard)
-        if self._next is not None:  # queued after the current shard: its chunks are fetched first
-            self._open_async(self._next)
         if shard != self._current:  # left a shard: release every other one but the prefetched next
             self._current = shard
             for other in [k for k in self._readers if k not in (shard, self._next)]:
@@ -296,10 +294,9 @@ class ShardSource:
 
     def prefetch(self, shard: int) -> None:
         """Read ``shard`` in the background (its download into the cache, or its first chunks) once
-        the shard being read has been requested: the reader asks for the next shard first."""
+        the first episode of the shard being entered has been served (the reader names the next
+        shard first): until then its bytes would share the bandwidth with the ones awaited."""
         self._next = shard
-        if self._current is not None:
-            self._open_async(shard)
 
     def io_stats(self) -> dict[str, int]:
         return self.counters.snapshot()
@@ -330,6 +327,8 @@ class ShardSource:
         """The episode's bytes, checked against the sidecar's member checksums."""
         start, end = entry.span()
         blob = self._reader(shard).read(start, end)
+        if self._next is not None:  # what was awaited has landed: the next shard may start now
+            self._open_async(self._next)
         if len(blob) != end - start:
             raise IntegrityError(f"{where}: shard is truncated (wanted bytes {start}..{end}, got {len(blob)})")
         check_episode_bytes(entry, blob, start, where)
