@@ -302,8 +302,8 @@ def summarize(results: Path) -> str:
             f"Dataset `{config['size']}`: {ds['episodes']} episodes, {ds['frames']} frames x {ds['cameras']} cameras, "
             f"raw {config['raw_bytes'] / 1e6:.0f} MB, converted {config['converted_bytes'] / 1e6:.0f} MB "
             f"({config['convert_options']}). Bucket: {net['latency_ms']:g} ms per request, "
-            f"{net['bandwidth_mb_s']:g} MB/s shared. {config['warmup_batches']} warm-up + {config['batches']} measured "
-            f"batches per case{cap}; {config['machine']['cpus']} CPUs; git {config['git']}.",
+            f"{net['bandwidth_mb_s']:g} MB/s shared. {config['warmup_batches']} warm-up (ours: at least until every "
+            f"episode pool is full) + {config['batches']} measured batches per case{cap}; {config['machine']['cpus']} CPUs; git {config['git']}.",
             "",
             (
                 f"samples/s: the median of {config['rounds']} interleaved rounds (each in `round_samples_per_s`). "

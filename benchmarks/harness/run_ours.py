@@ -78,10 +78,20 @@ def _frames_per_sample(spec: dict[str, Any]) -> int:
     return len(camera_offsets(spec["case"]["mode"])) * len(spec["cameras"])
 
 
+def _warmup_batches(spec: dict[str, Any]) -> int:
+    """At least the batches that fill every consumer's episode pool (a pass admits one episode per
+    ``FILL_EVERY`` samples): measured from there on, memory growth means a leak, not the pool filling."""
+    from lerobot_shards.loader.sampling import FILL_EVERY
+
+    case = spec["case"]
+    fill = case["pool_size"] * FILL_EVERY * max(1, case["workers"])
+    return max(spec["warmup_batches"], -(-fill // case["batch_size"]))
+
+
 def _drive(spec: dict[str, Any], loader: Any) -> dict[str, Any]:
     return drive(
         loader,
-        warmup_batches=spec["warmup_batches"],
+        warmup_batches=_warmup_batches(spec),
         batches=spec["batches"],
         frames_per_sample=_frames_per_sample(spec),
         batch_len=lambda b: len(b["index"]),
@@ -133,7 +143,7 @@ class TemplateDataset(IterableDataset):
 def run_ceiling(spec: dict[str, Any]) -> dict[str, Any]:
     case = spec["case"]
     sample = next(iter(_dataset(spec)))
-    n = (spec["warmup_batches"] + spec["batches"]) * case["batch_size"]
+    n = (_warmup_batches(spec) + spec["batches"]) * case["batch_size"]
     dataset = TemplateDataset(sample, n, float_images=case["image_dtype"] == "float32")
     return _drive(spec, _loader(spec, dataset))
 
