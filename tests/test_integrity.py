@@ -117,6 +117,25 @@ def test_skip_mode_drops_and_counts_bad_episodes(converted: Path, tmp_path: Path
     assert "skipping episode 1" in caplog.text and "reading it again" in caplog.text
 
 
+def test_skip_mode_in_equal_count_mode_keeps_the_count_with_other_frames(converted: Path, tmp_path: Path) -> None:
+    """DDP's default (equal_samples_per_rank): a dropped sample is replaced by another frame of a
+    good resident episode, so the consumer still yields its count; every sample is still exact."""
+    out = _copy(converted, tmp_path)
+    m = _member(out, 1, _member_name("clip", 1))
+    _flip(out / SHARDS_DIR / "shard-000000.tar", m.offset + m.size // 2)
+    samples, ds = _samples(str(out), on_error="skip", equal_samples_per_rank=True)
+    assert len(samples) == sum(LENGTHS.values())  # one consumer: its count is every frame
+    got = [(int(s["episode_index"]), int(s["frame_index"])) for s in samples]
+    assert 1 not in {e for e, _ in got}
+    assert set(got) == {(e, f) for e in (0, 2) for f in range(LENGTHS[e])}  # each good frame at least once
+    for s in samples:
+        assert read_identity(s[CAM]) == (int(s["episode_index"]), int(s["frame_index"]))
+    total = ds.stats()["total"]
+    assert total["samples_skipped"] == total["samples_substituted"] == LENGTHS[1]
+    again, _ = _samples(str(out), on_error="skip", equal_samples_per_rank=True)
+    assert [(int(s["episode_index"]), int(s["frame_index"])) for s in again] == got  # deterministic
+
+
 def test_format_1_shards_still_load(converted: Path, tmp_path: Path) -> None:
     out = _copy(converted, tmp_path)
     _to_format_1(out)

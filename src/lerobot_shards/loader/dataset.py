@@ -81,7 +81,10 @@ class EpisodePoolDataset(IterableDataset):
         prefetch_episodes: episodes read ahead in the background (default the pool size; at least 1).
         on_error: what to do with an episode whose bytes do not match their checksum after one
             re-fetch: ``"raise"`` (default) or ``"skip"`` it (its samples are dropped, logged and
-            counted in ``stats()`` as ``episodes_skipped``/``samples_skipped``).
+            counted in ``stats()`` as ``episodes_skipped``/``samples_skipped``). In equal-count
+            mode (``equal_samples_per_rank``, the DDP default) each dropped sample is replaced by
+            another frame of a good resident episode (``samples_substituted``), so every rank
+            still yields its count and DDP cannot wait forever at epoch end.
         resize, resize_mode: decode video at (height, width) (or ``{camera: (height, width)}``),
             ``"pad"``/``"crop"``/``"stretch"`` as ``convert --resize`` stores it; for raw datasets
             and full-size shards (shards converted with ``--resize`` are already that size).
@@ -400,6 +403,7 @@ class EpisodePoolDataset(IterableDataset):
         lookahead = 2 * threads
         releases: deque[tuple[int, Callable[[], None]]] = deque()  # (samples queued before it, release)
         queued = done = 0
+        owed = 0  # skipped samples not yet replaced (equal-count mode)
         try:
             for emission in sampler:
                 key = (emitted // per_pass, emission.position)
@@ -414,13 +418,23 @@ class EpisodePoolDataset(IterableDataset):
                         stats.add("bytes_read", episode.nbytes)
                     stats.add("wait_seconds", waited)
                 episode = pool[key]
+                picks = [] if episode is None else [(episode, emission.frame)]
                 if episode is None:  # its bytes were bad: its samples are dropped, never wrong
                     stats.add("samples_skipped", 1)
                     if emission.last:
                         del pool[key]
+                    owed += self.equal_samples_per_rank
+                if owed:  # equal-count mode: repeat frames of a good resident episode instead
+                    good = episode if episode is not None else next((e for e in pool.values() if e is not None), None)
+                    if good is not None:
+                        picks += [(good, (emission.frame + 1 + i) % good.length) for i in range(owed)]
+                        stats.add("samples_substituted", owed)
+                        owed = 0
+                for chosen, frame in picks:
+                    pending.append(self._sample(chosen, frame, decoders))
+                    queued += 1
+                if episode is None:
                     continue
-                pending.append(self._sample(episode, emission.frame, decoders))
-                queued += 1
                 if emission.last:
                     del pool[key]
                     stats.add("evictions", 1)
@@ -439,6 +453,12 @@ class EpisodePoolDataset(IterableDataset):
                     stats.set(name, value)
             while pending:
                 yield self._emit(pending.popleft(), decoders, stats)
+            if owed:
+                log.warning(
+                    "on_error='skip': %d skipped sample(s) found no good episode to repeat; this consumer "
+                    "yielded fewer samples than the other ranks expect (DDP may wait at epoch end)",
+                    owed,
+                )
             for name, value in source.io_stats().items():
                 stats.set(name, value)
         finally:

@@ -30,6 +30,7 @@ STAT_FIELDS = (
     "decode_threads",  # threads decoding in each consumer (summed: all consumers')
     "episodes_skipped",  # on_error="skip": episodes whose bytes were bad, and their samples dropped
     "samples_skipped",
+    "samples_substituted",  # equal-count mode: skipped samples replaced by a frame of a good resident episode
     *COUNTERS,  # storage bytes and cache outcomes (loader.cache)
 )
 
