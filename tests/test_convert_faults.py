@@ -167,6 +167,16 @@ def test_endpoints_are_redacted(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(name)
 
 
+def test_endpoints_with_user_info_or_without_a_port() -> None:
+    """``user:pw@host:port``: the host is what gets hidden, not the user name; a one-word host
+    without a port is hidden only inside its URL (it is also an ordinary word)."""
+    register_secrets({"endpoint_url": "https://svc:pw@objects.internal.example:9000"})
+    register_secrets({"endpoint_url": "http://storage"})
+    text = redact("Cannot connect to host objects.internal.example:9000; /home/svc/data; GET http://storage/b/k")
+    assert text == "Cannot connect to host <endpoint>; /home/svc/data; GET <endpoint>/b/k"
+    assert redact("check that the storage server is up") == "check that the storage server is up"
+
+
 def test_explain_does_not_name_the_endpoint() -> None:
     from botocore.exceptions import ConnectTimeoutError, EndpointConnectionError
 

@@ -292,3 +292,14 @@ def test_default_equal_counts_only_for_several_ranks(raw: Path) -> None:
     assert all(ds.equal_samples_per_rank for ds in ranks)
     counts = [len(_epoch(ds, 2)) for ds in ranks]
     assert counts[0] == counts[1]
+
+
+def test_resume_state_records_the_pool_and_the_sampler_order(raw: Path) -> None:
+    """Both shape the emission order: a state saved under another one would replay other samples."""
+    state = _dataset(raw, cameras=[], seed=9).state_dict(batches_consumed=2, batch_size=4)
+    assert state["episode_pool_size"] == 3 and state["sampler_order"] == 2
+    with pytest.raises(ValueError, match=r"saved with episode_pool_size=3 but this dataset has episode_pool_size=2"):
+        _dataset(raw, cameras=[], seed=9, episode_pool_size=2).load_state_dict(state)
+    with pytest.raises(ValueError, match=r"sampler_order=1 .* another lerobot-shards version"):
+        _dataset(raw, cameras=[], seed=9).load_state_dict({**state, "sampler_order": 1})
+    _dataset(raw, cameras=[], seed=9).load_state_dict({"epoch": 0, "batches_consumed": 2, "batch_size": 4})  # minimal

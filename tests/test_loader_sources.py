@@ -238,3 +238,14 @@ def test_reading_episodes_never_imports_pandas(pair, which: int) -> None:
         "assert n > 0 and 'pandas' not in sys.modules, (n, [m for m in sys.modules if 'pandas' in m][:3])\n"
     )
     subprocess.run([sys.executable, "-c", script], check=True, timeout=300)
+
+
+def test_automatic_decode_threads_without_an_affinity_mask(monkeypatch) -> None:
+    """macOS and Windows have no os.sched_getaffinity: the CPU count decides."""
+    from lerobot_shards.loader.decode import auto_decode_threads
+
+    monkeypatch.delattr(os, "sched_getaffinity", raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 3)
+    assert auto_decode_threads("cpu") == 3
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    assert auto_decode_threads("cpu") == 8 and auto_decode_threads("cuda:0") == 0

@@ -61,14 +61,14 @@ def _endpoint_patterns(url: str) -> tuple[re.Pattern[str], ...]:
     """The endpoint URL, its bare ``host:port`` and ``('host', port)`` as socket errors print it;
     never inside a longer host name or port number."""
     url = url.strip().rstrip("/")
-    m = re.match(r"^(?:[a-z0-9+.-]+://)?(\[[^\]]+\]|[^/:?#\[]+)(?::(\d+))?", url, re.IGNORECASE)
+    m = re.match(r"^(?:[a-z0-9+.-]+://)?(?:[^/@]*@)?(\[[^\]]+\]|[^/:?#\[@]+)(?::(\d+))?", url, re.IGNORECASE)
     if not m:
         return ()
     host, port = re.escape(m.group(1)), m.group(2)
     patterns = [re.escape(url) + r"(?!\d)"]
     if port:
         patterns += [rf"(?<![\w.-]){host}:{port}(?!\d)", rf"['\"]{host}['\"],\s*{port}(?!\d)"]
-    else:
+    elif "." in m.group(1) or ":" in m.group(1):  # a bare one-word host ("minio") is also an ordinary word
         patterns.append(rf"(?<![\w.-]){host}(?![\w-]|\.\w)")
     return tuple(re.compile(p, re.IGNORECASE) for p in patterns)
 

@@ -39,6 +39,9 @@ from .stats import SharedStats, StatSlot
 from .windows import delta_frame_offsets, window_indices
 
 log = logging.getLogger(__name__)
+# The version of the emission order (sampling.py) that resume states record: a state saved under
+# another order would replay other samples, so it is refused. 2: pools fill gradually (FILL_EVERY).
+SAMPLER_ORDER = 2
 
 ON_ERROR = ("raise", "skip")
 
@@ -248,6 +251,8 @@ class EpisodePoolDataset(IterableDataset):
             "batch_size": int(batch_size),
             "seed": self.seed,
             "world_size": self.world_size,
+            "episode_pool_size": self.episode_pool_size,
+            "sampler_order": SAMPLER_ORDER,
         }
         seen = self._control.seen_workers
         if seen is not None:
@@ -265,11 +270,20 @@ class EpisodePoolDataset(IterableDataset):
         if missing:
             raise ValueError(f"resume state lacks {sorted(missing)}: {dict(state)}")
         # Another world size is resumed elastically, which needs the saved worker count.
-        for key in ("seed", "world_size") if "num_workers" not in state else ("seed",):
-            if key in state and int(state[key]) != getattr(self, key):
+        same = {"seed": self.seed, "episode_pool_size": self.episode_pool_size, "sampler_order": SAMPLER_ORDER}
+        if "num_workers" not in state:
+            same["world_size"] = self.world_size
+        for key, value in same.items():
+            if key in state and int(state[key]) != value:
                 raise ValueError(
-                    f"resume state was saved with {key}={state[key]} but this dataset has {key}={getattr(self, key)}: "
+                    f"resume state was saved with {key}={state[key]} but this dataset has {key}={value}: "
                     f"the sample order would differ"
+                    + (
+                        " (a state saved by another lerobot-shards version: finish its epoch with that version, "
+                        "or start the next epoch here)"
+                        if key == "sampler_order"
+                        else ""
+                    )
                 )
         self._control.epoch = int(state["epoch"])
         workers, world = state.get("num_workers"), state.get("world_size")
@@ -389,7 +403,7 @@ class EpisodePoolDataset(IterableDataset):
         decoders = DecodePool(
             threads,
             lambda: DecoderCache(
-                self.decoder_cache_size,
+                -(-self.decoder_cache_size // max(1, threads)),  # clips are spread over the threads
                 device=self.video_decode_device,
                 num_ffmpeg_threads=self.num_ffmpeg_threads,
                 storage_options=self.storage_options,

@@ -231,7 +231,8 @@ def auto_decode_threads(device: str) -> int:
     """
     if device != "cpu" or get_worker_info() is not None:
         return 0
-    return max(1, min(MAX_AUTO_DECODE_THREADS, len(os.sched_getaffinity(0))))
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1  # Linux only
+    return max(1, min(MAX_AUTO_DECODE_THREADS, cpus))
 
 
 class DecodePool:
