@@ -57,6 +57,7 @@ def test_server_killed_mid_epoch_names_the_shard(synth_factory, tmp_path: Path) 
         with pytest.raises(Exception) as failure:
             for _ in batches:
                 pass
+        batches._shutdown_workers()  # now: the traceback keeps the iterator alive until a GC pass
     text = _hides_endpoint(failure.value, server.endpoint_url)
     assert "timed out" not in text, text
     assert re.search(r"faults/ds/shards/shard-0000\d\d\.(tar|idx\.json)", text), text  # the shard or its sidecar
@@ -140,6 +141,7 @@ def test_raw_bucket_dies_mid_epoch_in_a_spawned_worker(synth_factory, tmp_path: 
         with pytest.raises(Exception) as failure:
             for _ in batches:
                 pass
+        batches._shutdown_workers()  # now: the traceback keeps the iterator alive until a GC pass
     text = _hides_endpoint(failure.value, server.endpoint_url)
     assert re.search(
         rf"rawfaults/ds/(data/chunk-000/file-\d+\.parquet|videos/{CAM}/chunk-000/file-\d+\.mp4): episode \d", text
