@@ -130,10 +130,11 @@ def test_num_samples_above_total_runs_fresh_passes():
     assert first == emissions(seed=5)
 
 
+@pytest.mark.parametrize("fill_every", [0, 1, 8])
 @pytest.mark.parametrize("shuffle", [True, False])
 @pytest.mark.parametrize("n", [0, 1, 13, 32, 40, 75])
-def test_skip_lands_in_the_state_of_full_iteration(n, shuffle):
-    kwargs = dict(shuffle=shuffle, num_samples=80)  # 80 > 32 frames: crosses pass boundaries
+def test_skip_lands_in_the_state_of_full_iteration(n, shuffle, fill_every):
+    kwargs = dict(shuffle=shuffle, num_samples=80, fill_every=fill_every)  # 80 > 32 frames: crosses passes
     iterated = PoolSampler(LENGTHS, 3, np.random.default_rng(9), **kwargs)
     prefix = [next(iterated) for _ in range(n)]
     skipped = PoolSampler(LENGTHS, 3, np.random.default_rng(9), **kwargs)
