@@ -4,8 +4,10 @@ dataset's file) and the episode, never hangs, and says nothing of the credential
 from __future__ import annotations
 
 import re
+import subprocess
 import traceback
 from pathlib import Path
+from typing import Any
 
 import pytest
 from torch.utils.data import DataLoader
@@ -34,6 +36,17 @@ def _hides_endpoint(error: BaseException, endpoint_url: str) -> str:
     return str(error)
 
 
+def _failure_after_killing(server: subprocess.Popen, batches: Any) -> BaseException:
+    """Kill the storage server, read on until the DataLoader raises, and return that error."""
+    server.kill()
+    server.wait()
+    with pytest.raises(Exception) as failure:
+        for _ in batches:
+            pass
+    batches._shutdown_workers()  # now: the traceback keeps the iterator alive until a GC pass
+    return failure.value
+
+
 def test_server_killed_mid_epoch_names_the_shard(synth_factory, tmp_path: Path) -> None:
     raw = synth_factory(num_episodes=10, cameras=("observation.images.front",), length_range=(6, 9), seed=5)
     convert_dataset(raw, tmp_path / "out", ConvertOptions(episodes_per_shard=1), progress=False)
@@ -52,13 +65,8 @@ def test_server_killed_mid_epoch_names_the_shard(synth_factory, tmp_path: Path) 
         )
         batches = iter(DataLoader(ds, batch_size=2, num_workers=2, timeout=BATCH_TIMEOUT_S))
         next(batches), next(batches)  # one batch from each worker: both have opened the dataset
-        proc.kill()
-        proc.wait()
-        with pytest.raises(Exception) as failure:
-            for _ in batches:
-                pass
-        batches._shutdown_workers()  # now: the traceback keeps the iterator alive until a GC pass
-    text = _hides_endpoint(failure.value, server.endpoint_url)
+        error = _failure_after_killing(proc, batches)
+    text = _hides_endpoint(error, server.endpoint_url)
     assert "timed out" not in text, text
     assert re.search(r"faults/ds/shards/shard-0000\d\d\.(tar|idx\.json)", text), text  # the shard or its sidecar
     assert SECRET not in text
@@ -136,13 +144,8 @@ def test_raw_bucket_dies_mid_epoch_in_a_spawned_worker(synth_factory, tmp_path: 
         loader = DataLoader(ds, batch_size=2, num_workers=1, multiprocessing_context="spawn", timeout=BATCH_TIMEOUT_S)
         batches = iter(loader)
         next(batches)
-        proc.kill()
-        proc.wait()
-        with pytest.raises(Exception) as failure:
-            for _ in batches:
-                pass
-        batches._shutdown_workers()  # now: the traceback keeps the iterator alive until a GC pass
-    text = _hides_endpoint(failure.value, server.endpoint_url)
+        error = _failure_after_killing(proc, batches)
+    text = _hides_endpoint(error, server.endpoint_url)
     assert re.search(
         rf"rawfaults/ds/(data/chunk-000/file-\d+\.parquet|videos/{CAM}/chunk-000/file-\d+\.mp4): episode \d", text
     ), text

@@ -133,7 +133,8 @@ def synth(
     import json
     from pathlib import Path
 
-    from .synth import synth_dataset, usable_cpus
+    from .synth import synth_dataset
+    from .video import usable_cpus
 
     camera_keys = () if cameras.strip() == "0" else tuple(c.strip() for c in cameras.split(",") if c.strip())
     try:

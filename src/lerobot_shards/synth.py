@@ -690,11 +690,6 @@ def _painted(
         yield img
 
 
-def usable_cpus() -> int:
-    """CPUs this process may run on: its affinity mask (a SLURM allocation, ``taskset``), not the machine's."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
 T = TypeVar("T")
 R = TypeVar("R")
 

@@ -771,3 +771,9 @@ def pad_rgb(frames: torch.Tensor, t: FrameTransform) -> torch.Tensor:
     (pt, pl), (sh, sw) = t.pad, t.scaled
     out[..., pt : pt + sh, pl : pl + sw] = frames
     return out
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on: its affinity mask (a SLURM allocation, ``taskset``), not the
+    machine's; the CPU count where there is no mask (macOS, Windows). Sizes encode and decode pools."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1

@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import io
-import os
 import time
 import warnings
 from collections import OrderedDict
@@ -36,7 +35,7 @@ from torchcodec.decoders import VideoDecoder, set_cuda_backend
 
 from ..errors import redact
 from ..resize import DEFAULT_MODE, camera_sizes, check_mode, check_size, plan_transform
-from ..video import transform_rgb
+from ..video import transform_rgb, usable_cpus
 from .sources import ClipRef
 
 CUDA_BACKENDS = ("nvdec", "ffmpeg")
@@ -231,8 +230,7 @@ def auto_decode_threads(device: str) -> int:
     """
     if device != "cpu" or get_worker_info() is not None:
         return 0
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1  # Linux only
-    return max(1, min(MAX_AUTO_DECODE_THREADS, cpus))
+    return max(1, min(MAX_AUTO_DECODE_THREADS, usable_cpus()))
 
 
 class DecodePool:
