@@ -16,6 +16,7 @@ from lerobot_shards.convert.plan import ConvertOptions
 from lerobot_shards.convert.run import convert_dataset
 from lerobot_shards.format import Manifest
 from lerobot_shards.loader import EpisodePoolDataset
+from lerobot_shards.loader.sources import ShardSource
 from lerobot_shards.synth import FIXTURE_BITS, read_identity, synth_dataset
 
 CAMS = ("observation.images.front", "observation.images.top")
@@ -139,7 +140,6 @@ def test_iteration_shuts_down_its_shard_downloads(pair, s3_server, tmp_path: Pat
 
 def test_planning_reads_no_sidecar(pair) -> None:
     """The manifest carries per-episode lengths: workers plan without fetching every sidecar."""
-    from lerobot_shards.loader.sources import ShardSource
 
     _, converted = pair
     manifest = Manifest.from_json((converted / "manifest.json").read_text())
@@ -249,3 +249,31 @@ def test_automatic_decode_threads_without_an_affinity_mask(monkeypatch) -> None:
     assert auto_decode_threads("cpu") == 3
     monkeypatch.setattr(os, "cpu_count", lambda: 64)
     assert auto_decode_threads("cpu") == 8 and auto_decode_threads("cuda:0") == 0
+
+
+def test_next_shard_starts_only_after_the_entered_shards_first_read(pair, monkeypatch) -> None:
+    """Its bytes would otherwise share the link with the ones the first batch waits for."""
+    events: list[tuple[str, int]] = []
+    open_reader = ShardSource._open_reader
+
+    def recording(self, shard):
+        reader = open_reader(self, shard)
+        events.append(("open", shard))
+        read = reader.read
+
+        def recorded_read(start, end):
+            data = read(start, end)
+            events.append(("read", shard))
+            return data
+
+        reader.read = recorded_read
+        return reader
+
+    monkeypatch.setattr(ShardSource, "_open_reader", recording)
+    source = ShardSource(str(pair[1]))
+    first, second = source.info.shards[:2]
+    source.prefetch(second.index)  # as the reader does on entering a shard: names the next one first
+    source.read_episode(first.index, first.episodes[0])
+    source._readers[second.index].result()  # the prefetch was started
+    assert events == [("open", first.index), ("read", first.index), ("open", second.index)]
+    source.close()
