@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -14,22 +13,14 @@ from lerobot_shards.synth import synth_dataset
 
 pytest_plugins = ["s3_server"]
 
-FIXTURE_ENV = "LEROBOT_SHARDS_FIXTURE"
-
 
 @pytest.fixture(scope="session")
 def fixture_root() -> Path:
-    """The real so101_record_test dataset (read-only). Missing it is an error, not a skip."""
-    candidates = [Path(__file__).resolve().parents[2] / "shared/fixtures/so101_record_test"]
-    if os.environ.get(FIXTURE_ENV):
-        candidates.append(Path(os.environ[FIXTURE_ENV]))
-    for root in candidates:
-        if (root / "meta/info.json").is_file():
-            return root
-    pytest.fail(
-        f"LeRobot fixture so101_record_test not found at {', '.join(map(str, candidates))}; "
-        f"put it there or point {FIXTURE_ENV} at it"
-    )
+    """The real so101_record_test dataset (read-only), shipped in tests/fixtures (see its README)."""
+    root = Path(__file__).resolve().parent / "fixtures/so101_record_test"
+    if not (root / "meta/info.json").is_file():
+        pytest.fail(f"LeRobot fixture missing at {root}: the checkout is incomplete")
+    return root
 
 
 @pytest.fixture(scope="session")
