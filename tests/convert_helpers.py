@@ -103,3 +103,14 @@ def edit_episodes(root: Path, fn) -> None:
 def set_column(table: pa.Table, name: str, values) -> pa.Table:
     i = table.column_names.index(name)
     return table.set_column(i, name, pa.array(values, type=table.schema.field(name).type))
+
+
+def held_cli(hold: Path, *args: object) -> list[str]:
+    """The command line of ``lerobot-shards ARGS`` with every shard but shard 0 held until
+    ``release(hold)`` (tests/held_convert.py): a run seen to have written shard 0 is mid-run."""
+    return [sys.executable, str(Path(__file__).with_name("held_convert.py")), str(hold), *map(str, args)]
+
+
+def release(hold: Path) -> None:
+    """Let a ``held_cli`` run go on."""
+    (hold / "release").touch()

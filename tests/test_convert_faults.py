@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from convert_helpers import CLI, output_files, run_cli
+from convert_helpers import CLI, held_cli, output_files, release, run_cli
 from lerobot_shards.convert.plan import ConvertOptions
 from lerobot_shards.convert.run import convert_dataset
 from lerobot_shards.convert.verify import verify_dataset
@@ -29,6 +29,14 @@ def _one_line(result: subprocess.CompletedProcess) -> str:
     assert result.returncode == 1, (result.returncode, result.stderr)
     assert len(lines) == 1 and lines[0].startswith("Error: "), result.stderr
     return lines[0]
+
+
+def _wait_for(predicate, proc: subprocess.Popen) -> None:
+    """Wait until ``predicate()`` holds (shard 0 written by a held converter) or ``proc`` exits."""
+    deadline = time.monotonic() + 120
+    while not predicate() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert predicate(), "the first converter should be mid-run"
 
 
 def _mount_ns_cli(mount_opts: str, mountpoint: Path, *args: object) -> subprocess.CompletedProcess:
@@ -229,11 +237,8 @@ def test_workers_die_with_a_killed_parent(synth_factory, tmp_path: Path) -> None
     root = synth_factory(num_episodes=24, cameras=("cam",), length_range=(30, 40))
     out = tmp_path / "out"
     args = ["--episodes-per-shard", "1", "--workers", "2", "--no-progress"]
-    proc = subprocess.Popen([*CLI, "convert", str(root), str(out), *args], stderr=subprocess.DEVNULL)
-    first = out / SHARDS_DIR / "shard-000000.idx.json"
-    deadline = time.monotonic() + 60
-    while not first.exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.005)
+    proc = subprocess.Popen(held_cli(tmp_path, "convert", root, out, *args), stderr=subprocess.DEVNULL)
+    _wait_for(lambda: (out / SHARDS_DIR / "shard-000000.idx.json").exists(), proc)  # the others are held
     children = psutil.Process(proc.pid).children(recursive=True)
     assert sum("multiprocessing-fork" in " ".join(c.cmdline()) for c in children) == 2, "two workers should run"
     proc.send_signal(signal.SIGKILL)
@@ -251,26 +256,18 @@ def test_workers_die_with_a_killed_parent(synth_factory, tmp_path: Path) -> None
 # -- two converters into one destination --------------------------------------------------------
 
 
-def _wait_for(predicate, proc: subprocess.Popen) -> None:
-    deadline = time.monotonic() + 60
-    while not predicate() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.002)
-    assert predicate(), "the first converter should be mid-run"
-
-
 def test_second_converter_into_the_same_destination_is_refused(synth_factory, tmp_path: Path) -> None:
     """The first converter, paused (SIGSTOP) mid-run while holding its lock, makes the second exit
     with one line; resumed, it completes a correct output. Array tasks (disjoint shards) coexist."""
     root = synth_factory(num_episodes=24, cameras=("cam",), length_range=(30, 40))
     out = tmp_path / "out"
     args = [root, out, "--episodes-per-shard", "1", "--no-progress"]
-    first = subprocess.Popen([*CLI, "convert", *map(str, args)], stderr=subprocess.PIPE, text=True)
-    _wait_for(lambda: (out / SHARDS_DIR / "shard-000000.tar").exists(), first)
-    first.send_signal(signal.SIGSTOP)
-    try:
-        line = _one_line(run_cli("convert", *args))
-    finally:
-        first.send_signal(signal.SIGCONT)
+    hold = tmp_path / "hold"
+    hold.mkdir()
+    first = subprocess.Popen(held_cli(hold, "convert", *args), stderr=subprocess.PIPE, text=True)
+    _wait_for(lambda: (out / SHARDS_DIR / "shard-000000.idx.json").exists(), first)
+    line = _one_line(run_cli("convert", *args))  # the first holds its lock, held at shard 1
+    release(hold)
     assert f"{out}: another conversion is writing shards 0..23 here right now" in line and "re-run" in line
     assert first.wait(timeout=120) == 0, first.stderr.read()
     assert verify_dataset(out, root).ok
@@ -278,14 +275,13 @@ def test_second_converter_into_the_same_destination_is_refused(synth_factory, tm
     assert output_files(out) == output_files(tmp_path / "ref")
 
     array = tmp_path / "array"
-    task = [*CLI, "convert", str(root), str(array), "--episodes-per-shard", "1", "--no-progress", "--num-tasks", "2"]
-    zero = subprocess.Popen([*task, "--task-index", "0"], stderr=subprocess.PIPE, text=True)
-    _wait_for(lambda: (array / SHARDS_DIR / "shard-000000.tar").exists(), zero)
-    zero.send_signal(signal.SIGSTOP)
-    try:
-        one = subprocess.run([*task, "--task-index", "1"], capture_output=True, text=True, timeout=120)
-    finally:
-        zero.send_signal(signal.SIGCONT)
+    task = ["convert", root, array, "--episodes-per-shard", "1", "--no-progress", "--num-tasks", "2"]
+    hold = tmp_path / "hold-array"
+    hold.mkdir()
+    zero = subprocess.Popen(held_cli(hold, *task, "--task-index", "0"), stderr=subprocess.PIPE, text=True)
+    _wait_for(lambda: (array / SHARDS_DIR / "shard-000000.idx.json").exists(), zero)
+    one = run_cli(*task, "--task-index", "1")  # beside task 0, which is mid-run
+    release(hold)
     assert one.returncode == 0 and "manifest waits for the other tasks" in one.stdout, one.stderr
     assert zero.wait(timeout=120) == 0, zero.stderr.read()
     assert output_files(array) == output_files(tmp_path / "ref")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from convert_helpers import CLI, output_files, run_cli
+from convert_helpers import held_cli, output_files, run_cli
 from lerobot_shards.convert.plan import ConvertOptions
 from lerobot_shards.convert.run import ConvertError, convert_dataset
 from lerobot_shards.format import MANIFEST_NAME, SHARDS_DIR
@@ -71,14 +71,12 @@ def test_resume_after_kill(synth_factory, tmp_path: Path) -> None:
     args = [root, "--episodes-per-shard", "1", "--no-progress"]
     out = tmp_path / "killed"
     proc = subprocess.Popen(
-        [*CLI, "convert", str(root), str(out), *map(str, args[1:])],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+        held_cli(tmp_path, "convert", root, out, *args[1:]), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )  # shard 0 is written, every other shard waits: the kill lands mid-conversion
     first = out / SHARDS_DIR / "shard-000000.idx.json"
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 120
     while not first.exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.002)
+        time.sleep(0.01)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert proc.returncode == -signal.SIGKILL

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import multiprocessing
 import shutil
+import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -32,6 +34,24 @@ def raw(tmp_path_factory) -> Path:
         episodes_per_video_file=1,
         seed=5,
     )
+
+
+def _until(condition: Callable[[], bool], timeout: float = 60) -> None:
+    """Wait for a condition (not for a guessed time): fails the test if it does not hold within ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.005)
+
+
+def _waiting_in(thread_id: int, function: str) -> bool:
+    """Whether the thread ``thread_id`` is inside ``function`` right now."""
+    frame = sys._current_frames().get(thread_id)
+    while frame is not None:
+        if frame.f_code.co_name == function:
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _loader(root: Path, dtype: torch.dtype, num_workers: int = 2, **kwargs) -> DataLoader:
@@ -98,10 +118,7 @@ def test_early_break_stops_the_thread_and_workers(raw: Path) -> None:
         if n == 1:
             break
     assert not _feeder_threads()
-    deadline = time.monotonic() + 30
-    while set(multiprocessing.active_children()) - before and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not set(multiprocessing.active_children()) - before  # the DataLoader workers were shut down
+    _until(lambda: not set(multiprocessing.active_children()) - before)  # the DataLoader workers were shut down
     assert feeder.stats()["batches"] == 2
 
 
@@ -121,7 +138,8 @@ def test_counters_and_clear_errors(raw: Path) -> None:
     feeder = DeviceFeeder(batches, "cpu", prefetch=1)
     out = []
     for b in feeder:
-        time.sleep(0.05)  # a slow step: the feeder finds the queue full
+        if not out:  # a slow first step: hold batch 0 until the feeder has found its queue full
+            _until(lambda: feeder.stats()["queue_full"] >= 1)
         out.append(b)
     assert [b["x"][0, 0].item() for b in out] == [(torch.tensor(float(i)) / 255).item() for i in range(5)]
     assert out[0]["task"] == ["a", "b"]
@@ -137,7 +155,8 @@ def test_counters_and_clear_errors(raw: Path) -> None:
     feeder = DeviceFeeder(slow(), "cpu")
     it = iter(feeder)
     next(it)
-    threading.Timer(0.3, go.set).start()
+    loop = threading.get_ident()  # set go once the loop waits on the empty queue for item 1
+    threading.Thread(target=lambda: (_until(lambda: _waiting_in(loop, "_get")), go.set()), daemon=True).start()
     assert next(it)["x"].item() == (torch.tensor(1.0) / 255).item()
     stats = feeder.stats()
     assert stats["queue_empty"] >= 1 and stats["batches"] == 2 and stats["wait_max_s"] > 0
