@@ -24,6 +24,7 @@ import pyarrow.parquet as pq
 from .errors import redact
 from .names import UnsafeNameError, check_name, check_relpath
 from .shard_plan import EpisodeSize
+from .timeouts import with_timeouts
 
 log = logging.getLogger(__name__)
 
@@ -179,6 +180,7 @@ class LeRobotV3Source:
     def __init__(
         self, root: str, *, storage_options: dict[str, Any] | None = None, allow_missing_files: bool = False
     ) -> None:
+        storage_options = with_timeouts(str(root), storage_options)  # no read waits on a silent server for long
         self.fs, self.root = fsspec.core.url_to_fs(str(root), **(storage_options or {}))
         self.root = self.root.rstrip("/")
         self.url = str(root)

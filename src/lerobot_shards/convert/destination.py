@@ -29,8 +29,10 @@ import fsspec
 from fsspec.callbacks import Callback
 
 from ..errors import redact, register_secrets
-from ..format import MANIFEST_NAME, SHARDS_DIR, TMP_SUFFIX
+from ..format import MANIFEST_NAME, MAX_MANIFEST_BYTES, SHARDS_DIR, TMP_SUFFIX
 from ..names import check_relpath
+from ..safe_io import read_small
+from ..timeouts import with_timeouts
 
 HASH_CHUNK = 8 * 1024 * 1024
 LOCK_NAME = ".lock"  # local destinations: byte-range locks, one byte per shard index
@@ -100,6 +102,7 @@ class Destination:
     """
 
     def __init__(self, url: str, *, storage_options: dict[str, Any] | None = None) -> None:
+        storage_options = with_timeouts(str(url), storage_options)  # no call waits on a silent server for long
         self.fs, root = fsspec.core.url_to_fs(str(url), **(storage_options or {}))
         self.root = root.rstrip("/")
         self.url = str(url)
@@ -176,9 +179,10 @@ class Destination:
         """Size of ``rel`` in bytes."""
         return int(self.fs.size(self.path(rel)))
 
-    def read_bytes(self, rel: str) -> bytes:
-        """The whole content of a small file (run record, sidecar, manifest)."""
-        return self.fs.cat_file(self.path(rel))
+    def read_bytes(self, rel: str, limit: int = MAX_MANIFEST_BYTES) -> bytes:
+        """The whole content of a small file (run record, sidecar, manifest): at most ``limit`` bytes of a
+        regular file inside the root (``safe_io.read_small``)."""
+        return read_small(self.fs, self.path(rel), limit, root=self.root if self.is_local else None)
 
     def sha256(self, rel: str) -> str:
         """sha256 of ``rel``, read in chunks (a shard does not fit memory)."""
