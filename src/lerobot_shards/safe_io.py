@@ -13,6 +13,7 @@ import stat
 from typing import Any
 
 from .format import FormatError
+from .timeouts import bounded
 
 
 def _protocols(fs: Any) -> tuple[str, ...]:
@@ -29,7 +30,7 @@ def read_small(fs: Any, path: str, limit: int, *, root: str | None = None, where
     """
     where = where or path
     if "file" not in _protocols(fs):
-        data = fs.cat_file(path, start=0, end=limit + 1)
+        data = bounded(fs, "cat_file", path, start=0, end=limit + 1)
         if len(data) > limit:
             raise FormatError(f"{where}: larger than {limit} bytes; not a metadata file of a converted dataset")
         return bytes(data)

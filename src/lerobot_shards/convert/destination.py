@@ -32,7 +32,7 @@ from ..errors import redact, register_secrets
 from ..format import MANIFEST_NAME, MAX_MANIFEST_BYTES, SHARDS_DIR, TMP_SUFFIX
 from ..names import check_relpath
 from ..safe_io import read_small
-from ..timeouts import with_timeouts
+from ..timeouts import bounded, is_timeout, open_bounded, with_timeouts
 
 HASH_CHUNK = 8 * 1024 * 1024
 LOCK_NAME = ".lock"  # local destinations: byte-range locks, one byte per shard index
@@ -42,6 +42,7 @@ RUN_RECORD = "convert.json"  # the run's options, written first: tells own outpu
 RETRY_ATTEMPTS = 5  # tries per remote write: waits of about 0.5, 1, 2, 4 s in between (with jitter)
 RETRY_FIRST_WAIT_S = 0.5
 RETRY_MAX_WAIT_S = 8.0
+UPLOAD_MIN_BYTES_PER_S = 256 * 1024  # an upload slower than this on average is given up (plus the call bound)
 # Errors no retry can fix: a missing bucket or local file, refused access, a bad option.
 PERMANENT_ERRORS = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, TypeError, ValueError)
 log = logging.getLogger(__name__)
@@ -120,6 +121,8 @@ class Destination:
                 raise
             except Exception as e:
                 reason = redact(f"{type(e).__name__}: {e}")
+                if is_timeout(e):  # the storage's own client retried it already: another try only waits again
+                    raise TransferError(f"{what}: the storage did not answer ({reason})") from None
                 if attempt == attempts:
                     raise TransferError(f"{what}: failed after {attempts} attempts ({reason})") from None
                 wait = min(RETRY_MAX_WAIT_S, RETRY_FIRST_WAIT_S * 2 ** (attempt - 1)) * random.uniform(0.5, 1.0)
@@ -155,9 +158,10 @@ class Destination:
         def attempt() -> None:
             callback = _Forward(progress)
             try:
-                self.fs.put_file(local, remote, callback=callback, **self._concurrency(parts_at_once))
+                put = dict(callback=callback, **self._concurrency(parts_at_once))
+                bounded(self.fs, "put_file", local, remote, extra_s=size / UPLOAD_MIN_BYTES_PER_S, **put)
                 self.fs.invalidate_cache(remote)
-                got = int(self.fs.info(remote)["size"])
+                got = int(bounded(self.fs, "info", remote)["size"])
                 if got != size:
                     raise OSError(f"the stored object has {got} bytes, {size} were sent")
             except BaseException:
@@ -173,11 +177,11 @@ class Destination:
 
     def exists(self, rel: str) -> bool:
         """Whether ``rel`` exists under the root."""
-        return self.fs.exists(self.path(rel))
+        return bool(bounded(self.fs, "exists", self.path(rel)))
 
     def size(self, rel: str) -> int:
         """Size of ``rel`` in bytes."""
-        return int(self.fs.size(self.path(rel)))
+        return int(bounded(self.fs, "size", self.path(rel)))
 
     def read_bytes(self, rel: str, limit: int = MAX_MANIFEST_BYTES) -> bytes:
         """The whole content of a small file (run record, sidecar, manifest): at most ``limit`` bytes of a
@@ -187,7 +191,7 @@ class Destination:
     def sha256(self, rel: str) -> str:
         """sha256 of ``rel``, read in chunks (a shard does not fit memory)."""
         h = hashlib.sha256()
-        with self.fs.open(self.path(rel), "rb") as f:
+        with open_bounded(self.fs, self.path(rel), block_size=HASH_CHUNK) as f:
             while chunk := f.read(HASH_CHUNK):
                 h.update(chunk)
         return h.hexdigest()
@@ -197,7 +201,7 @@ class Destination:
         base = self.path(rel) if rel else self.root
         self.fs.invalidate_cache(base)  # other processes and tasks write here too
         try:
-            return sorted(posixpath.basename(p.rstrip("/")) for p in self.fs.ls(base, detail=False))
+            return sorted(posixpath.basename(p.rstrip("/")) for p in bounded(self.fs, "ls", base, detail=False))
         except FileNotFoundError:
             return []
 
@@ -206,7 +210,7 @@ class Destination:
         base = self.path(rel) if rel else self.root
         self.fs.invalidate_cache(base)
         try:
-            listing = self.fs.ls(base, detail=True)
+            listing = bounded(self.fs, "ls", base, detail=True)
         except FileNotFoundError:
             return {}
         return {posixpath.basename(i["name"].rstrip("/")): int(i["size"]) for i in listing if i["type"] == "file"}
@@ -214,12 +218,12 @@ class Destination:
     def remove(self, rel: str) -> None:
         """Delete ``rel``; a file already gone is fine."""
         with contextlib.suppress(FileNotFoundError):
-            self.fs.rm_file(self.path(rel))
+            bounded(self.fs, "rm_file", self.path(rel))
 
     def write_bytes(self, rel: str, data: bytes) -> None:
         """Write a small file atomically (tmp + rename locally, one PUT remotely)."""
         if not self.is_local:
-            self.retrying(f"{self.url}/{rel}", lambda: self.fs.pipe_file(self.path(rel), data))
+            self.retrying(f"{self.url}/{rel}", lambda: bounded(self.fs, "pipe_file", self.path(rel), data))
             return
         with self.open_local(rel) as f:
             f.write(data)

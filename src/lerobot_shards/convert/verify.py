@@ -46,6 +46,7 @@ from ..format import (
 )
 from ..lerobot_v3 import LeRobotV3Source, SourceError
 from ..names import UnsafeNameError, check_name
+from ..timeouts import open_bounded
 from ..video import ClipError, decode_frames, decoded_frames, probe_clip, transform_rgb
 from .destination import Destination
 from .shard_status import shard_status
@@ -203,7 +204,7 @@ class _Verifier:
         seen: dict[str, dict[str, bytes]] = {}
         offsets: dict[str, tuple[int, int]] = {}
         try:
-            with self.dest.fs.open(self.dest.path(rel), "rb") as raw:
+            with open_bounded(self.dest.fs, self.dest.path(rel)) as raw:
                 reader = _HashingReader(raw)
                 with tarfile.open(fileobj=reader, mode="r|") as tar:  # type: ignore[call-overload]
                     for info in tar:

@@ -39,6 +39,7 @@ from typing import Any, Protocol
 from ..errors import redact
 from ..format import TMP_SUFFIX
 from ..names import check_relpath
+from ..timeouts import bounded
 from .integrity import IntegrityError
 
 CHUNK_BYTES = 8 << 20  # one ranged request: large enough to amortise a request's latency
@@ -479,7 +480,7 @@ def ranged(fs: Any, path: str, where: str) -> Callable[[int, int], bytes]:
 
     def fetch(start: int, end: int) -> bytes:
         try:
-            return fs.cat_file(path, start=start, end=end)
+            return bounded(fs, "cat_file", path, start=start, end=end)
         except Exception as e:
             raise OSError(
                 redact(f"{where}: reading bytes {start}..{end} from storage failed ({type(e).__name__}: {e})")

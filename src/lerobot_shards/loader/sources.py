@@ -31,6 +31,7 @@ from ..lerobot_v3 import IMAGE_DTYPE, VIDEO_DTYPE, LeRobotV3Source, SourceError,
 from ..names import check_name
 from ..safe_io import check_local_file, read_small
 from ..shard_plan import plan_shards
+from ..timeouts import bounded
 from .cache import CachedFile, IOCounters, LocalFile, Reader, RemoteFile, RemoteIO, close_when_open, ranged
 from .integrity import IntegrityError, check_episode_bytes
 from .partition import ShardSpec
@@ -171,11 +172,11 @@ def _open_source(
     if path.endswith(fmt.MANIFEST_NAME):
         path = posixpath.dirname(path)
         url = str(url).rstrip("/")[: -len(fmt.MANIFEST_NAME)].rstrip("/")
-    if fs.exists(posixpath.join(path, fmt.MANIFEST_NAME)):
+    if bounded(fs, "exists", posixpath.join(path, fmt.MANIFEST_NAME)):
         return ShardSource(
             str(url), storage_options=storage_options, cache_dir=cache_dir, cache_max_bytes=cache_max_bytes
         )
-    if fs.exists(posixpath.join(path, "meta/info.json")):
+    if bounded(fs, "exists", posixpath.join(path, "meta/info.json")):
         return RawSource(
             str(url),
             storage_options=storage_options,
