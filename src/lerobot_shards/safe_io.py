@@ -16,6 +16,10 @@ from .format import FormatError
 from .timeouts import bounded
 
 
+class UnsafePathError(ValueError):
+    """A path we were to write or delete leads through a symlink out of our own directory."""
+
+
 def _protocols(fs: Any) -> tuple[str, ...]:
     return (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
 

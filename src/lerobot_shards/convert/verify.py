@@ -204,7 +204,7 @@ class _Verifier:
         seen: dict[str, dict[str, bytes]] = {}
         offsets: dict[str, tuple[int, int]] = {}
         try:
-            with open_bounded(self.dest.fs, self.dest.path(rel)) as raw:
+            with open_bounded(self.dest.fs, self.dest.confined(rel)) as raw:
                 reader = _HashingReader(raw)
                 with tarfile.open(fileobj=reader, mode="r|") as tar:  # type: ignore[call-overload]
                     for info in tar:
