@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +12,16 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from lerobot_shards.format import MANIFEST_NAME, SHARDS_DIR, Manifest, Sidecar, clip_member
+from lerobot_shards.format import (
+    DIGEST_FIELD,
+    MANIFEST_NAME,
+    SHARDS_DIR,
+    Manifest,
+    Sidecar,
+    clip_member,
+    manifest_digest,
+    sidecar_digest,
+)
 from lerobot_shards.mp4cut import Mp4File
 from lerobot_shards.synth import read_identity
 from lerobot_shards.video import decode_frames, encode_video
@@ -21,6 +31,20 @@ CLI = [sys.executable, "-m", "lerobot_shards.cli"]
 
 def run_cli(*args: object) -> subprocess.CompletedProcess:
     return subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True, timeout=120)
+
+
+def reseal(out: Path) -> None:
+    """Make a tampered dataset's metadata digests agree again (sidecar sha256s in the manifest, the
+    manifest's own digest), as an attacker who knows the format could: only the deeper checks remain."""
+    manifest = json.loads((out / MANIFEST_NAME).read_text())
+    for record in manifest["shards"]:
+        side = out / SHARDS_DIR / record["sidecar"]
+        if "sidecar_sha256" in record and side.is_file():
+            data = side.read_bytes()
+            record.update(sidecar_sha256=sidecar_digest(data), sidecar_bytes=len(data))
+    if DIGEST_FIELD in manifest:
+        manifest[DIGEST_FIELD] = manifest_digest(manifest)
+    (out / MANIFEST_NAME).write_text(json.dumps(manifest, indent=1))
 
 
 def output_files(out: Path) -> dict[str, bytes]:

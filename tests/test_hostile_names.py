@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from convert_helpers import run_cli
+from convert_helpers import reseal, run_cli
 from lerobot_shards.convert.destination import Destination
 from lerobot_shards.convert.inspect import inspect_path
 from lerobot_shards.convert.plan import ConvertOptions
@@ -57,6 +57,7 @@ def _tampered(clean: Path, base: Path, edit) -> Path:
     edit(manifest, sidecar)
     (out / MANIFEST_NAME).write_text(json.dumps(manifest))
     side_path.write_text(json.dumps(sidecar))
+    reseal(out)  # digests made to agree: the name checks themselves must refuse
     return out
 
 

@@ -4,23 +4,31 @@ session-wide one stays untouched for the other tests)."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import threading
 from pathlib import Path
 
+import fsspec
 import pytest
 
 from lerobot_shards.convert.plan import ConvertOptions
 from lerobot_shards.convert.run import convert_dataset
 from lerobot_shards.loader import EpisodePoolDataset
+from lerobot_shards.loader.decode import DecodeError
 from lerobot_shards.loader.remote import CONNECT_TIMEOUT_S, READ_TIMEOUT_S, with_timeouts
 from lerobot_shards.loader.sources import open_source
+from lerobot_shards.timeouts import call_deadline
 from s3_server import _free_port, _wait_until_up
 
 HANG_GUARD_S = 120  # only so that a regression fails instead of hanging the suite
+# Shorter than the defaults, through the public storage options, so that each case takes seconds:
+# every call then gives up after call_deadline = 5 s x 1 try x 0.5 s + 2 s = 4.5 s.
+FAST = {"read_timeout": 0.5, "connect_timeout": 0.5, "retries": {"max_attempts": 0}}
 
 
 @pytest.fixture
@@ -62,7 +70,7 @@ def test_paused_bucket_fails_naming_the_shard(own_server, synth_factory, tmp_pat
     fs = s3fs.S3FileSystem(**opts)
     fs.mkdir("paused")
     fs.put(str(tmp_path / "out") + "/", "paused/ds", recursive=True)
-    fast = {**opts, "config_kwargs": {"read_timeout": 1, "connect_timeout": 1, "retries": {"max_attempts": 0}}}
+    fast = {**opts, "config_kwargs": FAST}
     ds = EpisodePoolDataset("s3://paused/ds", storage_options=fast, episode_pool_size=1)
     source = open_source("s3://paused/ds", storage_options=with_timeouts("s3://paused/ds", fast))
     os.kill(proc.pid, signal.SIGSTOP)
@@ -87,3 +95,95 @@ def test_paused_bucket_fails_naming_the_shard(own_server, synth_factory, tmp_pat
     error = outcome[0]
     assert isinstance(error, OSError), error
     assert str(error).startswith("s3://paused/ds: cannot read it (") and "Timeout" in str(error), str(error)
+
+
+def test_every_call_has_a_deadline_under_a_minute() -> None:
+    import s3fs
+
+    fs = s3fs.S3FileSystem(anon=True, **with_timeouts("s3://b/ds", None))
+    assert call_deadline(fs) == 52.0  # 5 s3fs tries x 2 botocore tries x 5 s + the waits between tries
+    fast = s3fs.S3FileSystem(anon=True, config_kwargs=FAST)
+    assert call_deadline(fast) == 4.5
+    assert call_deadline(fsspec.filesystem("file")) is None
+
+
+def _bucket(own_server, synth_factory, tmp_path: Path) -> tuple[dict, Path, Path]:
+    proc, opts = own_server
+    raw = synth_factory(num_episodes=4, length_range=(6, 8), cameras=("observation.images.front",))
+    out = tmp_path / "out"
+    convert_dataset(raw, out, ConvertOptions(episodes_per_shard=1), progress=False)
+    import s3fs
+
+    fs = s3fs.S3FileSystem(**opts)
+    fs.mkdir("paused")
+    fs.put(str(out) + "/", "paused/ds", recursive=True)
+    fs.put(str(raw) + "/", "paused/raw", recursive=True)
+    return {**opts, "config_kwargs": FAST}, raw, out
+
+
+def test_paused_server_every_cli_command_fails_naming_the_file(own_server, synth_factory, tmp_path: Path) -> None:
+    """inspect, verify, upload and convert to the bucket, all started against a paused server (at
+    once, to keep the test short): each exits 1 within the guard, naming the object it waited for."""
+    proc, _ = own_server
+    fast, raw, out = _bucket(own_server, synth_factory, tmp_path)
+    options = ["--storage-options", json.dumps(fast)]
+    commands = {
+        "inspect": ["inspect", "s3://paused/ds", *options],
+        "inspect raw": ["inspect", "s3://paused/raw", *options],
+        "verify": ["verify", "s3://paused/ds", "--no-progress", *options],
+        "upload": ["upload", str(out), "s3://paused/up", "--no-progress", *options],
+        "convert": ["convert", str(raw), "s3://paused/conv", "--no-progress", *options],
+    }
+    os.kill(proc.pid, signal.SIGSTOP)
+    env = {**os.environ, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
+    running = {
+        name: subprocess.Popen(
+            [sys.executable, "-m", "lerobot_shards.cli", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+        )
+        for name, args in commands.items()
+    }
+    for name, p in running.items():
+        try:
+            _, err = p.communicate(timeout=HANG_GUARD_S)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            pytest.fail(f"{name}: still running after {HANG_GUARD_S} s against a paused server")
+        text = err.decode()
+        assert p.returncode == 1, (name, text)
+        assert re.search(r"s3://paused/\w+/[\w./-]+: (timed out talking to the storage endpoint|no answer)", text), (
+            name,
+            text,
+        )
+        assert "Traceback" not in text and "127.0.0.1" not in text, (name, text)
+
+
+@pytest.mark.parametrize("cached", [False, True], ids=["no cache", "cache_dir"])
+def test_paused_server_raw_bucket_fails_naming_the_file(cached: bool, own_server, synth_factory, tmp_path) -> None:
+    """A raw dataset read from the bucket, paused mid-epoch: the next episode's read fails within
+    about one call deadline, naming the mp4 or parquet it waited for (not minutes of retries)."""
+    proc, _ = own_server
+    fast, _, _ = _bucket(own_server, synth_factory, tmp_path)
+    cache = {"cache_dir": str(tmp_path / "cache")} if cached else {}
+    ds = EpisodePoolDataset("s3://paused/raw", storage_options=fast, shuffle=False, episode_pool_size=1, **cache)
+    samples = iter(ds)
+    next(samples)
+    os.kill(proc.pid, signal.SIGSTOP)
+    outcome: list[BaseException | str] = []
+
+    def consume() -> None:
+        try:
+            sum(1 for _ in samples)
+            outcome.append("finished")
+        except BaseException as e:
+            outcome.append(e)
+
+    thread = threading.Thread(target=consume, daemon=True)
+    thread.start()
+    thread.join(HANG_GUARD_S)
+    assert outcome, f"no error within {HANG_GUARD_S} s"
+    error = outcome[0]
+    assert isinstance(error, OSError | DecodeError), error
+    assert "check that the storage server is up" in str(error), str(error)
+    assert re.search(r"s3://paused/raw/(videos|data)/[\w./-]+\.(mp4|parquet)", str(error)), str(error)
+    assert "no answer from the storage within 4 s" in str(error) or "Timeout" in str(error), str(error)
+    os.kill(proc.pid, signal.SIGCONT)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from convert_helpers import reencode_continuous, run_cli
+from convert_helpers import reencode_continuous, reseal, run_cli
 from lerobot_shards.convert.plan import ConvertOptions
 from lerobot_shards.convert.run import convert_dataset
 from lerobot_shards.convert.verify import verify_dataset
@@ -38,7 +38,9 @@ def _rewrite_checksums(out: Path, shard: str) -> None:
     for record in manifest["shards"]:
         if record["name"] == shard:
             record.update(sha256=sha, bytes=size)
+    manifest["totals"]["bytes"] = sum(r["bytes"] for r in manifest["shards"])
     (out / MANIFEST_NAME).write_text(json.dumps(manifest))
+    reseal(out)
 
 
 def test_clean_conversion_verifies(converted: Path, small_synth: Path) -> None:
@@ -84,9 +86,16 @@ def test_missing_episode(converted: Path, small_synth: Path) -> None:
     manifest = json.loads((converted / MANIFEST_NAME).read_text())
     manifest["shards"] = manifest["shards"][:1]
     (converted / MANIFEST_NAME).write_text(json.dumps(manifest))
-    for source in (None, small_synth):  # coverage from the manifest's source info, or from the source itself
+    report = verify_dataset(converted)  # the manifest's own digest notices first
+    assert len(report.problems) == 1 and "content does not match its manifest_sha256" in report.problems[0]
+    manifest["totals"].update(episodes=2, frames=manifest["shards"][0]["frames"], shards=1)
+    manifest["totals"]["bytes"] = manifest["shards"][0]["bytes"]
+    (converted / MANIFEST_NAME).write_text(json.dumps(manifest))
+    reseal(converted)  # consistent and sealed again: the manifest's coverage of its source_info tells
+    for source in (None, small_synth):
         report = verify_dataset(converted, source)
-        assert report.problems == ["2 source episode(s) in no shard and not recorded as skipped: [2, 3]"]
+        assert len(report.problems) == 1, report.problems
+        assert "episodes [2, 3] of source_info.total_episodes = 4 are in no shard" in report.problems[0]
     assert run_cli("verify", converted, "--no-progress").returncode == 1
 
 

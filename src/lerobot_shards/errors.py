@@ -15,6 +15,7 @@ import functools
 import logging
 import os
 import re
+import urllib.parse
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -142,11 +143,16 @@ def _explain(exc: BaseException, urls: Iterable[str | None]) -> str:
         ):
             request = str(kwargs["endpoint_url"])
             where = next((u for u in given if "://" in u and u.split("://", 1)[1].split("/", 1)[0] in request), None)
+            key = urllib.parse.urlsplit(request).path.strip("/")  # bucket/key of the request (path style)
+            if where is not None and where.startswith("s3://") and key.startswith(where[5:].split("/", 1)[0]):
+                where = f"s3://{key}"  # the very object that got no answer
             what = "cannot connect to" if name == "EndpointConnectionError" else "timed out talking to"
             return (  # the endpoint itself is not named: it is the user's to know, not the log's
                 f"{where or 'storage'}: {what} the storage endpoint; check endpoint_url in "
                 f"--storage-options (or AWS_ENDPOINT_URL) and that the server is up"
             )
+        if isinstance(e, TimeoutError) and str(e):
+            return f"{e}; check that the storage server is up and reachable (endpoint_url in --storage-options)"
         if name in ("NoCredentialsError", "PartialCredentialsError"):
             where = next((u for u in given if u.startswith("s3://")), "s3")
             return (

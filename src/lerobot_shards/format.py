@@ -8,7 +8,12 @@ Versions: 1 has a sha256 per shard only. 2 adds an ``xxh3_128`` checksum per mem
 reader that fetches one episode by byte range can check exactly those bytes (xxh3 because it
 hashes at ~33 GB/s where sha256 manages ~1.3 GB/s on one core: a second hash over every copied
 byte would double the converter's hashing with sha256). Version 1 shards are still read; their
-members carry no checksum (``Member.xxh3_128`` is None).
+members carry no checksum (``Member.xxh3_128`` is None). 3 verifies the metadata too: each
+shard record carries the sha256 and size of its sidecar file, and the manifest carries
+``manifest_sha256``, the sha256 of its own canonical JSON without that field (``canonical_json``),
+so an edited manifest, sidecar or frame table is refused before it is used. Versions 1 and 2
+are still read, with the structural cross-checks only (``check_manifest``, ``check_sidecar``):
+an edit that keeps them consistent goes unnoticed there (run ``verify --source``, or re-convert).
 
 Layout::
 
@@ -29,7 +34,9 @@ Camera keys contain dots; WebDataset splits a member name at the first dot, so t
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
+import math
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -38,14 +45,22 @@ import xxhash
 
 from .names import UnsafeNameError, check_name
 
-FORMAT_VERSION = 2
-READABLE_VERSIONS = (1, 2)
+FORMAT_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
+DIGEST_FIELD = "manifest_sha256"  # format 3: sha256 of the manifest's canonical JSON without this field
 FORMAT_NAME = "lerobot-shards"
 
 MANIFEST_NAME = "manifest.json"
 SHARDS_DIR = "shards"
 TMP_SUFFIX = ".tmp"
 RESIZE_MODES = ("pad", "crop", "stretch")
+
+# Bounds on what metadata may claim, so a hostile or damaged file fails at once instead of making
+# a reader allocate or loop without end: far beyond any real recording, far below harm.
+MAX_MANIFEST_BYTES = 512 * 1024 * 1024
+MAX_SIDECAR_BYTES = 256 * 1024 * 1024
+MAX_EPISODE_FRAMES = 10_000_000  # 93 hours at 30 fps
+MAX_FPS = 10_000.0
 
 # Codecs a converted dataset's re-encoded clips may use, each with the FFmpeg encoder that writes it.
 # The one list: the converter's options, the CLI's choices, the synthesizer and the encoder read it.
@@ -54,6 +69,37 @@ CODECS = {"h264": "libx264", "hevc": "libx265", "av1": "libsvtav1"}
 
 class FormatError(ValueError):
     """A converted dataset does not match the format this version reads."""
+
+
+def _int(value: object, what: str, low: int | None = 0, high: int | None = None) -> int:
+    """A JSON integer in [low, high]: a float (4.9), a bool or a string is refused, not truncated."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise FormatError(f"{what} = {value!r} is not an integer")
+    if (low is not None and value < low) or (high is not None and value > high):
+        bounds = f"{'' if low is None else low}..{'' if high is None else high}"
+        raise FormatError(f"{what} = {value} is out of range ({bounds})")
+    return value
+
+
+def _fps(value: object, what: str) -> float:
+    """A frame rate: a finite number in (0, MAX_FPS]; NaN, inf, 0 and negatives are refused."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise FormatError(f"{what} = {value!r} is not a finite number")
+    if not 0 < value <= MAX_FPS:
+        raise FormatError(f"{what} = {value!r} is not a frame rate (0 < fps <= {MAX_FPS:g})")
+    return float(value)
+
+
+def _hex(value: object, what: str, length: int) -> str:
+    if not isinstance(value, str) or len(value) != length or any(c not in "0123456789abcdef" for c in value):
+        raise FormatError(f"{what} = {value!r} is not a {length}-digit lowercase hex digest")
+    return value
+
+
+def _strings(value: object, what: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise FormatError(f"{what} is not a list of strings")
+    return tuple(value)
 
 
 def _member_name(value: object, key: str, what: str) -> str:
@@ -222,22 +268,33 @@ class ClipInfo:
         }
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> ClipInfo:
+    def from_dict(cls, d: dict[str, Any], at: str = "clip") -> ClipInfo:
+        """Parse one clip's facts; the frame table must be what a demuxer gives: ``num_frames`` entries,
+        pts strictly increasing (presentation order), durations not negative, a key frame first."""
         fr = d["frames"]
-        frames = tuple(
-            FrameEntry(int(p), int(du), bool(k)) for p, du, k in zip(fr["pts"], fr["duration"], fr["key_frame"])
-        )
+        pts, durations, keys = fr["pts"], fr["duration"], fr["key_frame"]
+        num_frames = _int(d["num_frames"], f"{at}.num_frames", 1, MAX_EPISODE_FRAMES)
+        for name, column in (("pts", pts), ("duration", durations), ("key_frame", keys)):
+            if not isinstance(column, list) or len(column) != num_frames:
+                raise FormatError(f"{at}.frames.{name} does not hold num_frames = {num_frames} entries")
+        if not all(type(p) is int for p in pts) or not all(type(du) is int and du >= 0 for du in durations):
+            raise FormatError(f"{at}.frames: pts and durations must be integers (durations not negative)")
+        if any(b <= a for a, b in zip(pts, pts[1:])):
+            raise FormatError(f"{at}.frames.pts is not strictly increasing (frames out of presentation order)")
+        if keys[0] not in (1, True) or not all(k in (0, 1) for k in keys):
+            raise FormatError(f"{at}.frames.key_frame must be 0/1 flags starting with a key frame")
+        frames = tuple(FrameEntry(p, du, bool(k)) for p, du, k in zip(pts, durations, keys))
         info = cls(
             codec=d["codec"],
-            width=int(d["width"]),
-            height=int(d["height"]),
+            width=_int(d["width"], f"{at}.width", 1, 1 << 16),
+            height=_int(d["height"], f"{at}.height", 1, 1 << 16),
             pix_fmt=d["pix_fmt"],
-            fps=float(d["fps"]),
-            num_frames=int(d["num_frames"]),
-            time_base=(int(d["time_base"][0]), int(d["time_base"][1])),
+            fps=_fps(d["fps"], f"{at}.fps"),
+            num_frames=num_frames,
+            time_base=(_int(d["time_base"][0], f"{at}.time_base", 1), _int(d["time_base"][1], f"{at}.time_base", 1)),
             frames=frames,
             stream_copied=bool(d["stream_copied"]),
-            source_first_frame=int(d["source_first_frame"]),
+            source_first_frame=_int(d["source_first_frame"], f"{at}.source_first_frame"),
             transform=FrameTransform.from_dict(d["transform"]) if d.get("transform") else None,
         )
         if info.transform is not None and info.transform.size != (info.height, info.width):
@@ -265,12 +322,12 @@ class EpisodeHeader:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> EpisodeHeader:
         return cls(
-            episode_index=int(d["episode_index"]),
-            length=int(d["length"]),
-            tasks=tuple(d["tasks"]),
-            fps=float(d["fps"]),
+            episode_index=_int(d["episode_index"], "episode_index"),
+            length=_int(d["length"], "length", 1, MAX_EPISODE_FRAMES),
+            tasks=_strings(d["tasks"], "tasks"),
+            fps=_fps(d["fps"], "fps"),
             cameras=tuple(check_name(c, f"cameras[{i}]") for i, c in enumerate(d["cameras"])),
-            dataset_from_index=int(d["dataset_from_index"]),
+            dataset_from_index=_int(d["dataset_from_index"], "dataset_from_index"),
         )
 
 
@@ -314,13 +371,23 @@ class EpisodeEntry:
             checksum = m["xxh3_128"] if checksums else None
             if checksums and not isinstance(checksum, str):
                 raise ValueError(f"{at}.members[{i}].xxh3_128 = {checksum!r} is not a hex string")
-            members[name] = Member(name, int(m["offset"]), int(m["size"]), checksum)
+            if checksums:
+                _hex(checksum, f"{at}.members[{i}].xxh3_128", 32)
+            if name in members:
+                raise FormatError(f"{at}.members[{i}].name = {name!r} is listed twice")
+            offset = _int(m["offset"], f"{at}.members[{i}].offset")
+            members[name] = Member(name, offset, _int(m["size"], f"{at}.members[{i}].size"), checksum)
+        if not members:
+            raise FormatError(f"{at}.members is empty")
         return cls(
             key=key,
-            episode_index=int(d["episode_index"]),
-            length=int(d["length"]),
+            episode_index=_int(d["episode_index"], f"{at}.episode_index"),
+            length=_int(d["length"], f"{at}.length", 1, MAX_EPISODE_FRAMES),
             members=members,
-            clips={check_name(cam, f"{at}.clips key"): ClipInfo.from_dict(c) for cam, c in d["clips"].items()},
+            clips={
+                check_name(cam, f"{at}.clips key"): ClipInfo.from_dict(c, f"{at}.clips[{cam!r}]")
+                for cam, c in d["clips"].items()
+            },
         )
 
 
@@ -359,8 +426,8 @@ class Sidecar:
         with _naming(where):
             return cls(
                 shard=check_name(d["shard"], "shard"),
-                size=int(d["size"]),
-                sha256=d["sha256"],
+                size=_int(d["size"], "size"),
+                sha256=_hex(d["sha256"], "sha256", 64),
                 episodes=tuple(
                     EpisodeEntry.from_dict(e, f"episodes[{i}]", checksums=d["format_version"] >= 2)
                     for i, e in enumerate(d["episodes"])
@@ -382,24 +449,34 @@ class ShardRecord:
     bytes: int
     sha256: str
     episode_lengths: tuple[int, ...] = ()  # frames per episode, same order (loaders plan without sidecars)
+    sidecar_sha256: str | None = None  # format 3: sha256 of the sidecar file's bytes
+    sidecar_bytes: int | None = None  # format 3: its size
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["episodes"] = list(self.episodes)
         d["episode_lengths"] = list(self.episode_lengths)
+        if self.sidecar_sha256 is None:
+            del d["sidecar_sha256"], d["sidecar_bytes"]
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any], at: str = "shard") -> ShardRecord:
+    def from_dict(cls, d: dict[str, Any], at: str = "shard", *, digests: bool = True) -> ShardRecord:
+        """``digests``: the record must carry its sidecar's sha256 and size (format 3 and later)."""
         return cls(
-            index=int(d["index"]),
+            index=_int(d["index"], f"{at}.index"),
             name=check_name(d["name"], f"{at}.name"),
             sidecar=check_name(d["sidecar"], f"{at}.sidecar"),
-            episodes=tuple(int(e) for e in d["episodes"]),
-            frames=int(d["frames"]),
-            bytes=int(d["bytes"]),
-            sha256=d["sha256"],
-            episode_lengths=tuple(int(n) for n in d.get("episode_lengths", ())),
+            episodes=tuple(_int(e, f"{at}.episodes[{i}]") for i, e in enumerate(d["episodes"])),
+            frames=_int(d["frames"], f"{at}.frames"),
+            bytes=_int(d["bytes"], f"{at}.bytes", 1),
+            sha256=_hex(d["sha256"], f"{at}.sha256", 64),
+            episode_lengths=tuple(
+                _int(n, f"{at}.episode_lengths[{i}]", 1, MAX_EPISODE_FRAMES)
+                for i, n in enumerate(d.get("episode_lengths", ()))
+            ),
+            sidecar_sha256=_hex(d["sidecar_sha256"], f"{at}.sidecar_sha256", 64) if digests else None,
+            sidecar_bytes=_int(d["sidecar_bytes"], f"{at}.sidecar_bytes", 1, MAX_SIDECAR_BYTES) if digests else None,
         )
 
 
@@ -435,7 +512,14 @@ class Manifest:
         return sum(s.bytes for s in self.shards)
 
     def to_json(self) -> str:
-        return json.dumps(
+        """The manifest's JSON; from format 3 on it carries ``manifest_sha256`` of its canonical form."""
+        d = self._to_dict()
+        if self.format_version >= 3:
+            d[DIGEST_FIELD] = manifest_digest(json.loads(json.dumps(d)))  # the digest a reader will compute
+        return json.dumps(d, indent=1)
+
+    def _to_dict(self) -> dict[str, Any]:
+        return dict(
             {
                 "format": FORMAT_NAME,
                 "format_version": self.format_version,
@@ -456,28 +540,182 @@ class Manifest:
                 **({"transforms": {c: t.to_dict() for c, t in self.transforms.items()}} if self.transforms else {}),
                 "source_info": self.source_info,
                 "source_stats": self.source_stats,
-            },
-            indent=1,
+            }
         )
 
     @classmethod
     def from_json(cls, text: str | bytes, *, where: str = MANIFEST_NAME) -> Manifest:
+        """Parse, check the digest (format 3) and cross-check every field (``check_manifest``)."""
         d = _load(text, where)
+        version = d["format_version"]
+        if version >= 3:
+            stored = d.get(DIGEST_FIELD)
+            if stored != manifest_digest(d):
+                raise FormatError(
+                    f"{where}: content does not match its {DIGEST_FIELD} ({'missing' if stored is None else stored!r}):"
+                    " the manifest was edited or damaged after conversion; restore it or re-convert the dataset"
+                )
         with _naming(where):
-            return cls(
+            for name, kind in (("source_info", dict), ("features", dict), ("video", dict), ("shards", list)):
+                if not isinstance(d[name], kind):
+                    raise FormatError(f"{name} is not a JSON {'object' if kind is dict else 'array'}")
+            manifest = cls(
                 source_info=d["source_info"],
                 source_stats=d.get("source_stats", {}),
-                tasks=tuple(d["tasks"]),
-                fps=float(d["fps"]),
+                tasks=_strings(d["tasks"], "tasks"),
+                fps=_fps(d["fps"], "fps"),
                 features=d["features"],
                 cameras=tuple(check_name(c, f"cameras[{i}]") for i, c in enumerate(d["cameras"])),
                 video=d["video"],
-                shards=tuple(ShardRecord.from_dict(s, f"shards[{i}]") for i, s in enumerate(d["shards"])),
+                shards=tuple(
+                    ShardRecord.from_dict(s, f"shards[{i}]", digests=version >= 3) for i, s in enumerate(d["shards"])
+                ),
                 skipped_episodes={int(k): v for k, v in d.get("skipped_episodes", {}).items()},
                 converter=d.get("converter", {}),
-                format_version=int(d["format_version"]),
+                format_version=int(version),
                 transforms={c: FrameTransform.from_dict(t) for c, t in d.get("transforms", {}).items()},
             )
+            check_manifest(manifest, d.get("totals"))
+        return manifest
+
+
+def canonical_json(d: dict[str, Any]) -> bytes:
+    """The bytes a manifest digest covers: sorted keys, no spaces, ASCII; ``DIGEST_FIELD`` left out."""
+    body = {k: v for k, v in d.items() if k != DIGEST_FIELD}
+    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+
+
+def manifest_digest(d: dict[str, Any]) -> str:
+    """sha256 of a parsed manifest's ``canonical_json``: the same for any whitespace or key order."""
+    return hashlib.sha256(canonical_json(d)).hexdigest()
+
+
+def sidecar_digest(data: bytes) -> str:
+    """What a format 3 shard record stores as ``sidecar_sha256``: sha256 of the sidecar file's bytes."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def check_manifest(m: Manifest, totals: object = None) -> None:
+    """Every field agrees with the others: cameras are the video features, fps and features match the
+    source's ``info.json`` kept verbatim, shards and episodes are listed once each, lengths add up to
+    frames and are bounded by the bytes that hold them, and the written totals match. Raises
+    ``FormatError`` naming the field (the caller adds the file)."""
+    videos = sorted(k for k, v in m.features.items() if isinstance(v, dict) and v.get("dtype") == "video")
+    if any(not isinstance(v, dict) or not isinstance(v.get("dtype"), str) for v in m.features.values()):
+        raise FormatError("features: every feature needs a spec with a dtype")
+    if list(m.cameras) != videos:
+        raise FormatError(f"cameras = {list(m.cameras)} are not the video features {videos}")
+    info_features = m.source_info.get("features")
+    if isinstance(info_features, dict):
+        if set(info_features) != set(m.features):
+            raise FormatError(f"features {sorted(m.features)} differ from source_info.features {sorted(info_features)}")
+        for name, spec in m.features.items():
+            src = info_features[name]
+            if not isinstance(src, dict) or src.get("dtype") != spec["dtype"]:
+                raise FormatError(f"features[{name!r}] has another dtype than source_info.features[{name!r}]")
+            if name not in m.cameras and src != spec:
+                raise FormatError(f"features[{name!r}] differs from source_info.features[{name!r}]")
+    if "fps" in m.source_info and m.source_info["fps"] != m.fps:
+        raise FormatError(f"fps = {m.fps!r}, source_info.fps = {m.source_info['fps']!r}")
+    if len(set(m.tasks)) != len(m.tasks):
+        raise FormatError("tasks lists a task twice")
+    for cam in m.transforms:
+        if cam not in m.cameras:
+            raise FormatError(f"transforms names {cam!r}, which is not a camera")
+    seen: dict[int, int] = {}
+    for what, values in (("index", [s.index for s in m.shards]), ("name", [s.name for s in m.shards])):
+        if len(set(values)) != len(values):
+            raise FormatError(f"shards: two records share one {what}")
+    if len({s.sidecar for s in m.shards}) != len(m.shards):
+        raise FormatError("shards: two records share one sidecar")
+    for i, s in enumerate(m.shards):
+        at = f"shards[{i}]"
+        for ep in s.episodes:
+            if ep in seen:
+                raise FormatError(f"{at}.episodes: episode {ep} is also in shards[{seen[ep]}]")
+            if ep in m.skipped_episodes:
+                raise FormatError(f"{at}.episodes: episode {ep} is also recorded as skipped")
+            seen[ep] = i
+        if s.episode_lengths or m.format_version >= 3:
+            if len(s.episode_lengths) != len(s.episodes):
+                raise FormatError(f"{at}: {len(s.episode_lengths)} episode_lengths for {len(s.episodes)} episodes")
+            if sum(s.episode_lengths) != s.frames:
+                raise FormatError(f"{at}: episode_lengths add up to {sum(s.episode_lengths)}, frames = {s.frames}")
+        if not s.episodes:
+            raise FormatError(f"{at}.episodes is empty")
+        if s.frames > s.bytes:  # every frame takes bytes of table and video: the size bounds the count
+            raise FormatError(f"{at}: frames = {s.frames} cannot fit in its {s.bytes} bytes")
+    total = m.source_info.get("total_episodes")
+    if type(total) is int:  # a conversion covers its whole source: each episode in a shard or skipped
+        gaps = sorted(set(range(total)) - set(seen) - set(m.skipped_episodes))
+        extra = sorted(e for e in [*seen, *m.skipped_episodes] if e >= total)
+        if gaps or extra:
+            raise FormatError(
+                f"shards: episodes {gaps or extra} of source_info.total_episodes = {total} are "
+                + ("in no shard and not recorded as skipped" if gaps else "not in the source")
+            )
+    if isinstance(totals, dict):
+        want = {"episodes": m.total_episodes, "frames": m.total_frames, "bytes": m.total_bytes, "shards": len(m.shards)}
+        for key, value in want.items():
+            if key in totals and totals[key] != value:
+                raise FormatError(f"totals.{key} = {totals[key]!r}, the shards add up to {value}")
+
+
+def check_sidecar(sidecar: Sidecar, record: ShardRecord, manifest: Manifest) -> None:
+    """The sidecar is the one the manifest's ``record`` describes: same tar, size, sha256, episodes
+    and lengths; every episode has exactly its header, table and one clip per manifest camera, each
+    member inside the tar, each clip ``length`` frames. Raises ``FormatError`` naming the field."""
+    if sidecar.format_version != manifest.format_version:  # a sidecar cannot opt out of checksums
+        raise FormatError(f"format_version {sidecar.format_version}, but the manifest's is {manifest.format_version}")
+    if (sidecar.shard, sidecar.size, sidecar.sha256) != (record.name, record.bytes, record.sha256):
+        raise FormatError(
+            f"describes {sidecar.shard} of {sidecar.size} bytes (sha256 {sidecar.sha256[:12]}...), the manifest "
+            f"{record.name} of {record.bytes} bytes (sha256 {record.sha256[:12]}...)"
+        )
+    listed = tuple(e.episode_index for e in sidecar.episodes)
+    if listed != record.episodes:
+        raise FormatError(f"lists episodes {list(listed)}, the manifest {list(record.episodes)}")
+    lengths = tuple(e.length for e in sidecar.episodes)
+    if record.episode_lengths and lengths != record.episode_lengths:
+        raise FormatError(
+            f"episode lengths {list(lengths)}, the manifest's episode_lengths {list(record.episode_lengths)}"
+        )
+    cameras = set(manifest.cameras)
+    for i, e in enumerate(sidecar.episodes):
+        at = f"episodes[{i}] (episode {e.episode_index})"
+        if e.key != episode_key(e.episode_index):
+            raise FormatError(f"{at}.key = {e.key!r}, expected {episode_key(e.episode_index)!r}")
+        if set(e.clips) != cameras:
+            raise FormatError(f"{at}: clips for {sorted(e.clips)}, the manifest's cameras are {sorted(cameras)}")
+        want = {header_member(e.key), table_member(e.key)} | {clip_member(e.key, c) for c in cameras}
+        if set(e.members) != want:
+            raise FormatError(f"{at}: members {sorted(e.members)}, expected {sorted(want)}")
+        for m in e.members.values():
+            if m.offset < 512 or m.offset + m.size > sidecar.size:  # after its 512-byte tar header, inside the tar
+                raise FormatError(
+                    f"{at}: member {m.name} at {m.offset}+{m.size} lies outside the {sidecar.size}-byte tar"
+                )
+        for cam, clip in e.clips.items():
+            if clip.num_frames != e.length:
+                raise FormatError(f"{at}: clip {cam} has {clip.num_frames} frames, the episode {e.length}")
+
+
+def check_episode_header(header: EpisodeHeader, entry: EpisodeEntry, manifest: Manifest) -> None:
+    """An episode's own ``<key>.json`` (inside the checksummed tar) agrees with sidecar and manifest."""
+    if (header.episode_index, header.length) != (entry.episode_index, entry.length):
+        raise FormatError(
+            f"{header_member(entry.key)} says episode {header.episode_index} of {header.length} frames, "
+            f"the sidecar episode {entry.episode_index} of {entry.length}"
+        )
+    if header.fps != manifest.fps:
+        raise FormatError(f"{header_member(entry.key)} says fps {header.fps}, the manifest {manifest.fps}")
+    if sorted(header.cameras) != sorted(manifest.cameras):
+        raise FormatError(
+            f"{header_member(entry.key)} lists cameras {sorted(header.cameras)}, the manifest {sorted(manifest.cameras)}"
+        )
+    unknown = [t for t in header.tasks if t not in manifest.tasks]
+    if unknown:
+        raise FormatError(f"{header_member(entry.key)} has tasks {unknown} that the manifest's tasks do not list")
 
 
 def _load(text: str | bytes, where: str) -> dict[str, Any]:
@@ -496,7 +734,7 @@ def _naming(where: str) -> Iterator[None]:
     """Turn a bad field anywhere in a parsed file into one FormatError naming the file (and field)."""
     try:
         yield
-    except UnsafeNameError as e:
+    except (UnsafeNameError, FormatError) as e:
         raise FormatError(f"{where}: {e}") from None
     except KeyError as e:
         raise FormatError(f"{where}: missing field {e}") from None
@@ -508,7 +746,7 @@ def check_version(d: dict[str, Any], where: str) -> None:
     if d.get("format") != FORMAT_NAME:
         raise FormatError(f"{where}: not a {FORMAT_NAME} file (format={d.get('format')!r})")
     v = d.get("format_version")
-    if v not in READABLE_VERSIONS:
+    if type(v) is not int or v not in READABLE_VERSIONS:
         raise FormatError(
             f"{where}: format_version {v} is not supported by this version of lerobot-shards "
             f"(reads {', '.join(map(str, READABLE_VERSIONS))}); re-convert the dataset or upgrade lerobot-shards"

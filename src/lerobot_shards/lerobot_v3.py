@@ -24,6 +24,7 @@ import pyarrow.parquet as pq
 from .errors import redact
 from .names import UnsafeNameError, check_name, check_relpath
 from .shard_plan import EpisodeSize
+from .timeouts import bounded, open_bounded, with_timeouts
 
 log = logging.getLogger(__name__)
 
@@ -81,8 +82,7 @@ class EpisodeMeta:
 
 def _read_json(fs: fsspec.AbstractFileSystem, path: str) -> dict[str, Any]:
     try:
-        with fs.open(path, "rb") as f:
-            return json.load(f)
+        return json.loads(bounded(fs, "cat_file", path))
     except FileNotFoundError:
         raise SourceError(f"{path}: file not found") from None
     except json.JSONDecodeError as e:
@@ -93,7 +93,7 @@ def _read_parquet(fs: fsspec.AbstractFileSystem, path: str) -> pa.Table:
     # Fetch, then parse: a timeout or a refused connection is the storage's fault, never a reason to
     # call the file bad (``--skip-bad-episodes`` would drop its episodes for a slow network).
     try:
-        data = fs.cat_file(path)
+        data = bounded(fs, "cat_file", path)
     except FileNotFoundError:
         raise SourceError(f"{path}: file not found") from None
     except OSError as e:  # its text may name the endpoint
@@ -179,6 +179,7 @@ class LeRobotV3Source:
     def __init__(
         self, root: str, *, storage_options: dict[str, Any] | None = None, allow_missing_files: bool = False
     ) -> None:
+        storage_options = with_timeouts(str(root), storage_options)  # no read waits on a silent server for long
         self.fs, self.root = fsspec.core.url_to_fs(str(root), **(storage_options or {}))
         self.root = self.root.rstrip("/")
         self.url = str(root)
@@ -189,7 +190,7 @@ class LeRobotV3Source:
         self.camera_keys = tuple(k for k, v in self.features.items() if v["dtype"] == VIDEO_DTYPE)
         self.image_keys = tuple(k for k, v in self.features.items() if v["dtype"] == IMAGE_DTYPE)
         stats_path = self._abs("meta/stats.json")
-        self.stats: dict[str, Any] = _read_json(self.fs, stats_path) if self.fs.exists(stats_path) else {}
+        self.stats: dict[str, Any] = _read_json(self.fs, stats_path) if bounded(self.fs, "exists", stats_path) else {}
         self.tasks = self._read_tasks()
         self.episodes, self.episode_stats = self._read_episodes()
         self._by_index = {e.episode_index: e for e in self.episodes}
@@ -251,7 +252,7 @@ class LeRobotV3Source:
         return tuple(tasks)  # type: ignore[arg-type]
 
     def _read_episodes(self) -> tuple[tuple[EpisodeMeta, ...], pa.Table]:
-        files = sorted(self.fs.glob(self._abs("meta/episodes/chunk-*/file-*.parquet")))
+        files = sorted(bounded(self.fs, "glob", self._abs("meta/episodes/chunk-*/file-*.parquet")))
         if not files:
             raise SourceError(f"{self._abs('meta/episodes')}: no episodes parquet files")
         tables = [_read_parquet(self.fs, f) for f in files]
@@ -334,8 +335,8 @@ class LeRobotV3Source:
         sizes: dict[str, int] = {}
         for sub in ("data", "videos"):
             top = self._abs(sub)
-            if self.fs.exists(top):
-                for path, detail in self.fs.find(top, detail=True).items():
+            if bounded(self.fs, "exists", top):
+                for path, detail in bounded(self.fs, "find", top, detail=True).items():
                     sizes[posixpath.relpath(path, self.root)] = int(detail.get("size") or 0)
         needed: dict[str, int] = {}
         for e in self.episodes:
@@ -370,9 +371,10 @@ class LeRobotV3Source:
     def file_size(self, rel_path: str) -> int:
         return self._file_sizes[rel_path]
 
-    def open(self, rel_path: str, mode: str = "rb", **kwargs: Any) -> Any:
-        """Open a file of the dataset; fsspec handles local and remote roots alike."""
-        return self.fs.open(self._abs(rel_path), mode, **kwargs)
+    def open(self, rel_path: str) -> Any:
+        """Open a file of the dataset for reading; from object storage every fetch is bounded
+        (``timeouts.open_bounded``)."""
+        return open_bounded(self.fs, self._abs(rel_path))
 
     def local_path(self, rel_path: str) -> str | None:
         """The file's local path when the root is on local disk, else None."""

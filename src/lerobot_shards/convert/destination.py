@@ -18,6 +18,7 @@ import logging
 import os
 import posixpath
 import random
+import re
 import secrets
 import shutil
 import tempfile
@@ -29,17 +30,23 @@ import fsspec
 from fsspec.callbacks import Callback
 
 from ..errors import redact, register_secrets
-from ..format import MANIFEST_NAME, SHARDS_DIR, TMP_SUFFIX
+from ..format import MANIFEST_NAME, MAX_MANIFEST_BYTES, SHARDS_DIR, TMP_SUFFIX
 from ..names import check_relpath
+from ..safe_io import UnsafePathError, is_inside, read_small
+from ..timeouts import bounded, is_timeout, open_bounded, with_timeouts
 
 HASH_CHUNK = 8 * 1024 * 1024
 LOCK_NAME = ".lock"  # local destinations: byte-range locks, one byte per shard index
 _WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG}
+OWN_SHARD_FILE = re.compile(
+    r"shard-\d{6}\.(tar|idx\.json)(\.\d+-[0-9a-f]{8}\.tmp)?"
+)  # shard_name, sidecar_name, tmp_name
 RUN_RECORD = "convert.json"  # the run's options, written first: tells own output from foreign content
 
 RETRY_ATTEMPTS = 5  # tries per remote write: waits of about 0.5, 1, 2, 4 s in between (with jitter)
 RETRY_FIRST_WAIT_S = 0.5
 RETRY_MAX_WAIT_S = 8.0
+UPLOAD_MIN_BYTES_PER_S = 256 * 1024  # an upload slower than this on average is given up (plus the call bound)
 # Errors no retry can fix: a missing bucket or local file, refused access, a bad option.
 PERMANENT_ERRORS = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, TypeError, ValueError)
 log = logging.getLogger(__name__)
@@ -100,6 +107,7 @@ class Destination:
     """
 
     def __init__(self, url: str, *, storage_options: dict[str, Any] | None = None) -> None:
+        storage_options = with_timeouts(str(url), storage_options)  # no call waits on a silent server for long
         self.fs, root = fsspec.core.url_to_fs(str(url), **(storage_options or {}))
         self.root = root.rstrip("/")
         self.url = str(url)
@@ -117,6 +125,8 @@ class Destination:
                 raise
             except Exception as e:
                 reason = redact(f"{type(e).__name__}: {e}")
+                if is_timeout(e):  # the storage's own client retried it already: another try only waits again
+                    raise TransferError(f"{what}: the storage did not answer ({reason})") from None
                 if attempt == attempts:
                     raise TransferError(f"{what}: failed after {attempts} attempts ({reason})") from None
                 wait = min(RETRY_MAX_WAIT_S, RETRY_FIRST_WAIT_S * 2 ** (attempt - 1)) * random.uniform(0.5, 1.0)
@@ -152,9 +162,10 @@ class Destination:
         def attempt() -> None:
             callback = _Forward(progress)
             try:
-                self.fs.put_file(local, remote, callback=callback, **self._concurrency(parts_at_once))
+                put = dict(callback=callback, **self._concurrency(parts_at_once))
+                bounded(self.fs, "put_file", local, remote, extra_s=size / UPLOAD_MIN_BYTES_PER_S, **put)
                 self.fs.invalidate_cache(remote)
-                got = int(self.fs.info(remote)["size"])
+                got = int(bounded(self.fs, "info", remote)["size"])
                 if got != size:
                     raise OSError(f"the stored object has {got} bytes, {size} were sent")
             except BaseException:
@@ -168,22 +179,39 @@ class Destination:
         """``rel`` under the root; a name that would leave it (read from a manifest, say) raises."""
         return posixpath.join(self.root, check_relpath(rel, f"{self.url}: path"))
 
+    def confined(self, rel: str) -> str:
+        """``path(rel)`` of a local destination, refused (``UnsafePathError``) when it, or a folder on
+        the way (``shards/``, say), is a symlink leading out of the root: nothing is read, written
+        or deleted there through a link."""
+        path = self.path(rel)
+        if self.is_local:
+            probe = path if os.path.lexists(path) else posixpath.dirname(path)
+            while not os.path.lexists(probe) and probe != self.root:
+                probe = posixpath.dirname(probe)
+            if os.path.lexists(probe) and not is_inside(probe, self.root):
+                raise UnsafePathError(
+                    f"{path}: leads out of {self.root} through a symlink ({os.path.realpath(probe)}); "
+                    "not reading, writing or deleting there"
+                )
+        return path
+
     def exists(self, rel: str) -> bool:
         """Whether ``rel`` exists under the root."""
-        return self.fs.exists(self.path(rel))
+        return bool(bounded(self.fs, "exists", self.path(rel)))
 
     def size(self, rel: str) -> int:
         """Size of ``rel`` in bytes."""
-        return int(self.fs.size(self.path(rel)))
+        return int(bounded(self.fs, "size", self.path(rel)))
 
-    def read_bytes(self, rel: str) -> bytes:
-        """The whole content of a small file (run record, sidecar, manifest)."""
-        return self.fs.cat_file(self.path(rel))
+    def read_bytes(self, rel: str, limit: int = MAX_MANIFEST_BYTES) -> bytes:
+        """The whole content of a small file (run record, sidecar, manifest): at most ``limit`` bytes of a
+        regular file inside the root (``safe_io.read_small``)."""
+        return read_small(self.fs, self.path(rel), limit, root=self.root if self.is_local else None)
 
     def sha256(self, rel: str) -> str:
         """sha256 of ``rel``, read in chunks (a shard does not fit memory)."""
         h = hashlib.sha256()
-        with self.fs.open(self.path(rel), "rb") as f:
+        with open_bounded(self.fs, self.confined(rel), block_size=HASH_CHUNK) as f:
             while chunk := f.read(HASH_CHUNK):
                 h.update(chunk)
         return h.hexdigest()
@@ -193,7 +221,7 @@ class Destination:
         base = self.path(rel) if rel else self.root
         self.fs.invalidate_cache(base)  # other processes and tasks write here too
         try:
-            return sorted(posixpath.basename(p.rstrip("/")) for p in self.fs.ls(base, detail=False))
+            return sorted(posixpath.basename(p.rstrip("/")) for p in bounded(self.fs, "ls", base, detail=False))
         except FileNotFoundError:
             return []
 
@@ -202,20 +230,20 @@ class Destination:
         base = self.path(rel) if rel else self.root
         self.fs.invalidate_cache(base)
         try:
-            listing = self.fs.ls(base, detail=True)
+            listing = bounded(self.fs, "ls", base, detail=True)
         except FileNotFoundError:
             return {}
         return {posixpath.basename(i["name"].rstrip("/")): int(i["size"]) for i in listing if i["type"] == "file"}
 
     def remove(self, rel: str) -> None:
-        """Delete ``rel``; a file already gone is fine."""
+        """Delete ``rel``; a file already gone is fine. Never through a symlinked folder."""
         with contextlib.suppress(FileNotFoundError):
-            self.fs.rm_file(self.path(rel))
+            bounded(self.fs, "rm_file", self.confined(rel))
 
     def write_bytes(self, rel: str, data: bytes) -> None:
         """Write a small file atomically (tmp + rename locally, one PUT remotely)."""
         if not self.is_local:
-            self.retrying(f"{self.url}/{rel}", lambda: self.fs.pipe_file(self.path(rel), data))
+            self.retrying(f"{self.url}/{rel}", lambda: bounded(self.fs, "pipe_file", self.path(rel), data))
             return
         with self.open_local(rel) as f:
             f.write(data)
@@ -228,11 +256,12 @@ class Destination:
         name (array tasks writing the same run record) never trip over each other's file; the
         last complete rename wins, and all of them write the same bytes.
         """
-        final = self.path(rel)
+        final = self.confined(rel)
         tmp = tmp_name(final)
         try:
             with _named_errors(tmp):
                 os.makedirs(posixpath.dirname(final), exist_ok=True)
+                self.confined(rel)  # a folder made a symlink meanwhile
                 with open(tmp, "xb") as f:
                     yield f
                     f.flush()
@@ -292,7 +321,8 @@ class Destination:
             return
         with _named_errors(self.root):
             os.makedirs(self.root, exist_ok=True)
-            fd = os.open(self.path(LOCK_NAME), os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+            flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)  # never through a link
+            fd = os.open(self.path(LOCK_NAME), flags, 0o644)
         try:
             runs = [(0, 0)] if shards is None else _runs(sorted(set(shards)))
             for start, length in runs:  # length 0: from start to the end of any file
@@ -312,12 +342,20 @@ class Destination:
             os.close(fd)  # releases every lock this process holds on the file
 
     def clear_own_files(self) -> None:
-        """Remove what a conversion writes (manifest, run record, shards); leave anything else alone."""
+        """Remove what a conversion writes (manifest, run record, shard tars and sidecars and their
+        temporary files, by their exact name patterns); leave anything else alone, and refuse a
+        ``shards/`` that is a symlink out of the destination before deleting anything."""
+        self.confined(SHARDS_DIR)
         for rel in (MANIFEST_NAME, RUN_RECORD):
             self.remove(rel)
         for name in self.entries(SHARDS_DIR):
-            if name.startswith("shard-"):
-                self.remove(posixpath.join(SHARDS_DIR, name))
+            rel = posixpath.join(SHARDS_DIR, name)
+            if not OWN_SHARD_FILE.fullmatch(name):
+                continue
+            if self.is_local and os.path.islink(self.path(rel)):
+                log.warning("--overwrite: leaving %s alone: a symlink, not a file this converter wrote", self.path(rel))
+                continue
+            self.remove(rel)
 
 
 def _runs(indices: list[int]) -> list[tuple[int, int]]:

@@ -317,6 +317,7 @@ def finalize(
     """Write ``manifest.json`` from all sidecars; fails listing every shard that is missing."""
     present = set(dest.entries(SHARDS_DIR))
     sidecars: list[Sidecar] = []
+    digests: list[tuple[str | None, int | None]] = []  # each sidecar file's sha256 and size
     missing: list[str] = []
     for shard in plan:
         tar, side = shard_name(shard.index), sidecar_name(shard.index)
@@ -331,6 +332,7 @@ def finalize(
             missing.append(f"{tar} ({status.problem})")
             continue
         sidecars.append(status.sidecar)
+        digests.append((status.sidecar_sha256, status.sidecar_bytes))
     if missing:
         raise ConvertError(
             f"{dest.url}: cannot write {MANIFEST_NAME}, {len(missing)} of {len(plan)} shards are missing or "
@@ -365,8 +367,10 @@ def finalize(
                 bytes=s.size,
                 sha256=s.sha256,
                 episode_lengths=tuple(e.length for e in s.episodes),
+                sidecar_sha256=digest,
+                sidecar_bytes=nbytes,
             )
-            for shard, s in zip(plan, sidecars)
+            for shard, s, (digest, nbytes) in zip(plan, sidecars, digests)
             if s.episodes
         ),
         skipped_episodes=skipped,

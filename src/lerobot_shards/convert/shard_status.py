@@ -13,7 +13,7 @@ import posixpath
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
-from ..format import SHARDS_DIR, FormatError, Sidecar
+from ..format import FORMAT_VERSION, MAX_SIDECAR_BYTES, SHARDS_DIR, FormatError, Sidecar, sidecar_digest
 from .destination import Destination
 
 
@@ -23,6 +23,8 @@ class ShardStatus:
 
     sidecar: Sidecar | None
     problem: str | None  # None: complete
+    sidecar_sha256: str | None = None  # of the sidecar file's bytes, for the manifest (format 3)
+    sidecar_bytes: int | None = None
 
     @property
     def complete(self) -> bool:
@@ -46,11 +48,13 @@ def shard_status(
     *,
     present: Collection[str] | None = None,
     check_sha256: bool = False,
+    version: int = FORMAT_VERSION,
 ) -> ShardStatus:
     """The status of the shard whose files in ``dest``'s shards directory are ``tar`` and ``sidecar``.
 
     ``present`` lists the shards directory once for many calls (else each file is looked up).
-    ``check_sha256`` reads the whole tar to compare its hash with the sidecar's.
+    ``check_sha256`` reads the whole tar to compare its hash with the sidecar's. A sidecar of
+    another ``version`` (an older conversion, when resuming) makes the shard incomplete.
     """
     rel_tar, rel_side = posixpath.join(SHARDS_DIR, tar), posixpath.join(SHARDS_DIR, sidecar)
 
@@ -62,12 +66,16 @@ def shard_status(
     if not exists(sidecar, rel_side):
         return ShardStatus(None, "no sidecar")
     try:
-        parsed = Sidecar.from_json(dest.read_bytes(rel_side), where=dest.path(rel_side))
+        data = dest.read_bytes(rel_side, limit=MAX_SIDECAR_BYTES)
+        parsed = Sidecar.from_json(data, where=dest.path(rel_side))
     except (FileNotFoundError, FormatError, ValueError, KeyError) as e:
         return ShardStatus(None, f"unreadable sidecar ({e})")
+    digest, nbytes = sidecar_digest(data), len(data)
+    if parsed.format_version != version:  # an older version's shard: rebuilt, not mixed in
+        return ShardStatus(parsed, f"format_version {parsed.format_version}, expected {version}", digest, nbytes)
     size = dest.size(rel_tar)
     if size != parsed.size:
-        return ShardStatus(parsed, f"{size} bytes, sidecar says {parsed.size}")
+        return ShardStatus(parsed, f"{size} bytes, sidecar says {parsed.size}", digest, nbytes)
     if check_sha256 and dest.sha256(rel_tar) != parsed.sha256:
-        return ShardStatus(parsed, "sha256 differs from the sidecar's")
-    return ShardStatus(parsed, None)
+        return ShardStatus(parsed, "sha256 differs from the sidecar's", digest, nbytes)
+    return ShardStatus(parsed, None, digest, nbytes)

@@ -36,6 +36,9 @@ from ..format import (
     FormatError,
     Manifest,
     ShardRecord,
+    Sidecar,
+    check_episode_header,
+    check_sidecar,
     clip_member,
     header_member,
     member_checksum,
@@ -43,6 +46,7 @@ from ..format import (
 )
 from ..lerobot_v3 import LeRobotV3Source, SourceError
 from ..names import UnsafeNameError, check_name
+from ..timeouts import open_bounded
 from ..video import ClipError, decode_frames, decoded_frames, probe_clip, transform_rgb
 from .destination import Destination
 from .shard_status import shard_status
@@ -177,21 +181,30 @@ class _Verifier:
         rel = posixpath.join(SHARDS_DIR, record.name)
         where = self.dest.path(rel)
         # Size and sha256 are checked below against the manifest, while the tar streams by once.
-        status = shard_status(self.dest, record.name, record.sidecar)
+        status = shard_status(self.dest, record.name, record.sidecar, version=self.manifest.format_version)
         sidecar = status.sidecar
+        side_where = self.dest.path(posixpath.join(SHARDS_DIR, record.sidecar))
         if sidecar is None:
             self.report.problem(f"{where}: {status.problem}")
             return []
-        if (sidecar.sha256, sidecar.size) != (record.sha256, record.bytes):
-            self.report.problem(f"{where}: manifest and sidecar disagree on sha256/size")
-        listed = tuple(e.episode_index for e in sidecar.episodes)
-        if listed != record.episodes:
-            self.report.problem(f"{where}: manifest lists episodes {list(record.episodes)}, sidecar {list(listed)}")
+        if record.sidecar_sha256 is not None and (status.sidecar_sha256, status.sidecar_bytes) != (
+            record.sidecar_sha256,
+            record.sidecar_bytes,
+        ):
+            self.report.problem(
+                f"{side_where}: does not match the sha256 and size the manifest records for it "
+                "(edited or damaged after conversion)"
+            )
+        try:
+            check_sidecar(sidecar, record, self.manifest)
+        except FormatError as e:
+            self.report.problem(f"{side_where}: {e}")
+        self._against_source(side_where, sidecar)
         entries = {e.key: e for e in sidecar.episodes}
         seen: dict[str, dict[str, bytes]] = {}
         offsets: dict[str, tuple[int, int]] = {}
         try:
-            with self.dest.fs.open(self.dest.path(rel), "rb") as raw:
+            with open_bounded(self.dest.fs, self.dest.confined(rel)) as raw:
                 reader = _HashingReader(raw)
                 with tarfile.open(fileobj=reader, mode="r|") as tar:  # type: ignore[call-overload]
                     for info in tar:
@@ -239,6 +252,20 @@ class _Verifier:
         keys = {name.split(".", 1)[0] for name in offsets}
         return [e.episode_index for e in sidecar.episodes if e.key in keys]
 
+    def _against_source(self, where: str, sidecar: Sidecar) -> None:
+        """With a source: each episode's length and the clips' first frames are the source's."""
+        if self.source is None:
+            return
+        for entry in sidecar.episodes:
+            try:
+                ep = self.source.episode(entry.episode_index)
+            except (SourceError, KeyError):
+                continue  # reported by the coverage check
+            if ep.length != entry.length:
+                self.report.problem(
+                    f"{where}: episode {entry.episode_index} has {entry.length} frames, the source's {ep.length}"
+                )
+
     def _finish_episodes(self, where: str, entries: dict[str, EpisodeEntry], seen: dict[str, dict[str, bytes]]) -> None:
         for key, payloads in seen.items():
             entry = entries.get(key)
@@ -256,12 +283,12 @@ class _Verifier:
                 self.report.problem(f"{at}: member {name} does not match its checksum in the sidecar")
         try:
             header = EpisodeHeader.from_dict(json.loads(payloads[header_member(entry.key)]))
-            if (header.episode_index, header.length) != (entry.episode_index, entry.length):
-                self.report.problem(
-                    f"{at}: {header_member(entry.key)} says episode {header.episode_index} of "
-                    f"{header.length} frames, the sidecar episode {entry.episode_index} of "
-                    f"{entry.length}"
-                )
+            try:
+                check_episode_header(header, entry, self.manifest)
+            except FormatError as e:
+                self.report.problem(f"{at}: {e}")
+            if self.source is not None:
+                self._header_against_source(at, header)
             table = pq.read_table(pa.BufferReader(payloads[table_member(entry.key)]))
             if table.num_rows != entry.length:
                 self.report.problem(
@@ -269,6 +296,10 @@ class _Verifier:
                 )
             elif table.column("episode_index").to_pylist() != [entry.episode_index] * entry.length:
                 self.report.problem(f"{at}: {table_member(entry.key)} holds rows of another episode")
+            columns = set(table.column_names)
+            for name, spec in self.manifest.features.items():
+                if spec["dtype"] != "video" and name not in columns:
+                    self.report.problem(f"{at}: {table_member(entry.key)} has no column for feature {name!r}")
         except KeyError as e:
             self.report.problem(f"{at}: member or field {e} missing")
             return
@@ -300,6 +331,15 @@ class _Verifier:
                 self._compare(at, entry, cam, data)
         self.report.episodes += 1
         self.report.frames += entry.length
+
+    def _header_against_source(self, at: str, header: EpisodeHeader) -> None:
+        assert self.source is not None
+        try:
+            ep = self.source.episode(header.episode_index)
+        except (SourceError, KeyError):
+            return  # reported by the coverage check
+        if tuple(header.tasks) != tuple(ep.tasks):
+            self.report.problem(f"{at}: tasks {list(header.tasks)}, the source's {list(ep.tasks)}")
 
     def _sequential(self, at: str, entry: EpisodeEntry, cam: str, data: bytes, source_path: str | None) -> None:
         """Decode every frame of the clip in order with strict error detection; a stream-copied clip's
@@ -412,6 +452,15 @@ def verify_dataset(
         except SourceError as e:
             report.problem(f"source: {e}")
             return report
+        for problem in manifest_against_source(manifest, src):
+            report.problem(f"{out.path(MANIFEST_NAME)}: {problem}")
+    if manifest.format_version < 3:
+        log.warning(
+            "%s: format %d carries no digest of its metadata; edits that keep it consistent are found only "
+            "with --source (re-convert for format 3)",
+            out.path(MANIFEST_NAME),
+            manifest.format_version,
+        )
     verifier = _Verifier(out, manifest, src, decode_check, seed, report)
     found: dict[int, list[str]] = {}
     with tqdm(total=manifest.total_bytes, unit="B", unit_scale=True, desc="verify", disable=not progress) as bar:
@@ -435,3 +484,36 @@ def verify_dataset(
     if unknown:
         report.problem(f"episode(s) {unknown} are not in the source")
     return report
+
+
+def manifest_against_source(manifest: Manifest, source: LeRobotV3Source) -> list[str]:
+    """Every manifest field that the source determines, compared with the source: info, stats, fps,
+    tasks, cameras, features (camera shapes may differ by ``--resize``), lengths of every episode."""
+    problems = []
+    if manifest.source_info != source.info:
+        problems.append("source_info differs from the source's meta/info.json")
+    if manifest.source_stats != source.stats:
+        problems.append("source_stats differs from the source's meta/stats.json")
+    if manifest.fps != source.fps:
+        problems.append(f"fps {manifest.fps}, the source's {source.fps}")
+    if tuple(manifest.tasks) != tuple(source.tasks):
+        problems.append(f"tasks {list(manifest.tasks)}, the source's {list(source.tasks)}")
+    if list(manifest.cameras) != sorted(source.camera_keys):
+        problems.append(f"cameras {list(manifest.cameras)}, the source's {sorted(source.camera_keys)}")
+    if set(manifest.features) != set(source.features):
+        problems.append(f"features {sorted(manifest.features)}, the source's {sorted(source.features)}")
+    else:
+        for name, spec in source.features.items():
+            if name not in manifest.cameras and manifest.features[name] != spec:
+                problems.append(f"features[{name!r}] differs from the source's")
+    for record in manifest.shards:
+        for ep, length in zip(record.episodes, record.episode_lengths):
+            try:
+                want = source.episode(ep).length
+            except (SourceError, KeyError):
+                continue  # reported by the coverage check
+            if length != want:
+                problems.append(
+                    f"{record.name}: episode_lengths says {length} frames for episode {ep}, the source {want}"
+                )
+    return problems

@@ -10,10 +10,14 @@ when a process dies:
   long as it uses the file; eviction takes an exclusive lock without blocking and leaves the file
   alone when that fails.
 - Bounded: space is reserved under one global lock (``.cache.lock``) by creating the download's
-  temporary file at its full size, so the sum of file sizes in the directory (downloads in flight
-  included) never exceeds ``max_bytes``. Unused files are evicted least-recently-used (access time,
+  temporary file at its full size before a byte is written, and a finished download is renamed
+  under the same lock (a scan never misses a file in mid-rename), so the sum of the cache's file
+  sizes (downloads in flight included) never exceeds ``max_bytes``, at any moment. Unused files are evicted least-recently-used (access time,
   set on every use). A file that does not fit even after evicting every unused file is not cached:
   the caller reads it from storage instead.
+- Only its own files: an entry counts (and may be evicted) only if the cache's index has it (its
+  lock file in ``.locks/``, made before its first download); a user's files in ``cache_dir`` are
+  never counted or deleted, and no symlinked folder or entry is followed.
 - Verified: a download is checked against its expected size and sha256 before it gets its final
   name; a cached file of the wrong size (truncated, replaced) is deleted and fetched again.
 
@@ -29,6 +33,7 @@ import fcntl
 import hashlib
 import os
 import shutil
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -39,6 +44,8 @@ from typing import Any, Protocol
 from ..errors import redact
 from ..format import TMP_SUFFIX
 from ..names import check_relpath
+from ..safe_io import UnsafePathError, is_inside
+from ..timeouts import bounded
 from .integrity import IntegrityError
 
 CHUNK_BYTES = 8 << 20  # one ranged request: large enough to amortise a request's latency
@@ -135,19 +142,43 @@ def _in_use(path: str) -> bool:
         os.close(fd)
 
 
+def _lock_name(rel: str) -> str:
+    """The entry's lock file under ``LOCKS_DIR``: created before its first download, so it also marks
+    the entry as the cache's own (the cache's index)."""
+    return hashlib.sha1(rel.encode()).hexdigest() + ".lock"
+
+
+def _entry_rel(root: str, path: str) -> str:
+    """The cache-relative name of the entry ``path`` belongs to (a download's temporary name included)."""
+    rel = os.path.relpath(path, root).replace(os.sep, "/")
+    if rel.endswith(TMP_SUFFIX):  # f"{final}.{pid}.{thread}{TMP_SUFFIX}"
+        rel = rel[: -len(TMP_SUFFIX)].rsplit(".", 2)[0]
+    return rel
+
+
 def scan(root: str, *, probe: bool = True) -> list[CacheEntry]:
-    """Every cached or downloading file under ``root`` (lock files excluded)."""
+    """Every cached or downloading file under ``root`` that the cache itself wrote.
+
+    Only regular files with an entry in the cache's index (their lock file) count: a user's
+    own files kept in ``cache_dir`` are neither counted against the cap nor ever evicted, and
+    symlinks (files or folders) are not followed.
+    """
     out = []
-    for dirpath, dirnames, filenames in os.walk(root):
+    locks = os.path.join(root, LOCKS_DIR)
+    for dirpath, dirnames, filenames in os.walk(root):  # never into symlinked folders
         if dirpath == root:
             dirnames[:] = [d for d in dirnames if d != LOCKS_DIR]
             filenames = [f for f in filenames if f != GLOBAL_LOCK]
         for name in filenames:
             path = os.path.join(dirpath, name)
             try:
-                st = os.stat(path)
+                st = os.lstat(path)
             except FileNotFoundError:
                 continue
+            if not stat.S_ISREG(st.st_mode) or not os.path.exists(
+                os.path.join(locks, _lock_name(_entry_rel(root, path)))
+            ):
+                continue  # not the cache's: leave it alone
             out.append(CacheEntry(path, st.st_size, st.st_atime, probe and _in_use(path)))
     return out
 
@@ -155,7 +186,7 @@ def scan(root: str, *, probe: bool = True) -> list[CacheEntry]:
 def _evict(path: str) -> bool:
     """Delete ``path`` unless someone uses it (holding its exclusive lock while unlinking)."""
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except FileNotFoundError:
         return True
     try:
@@ -172,7 +203,7 @@ def _lease(path: str, size: int, sha256: str | None = None) -> int | None:
     """A descriptor of ``path`` holding its shared lock, if it exists with ``size`` bytes (and
     ``sha256`` when given); touches it."""
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except FileNotFoundError:
         return None
     fcntl.flock(fd, fcntl.LOCK_SH)
@@ -275,11 +306,12 @@ class FileCache:
         when it cannot fit; the caller then reads from storage. ``where`` names it in errors.
         ``rehash``: check a cached copy's sha256 too (files whose parts carry no checksums)."""
         final = os.path.join(self.root, *check_relpath(rel, f"{where}: cache path").split("/"))
+        _check_ours(self.root, final, where)
         check = sha256 if rehash else None
         fd = _lease(final, size, check)
         if fd is not None:
             return self._hit(fd, final, size)
-        lock_path = os.path.join(self.root, LOCKS_DIR, hashlib.sha1(rel.encode()).hexdigest() + ".lock")
+        lock_path = os.path.join(self.root, LOCKS_DIR, _lock_name(rel))
         lock = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(lock, fcntl.LOCK_EX)  # another consumer downloading it: wait, then find it
@@ -317,8 +349,9 @@ class FileCache:
                     return None
                 self.counters.add("cache_evictions", 1)
             os.makedirs(os.path.dirname(final), exist_ok=True)
+            _check_ours(self.root, final, final)  # a folder made a symlink meanwhile
             tmp = f"{final}.{os.getpid()}.{threading.get_ident()}{TMP_SUFFIX}"
-            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
             fcntl.flock(fd, fcntl.LOCK_SH)
             os.ftruncate(fd, size)
             evicted = set(plan)
@@ -357,7 +390,11 @@ class FileCache:
                 for p in f._parts:
                     p.result()
                 _verify(tmp, size, sha256, where)
-                os.replace(tmp, final)
+                # Under the global lock: a reservation's scan that listed ``tmp`` and then found
+                # neither name (renamed between its listing and its stat) would not count this
+                # file, and reserve past the cap (seen: 30,720 bytes on disk against 20,480).
+                with _locked(os.path.join(self.root, GLOBAL_LOCK)):
+                    os.replace(tmp, final)
                 f.done.set_result(final)
             except BaseException as e:
                 with contextlib.suppress(FileNotFoundError):
@@ -378,6 +415,16 @@ class FileCache:
         for p in f._parts:
             p.add_done_callback(finished)
         return f
+
+
+def _check_ours(root: str, final: str, where: str) -> None:
+    """Refuse an entry whose folder leads out of the cache through a symlink, or that is a symlink:
+    the cache writes and deletes only inside its own directory."""
+    folder = os.path.dirname(final)
+    if os.path.lexists(folder) and not is_inside(folder, root):
+        raise UnsafePathError(f"{where}: cache folder {folder} is a symlink out of the cache {root}; not writing there")
+    if os.path.islink(final):
+        raise UnsafePathError(f"{where}: cache entry {final} is a symlink; the cache does not follow or delete it")
 
 
 def _verify(path: str, size: int, sha256: str | None, where: str) -> None:
@@ -479,7 +526,7 @@ def ranged(fs: Any, path: str, where: str) -> Callable[[int, int], bytes]:
 
     def fetch(start: int, end: int) -> bytes:
         try:
-            return fs.cat_file(path, start=start, end=end)
+            return bounded(fs, "cat_file", path, start=start, end=end)
         except Exception as e:
             raise OSError(
                 redact(f"{where}: reading bytes {start}..{end} from storage failed ({type(e).__name__}: {e})")

@@ -35,6 +35,7 @@ from torchcodec.decoders import VideoDecoder, set_cuda_backend
 
 from ..errors import redact
 from ..resize import DEFAULT_MODE, camera_sizes, check_mode, check_size, plan_transform
+from ..timeouts import READ_HINT, is_timeout, open_bounded
 from ..video import transform_rgb, usable_cpus
 from .sources import ClipRef
 
@@ -43,7 +44,7 @@ CUDA_BACKENDS = ("nvdec", "ffmpeg")
 # open file. The filesystem's default read-ahead window (s3fs: 50 MB from each seek) refetched
 # tens of MB per random-access sample, since every seek outside the window starts a new one.
 REMOTE_BLOCK_BYTES = 4 << 20
-REMOTE_BLOCKS = {"maxblocks": 16}
+REMOTE_BLOCKS = 16
 MAX_AUTO_DECODE_THREADS = 8
 _warned_fallback: set[tuple[str, str]] = set()  # (device, codec): one warning per process
 
@@ -117,6 +118,9 @@ class DecoderCache:
         self.strict_cuda = strict_cuda
         self.resize_mode = resize_mode
         self._decoders: OrderedDict[str, tuple[VideoDecoder, Any]] = OrderedDict()
+        # An mp4 that storage did not deliver: the samples queued behind the first failure get its
+        # error at once instead of each waiting out the timeouts again (until the clip is dropped).
+        self._unreadable: dict[str, DecodeError] = {}
         self.hits = self.misses = self.evictions = 0
         self.decode_seconds = 0.0
         self.frames_decoded = 0
@@ -133,9 +137,7 @@ class DecoderCache:
             source: Any = clip.data
         elif "://" in (clip.url or ""):
             fs, path = fsspec.core.url_to_fs(clip.url, **self.storage_options)
-            handle = fs.open(
-                path, "rb", block_size=REMOTE_BLOCK_BYTES, cache_type="blockcache", cache_options=REMOTE_BLOCKS
-            )
+            handle = open_bounded(fs, path, block_size=REMOTE_BLOCK_BYTES, blocks=REMOTE_BLOCKS)
             source = handle
         else:
             source = clip.url
@@ -168,6 +170,10 @@ class DecoderCache:
 
     def drop(self, cache_key: str) -> None:
         """Forget a clip's decoder (its episode left the pool and nothing else shares it)."""
+        self._unreadable.pop(cache_key, None)
+        self._forget(cache_key)
+
+    def _forget(self, cache_key: str) -> None:
         entry = self._decoders.pop(cache_key, None)
         if entry is not None and entry[1] is not None:
             entry[1].close()
@@ -175,16 +181,25 @@ class DecoderCache:
     def frames(self, clip: ClipRef, indices: Sequence[int], size: tuple[int, int] | None = None) -> torch.Tensor:
         """Frames ``indices`` of the episode (not of the file) as uint8 (N, C, H, W), one call;
         resized to ``size`` (height, width) as ``resize_mode`` says when given."""
+        unreadable = self._unreadable.get(clip.cache_key)
+        if unreadable is not None:
+            raise unreadable
         try:
             decoder = self._decoder(clip)
             start = time.perf_counter()
             frames = decoder.get_frames_at([clip.first_frame + int(i) for i in indices]).data
         except Exception as e:  # torchcodec's errors name neither the clip nor the frame
-            self.drop(clip.cache_key)  # a decoder that failed may be left mid-stream
+            self._forget(clip.cache_key)  # a decoder that failed may be left mid-stream
             wanted = ", ".join(str(int(i)) for i in indices)
             error = DecodeError(redact(f"{clip.where}: cannot decode frame(s) {wanted} ({type(e).__name__}: {e})"))
+            remote = clip.data is None and "://" in (clip.url or "")
+            if remote and is_timeout(e):  # not the video's fault: say what to check
+                error = DecodeError(
+                    redact(f"{clip.where}: cannot read frame(s) {wanted} ({type(e).__name__}: {e}); {READ_HINT}")
+                )
+                self._unreadable[clip.cache_key] = error
             # an mp4 read from storage: its failure is not chained, its text names the endpoint
-            raise error from (None if clip.data is None and "://" in (clip.url or "") else e)
+            raise error from (None if remote else e)
         if self.device != "cpu":
             self._check_fallback(decoder, clip)
             frames = frames.to(self.device)  # a CPU fallback's frames join the other clips' device

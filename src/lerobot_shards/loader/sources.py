@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import logging
 import os
 import posixpath
@@ -28,7 +29,9 @@ from .. import format as fmt
 from ..errors import register_secrets
 from ..lerobot_v3 import IMAGE_DTYPE, VIDEO_DTYPE, LeRobotV3Source, SourceError, numpy_of, protocols
 from ..names import check_name
+from ..safe_io import check_local_file, read_small
 from ..shard_plan import plan_shards
+from ..timeouts import bounded
 from .cache import CachedFile, IOCounters, LocalFile, Reader, RemoteFile, RemoteIO, close_when_open, ranged
 from .integrity import IntegrityError, check_episode_bytes
 from .partition import ShardSpec
@@ -169,11 +172,11 @@ def _open_source(
     if path.endswith(fmt.MANIFEST_NAME):
         path = posixpath.dirname(path)
         url = str(url).rstrip("/")[: -len(fmt.MANIFEST_NAME)].rstrip("/")
-    if fs.exists(posixpath.join(path, fmt.MANIFEST_NAME)):
+    if bounded(fs, "exists", posixpath.join(path, fmt.MANIFEST_NAME)):
         return ShardSource(
             str(url), storage_options=storage_options, cache_dir=cache_dir, cache_max_bytes=cache_max_bytes
         )
-    if fs.exists(posixpath.join(path, "meta/info.json")):
+    if bounded(fs, "exists", posixpath.join(path, "meta/info.json")):
         return RawSource(
             str(url),
             storage_options=storage_options,
@@ -202,11 +205,12 @@ class ShardSource:
         self.url = url.rstrip("/")
         self.fs, self.root = fsspec.core.url_to_fs(self.url, **(storage_options or {}))
         self.root = self.root.rstrip("/")
+        self._local_root = self.root if "file" in protocols(self.fs) else None  # symlinks may not leave it
         where = posixpath.join(self.url, fmt.MANIFEST_NAME)
-        # cat_file: one GET (open().read() asks for the object's size first: two round trips)
-        self.manifest = fmt.Manifest.from_json(
-            self.fs.cat_file(posixpath.join(self.root, fmt.MANIFEST_NAME)), where=where
-        )
+        # read_small: one GET (open().read() asks for the object's size first: two round trips)
+        manifest_path = posixpath.join(self.root, fmt.MANIFEST_NAME)
+        manifest = read_small(self.fs, manifest_path, fmt.MAX_MANIFEST_BYTES, root=self._local_root, where=where)
+        self.manifest = fmt.Manifest.from_json(manifest, where=where)
         m = self.manifest
         self._records = {s.index: s for s in m.shards}
         self._by_name = {s.name: s for s in m.shards}
@@ -236,11 +240,20 @@ class ShardSource:
         if shard not in self._sidecars:
             rec = self._records[shard]
             path = self._shard_path(rec.sidecar)
-            sc = fmt.Sidecar.from_json(self.fs.cat_file(path), where=path)
-            if sc.format_version != self.manifest.format_version:  # a sidecar cannot opt out of checksums
+            where = f"{self.url}/{fmt.SHARDS_DIR}/{rec.sidecar}"
+            data = read_small(
+                self.fs, path, rec.sidecar_bytes or fmt.MAX_SIDECAR_BYTES, root=self._local_root, where=where
+            )
+            if rec.sidecar_sha256 is not None and fmt.sidecar_digest(data) != rec.sidecar_sha256:
                 raise fmt.FormatError(
-                    f"{path}: format_version {sc.format_version}, but the manifest's is {self.manifest.format_version}"
+                    f"{where}: does not match the sha256 the manifest records for it ({rec.sidecar_sha256[:16]}...): "
+                    "the sidecar was edited or damaged after conversion; restore it or re-convert the dataset"
                 )
+            sc = fmt.Sidecar.from_json(data, where=where)
+            try:
+                fmt.check_sidecar(sc, rec, self.manifest)
+            except fmt.FormatError as problem:
+                raise fmt.FormatError(f"{where}: {problem}") from None
             self._sidecars[shard] = sc
             for e in sc.episodes:
                 self._entries[e.episode_index] = (shard, e)
@@ -256,8 +269,8 @@ class ShardSource:
         """The shard's bytes: the local file, the node cache (downloading it), or ranged reads."""
         rec = self._records[shard]
         path = self._shard_path(rec.name)
-        if self.remote is None:
-            return LocalFile(path)
+        if self.remote is None:  # a shard symlinked out of the dataset is refused, as a FIFO would be
+            return LocalFile(check_local_file(path, root=self.root, where=f"{self.url}/{fmt.SHARDS_DIR}/{rec.name}"))
         where = f"{self.url}/{fmt.SHARDS_DIR}/{rec.name}"
         fetch = ranged(self.fs, path, where)
         if self.remote.cache is not None:
@@ -360,6 +373,13 @@ class ShardSource:
                 raise ValueError(f"{where}: member {name!r} missing from the sidecar")
             return blob[m.offset - start : m.offset - start + m.size]
 
+        try:  # the episode's own header (inside the checksummed tar) must agree with sidecar and manifest
+            header = fmt.EpisodeHeader.from_dict(json.loads(member(fmt.header_member(entry.key))))
+            fmt.check_episode_header(header, entry, self.manifest)
+        except (ValueError, KeyError, TypeError) as e:
+            raise fmt.FormatError(
+                f"{where}: {e if isinstance(e, fmt.FormatError) else f'unreadable header ({e!r})'}"
+            ) from None
         try:
             table = pq.ParquetFile(io.BytesIO(member(fmt.table_member(entry.key)))).read()
         except (pa.ArrowException, OSError) as e:  # format 1 shards: bytes unchecked until here
