@@ -25,24 +25,20 @@ from torch.utils.data import IterableDataset, get_worker_info
 from ..lerobot_v3 import IMAGE_DTYPE
 from ..resize import DEFAULT_MODE, resized_features
 from .cache import default_cache_bytes
-from .control import ResumeState, SharedControl
+from .checkpoint import EpochOrder, shards_digest
+from .control import SharedControl
 from .decode import DecodePool, DecoderCache, auto_decode_threads, check_cuda_backend, decode_image, decode_sizes
 from .device import rank_device
-from .elastic import ElasticPlan, Origin, SubsetSampler, plan_elastic
-from .partition import Consumer, ConsumerPlan, PlanOptions, ShardSpec, filter_shards, plan_consumer
+from .elastic import SubsetSampler
+from .partition import ConsumerPlan, PlanOptions, ShardSpec, filter_shards
 from .reader import EpisodeReader
 from .remote import with_timeouts
-from .resume import resume_point
-from .sampling import PoolSampler, consumer_rng
+from .sampling import PoolSampler
 from .sources import ResidentEpisode, open_source
 from .stats import SharedStats, StatSlot
 from .windows import delta_frame_offsets, window_indices
 
 log = logging.getLogger(__name__)
-# The version of the emission order (sampling.py) that resume states record: a state saved under
-# another order would replay other samples, so it is refused. 2: pools fill gradually (FILL_EVERY).
-SAMPLER_ORDER = 2
-
 ON_ERROR = ("raise", "skip")
 
 
@@ -212,6 +208,17 @@ class EpisodePoolDataset(IterableDataset):
         # DDP-safe default: unequal batch counts across ranks hang the first collective after
         # the shorter rank's epoch ended.
         self.equal_samples_per_rank = self.world_size > 1 if equal_samples_per_rank is None else equal_samples_per_rank
+        self._order = EpochOrder(
+            shards=tuple(self.shards),
+            source_shards_digest=shards_digest(info.shards),
+            seed=self.seed,
+            shuffle=self.shuffle,
+            pool_size=self.episode_pool_size,
+            equal_samples_per_rank=self.equal_samples_per_rank,
+            drop_last=self.drop_last,
+            rank=self.rank,
+            world_size=self.world_size,
+        )
         self._control = SharedControl()  # epoch and resume state, read by (persistent) workers
         self._stats = SharedStats()
 
@@ -238,78 +245,41 @@ class EpisodePoolDataset(IterableDataset):
         """
         self._control.epoch = int(epoch)
 
-    def state_dict(self, batches_consumed: int, batch_size: int) -> dict[str, int]:
+    def state_dict(self, batches_consumed: int, batch_size: int) -> dict[str, Any]:
         """The resume state, built by the training loop from the batches it has consumed.
 
-        ``seed``, ``world_size`` and the DataLoader's ``num_workers`` (as the workers reported
-        it; absent before the first iteration) ride along so that resuming under other
-        settings fails loudly instead of replaying a different order.
+        It records the layout (``world_size``, and the DataLoader's ``num_workers`` as the
+        workers reported it; absent before the first iteration) and everything that fixes the
+        order (``checkpoint.OrderKey``) with its digest, so that resuming under other settings
+        fails loudly instead of replaying a different order.
         """
-        state = {
-            "epoch": self.epoch,
-            "batches_consumed": int(batches_consumed),
-            "batch_size": int(batch_size),
-            "seed": self.seed,
-            "world_size": self.world_size,
-            "episode_pool_size": self.episode_pool_size,
-            "sampler_order": SAMPLER_ORDER,
-        }
-        seen = self._control.seen_workers
-        if seen is not None:
-            state["num_workers"] = seen
-            resume = self._control.resume
-            if resume is not None and resume.epoch == self.epoch:
-                origin, _ = _elastic_origin(resume, self.world_size, seen)
-                if origin is not None:  # this epoch is elastic: a later resume must rebuild it
-                    state.update({f"elastic_{k}": v for k, v in vars(origin).items()})
-        return state
-
-    def load_state_dict(self, state: Mapping[str, int]) -> None:
-        """Resume: the next iterator of ``state['epoch']`` starts after ``batches_consumed`` batches."""
-        missing = {"epoch", "batches_consumed", "batch_size"} - set(state)
-        if missing:
-            raise ValueError(f"resume state lacks {sorted(missing)}: {dict(state)}")
-        # Another world size is resumed elastically, which needs the saved worker count.
-        same = {"seed": self.seed, "episode_pool_size": self.episode_pool_size, "sampler_order": SAMPLER_ORDER}
-        if "num_workers" not in state:
-            same["world_size"] = self.world_size
-        for key, value in same.items():
-            if key in state and int(state[key]) != value:
-                raise ValueError(
-                    f"resume state was saved with {key}={state[key]} but this dataset has {key}={value}: "
-                    f"the sample order would differ"
-                    + (
-                        " (a state saved by another lerobot-shards version: finish its epoch with that version, "
-                        "or start the next epoch here)"
-                        if key == "sampler_order"
-                        else ""
-                    )
-                )
-        self._control.epoch = int(state["epoch"])
-        workers, world = state.get("num_workers"), state.get("world_size")
-        fields = [f"elastic_{k}" for k in Origin.__dataclass_fields__]
-        self._control.resume = ResumeState(
-            epoch=int(state["epoch"]),
-            batches_consumed=int(state["batches_consumed"]),
-            batch_size=int(state["batch_size"]),
-            num_workers=None if workers is None else int(workers),
-            world_size=None if world is None else int(world),
-            origin=Origin(*(int(state[f]) for f in fields)) if all(f in state for f in fields) else None,
+        return self._order.state_dict(
+            self.epoch, batches_consumed, batch_size, self._control.seen_workers, self._control.resume
         )
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume: the next iterator of ``state['epoch']`` starts after ``batches_consumed`` batches.
+
+        The state is checked whole first (``checkpoint.parse_state``): a bad value or another
+        order raises one line naming the key, and nothing is changed.
+        """
+        resume = self._order.load(state)
+        self._control.epoch = resume.epoch
+        self._control.resume = resume
 
     # -- planning (pure) ------------------------------------------------------------------------
 
     @property
     def plan_options(self) -> PlanOptions:
         """The settings that shape every consumer's plan."""
-        return PlanOptions(shuffle=self.shuffle, equal_samples_per_rank=self.equal_samples_per_rank)
+        return self._order.plan_options
 
     def plan(self, rank: int, worker: int, num_workers: int) -> ConsumerPlan:
         """The consumer's episodes and sample counts for the current epoch; no I/O.
 
         Warns (once per rank, from worker 0) about idle or unbalanced consumers.
         """
-        plan = self._plan(rank, worker, num_workers)
+        plan = self._order.plan(self.epoch, rank, worker, num_workers)
         if rank == 0 and worker == 0:
             for message in plan.warnings:
                 warnings.warn(message, stacklevel=2)
@@ -317,26 +287,7 @@ class EpisodePoolDataset(IterableDataset):
 
     def epoch_samples(self, num_workers: int) -> int:
         """Samples this rank yields this epoch with ``num_workers`` DataLoader workers."""
-        return sum(self._plan(self.rank, 0, num_workers).rank_samples)
-
-    def _plan(self, rank: int, worker: int, num_workers: int) -> ConsumerPlan:
-        consumer = Consumer(rank, self.world_size, worker, max(1, num_workers))  # num_workers=0: one consumer
-        return plan_consumer(
-            self.shards, seed=self.seed, epoch=self.epoch, consumer=consumer, options=self.plan_options
-        )
-
-    def _plan_elastic(self, origin: Origin, worker: int, num_workers: int) -> ElasticPlan:
-        consumer = Consumer(self.rank, self.world_size, worker, max(1, num_workers))
-        return plan_elastic(
-            self.shards,
-            seed=self.seed,
-            epoch=self.epoch,
-            options=self.plan_options,
-            pool_size=self.episode_pool_size,
-            origin=origin,
-            drop_last=self.drop_last,
-            consumer=consumer,
-        )
+        return sum(self._order.plan(self.epoch, self.rank, 0, num_workers).rank_samples)
 
     # -- iteration ------------------------------------------------------------------------------
 
@@ -344,39 +295,8 @@ class EpisodePoolDataset(IterableDataset):
         info = get_worker_info()
         worker, num_workers = (0, 0) if info is None else (info.id, info.num_workers)
         stats = self._stats.slot(worker)
-        # A resumed epoch may hand this DataLoader worker another worker's stream: the DataLoader
-        # restarts its round-robin at worker 0, the interrupted run was mid-round.
         self._control.saw_workers(num_workers)
-        stream, skip = worker, 0
-        plan: ConsumerPlan | None = None
-        sampler: PoolSampler | SubsetSampler | None = None
-        resume = self._control.resume
-        if resume is not None and resume.epoch == self.epoch:
-            origin, batches = _elastic_origin(resume, self.world_size, num_workers)
-            if origin is None:
-                counts = self._plan(self.rank, worker, num_workers).rank_samples
-                stream, skip = resume_point(batches, resume.batch_size, counts, worker, self.drop_last)
-            else:
-                elastic = self._plan_elastic(origin, stream, num_workers)
-                plan = elastic.plan
-                counts = plan.rank_samples
-                if batches:
-                    stream, skip = resume_point(batches, resume.batch_size, counts, worker, self.drop_last)
-                    elastic = self._plan_elastic(origin, stream, num_workers)
-                    plan = elastic.plan
-                sampler = SubsetSampler(
-                    elastic, self.episode_pool_size, seed=self.seed, epoch=self.epoch, shuffle=self.shuffle
-                )
-        if sampler is None:
-            plan = self.plan(self.rank, stream, num_workers)
-            sampler = PoolSampler(
-                plan.lengths,
-                self.episode_pool_size,
-                consumer_rng(self.seed, self.epoch, self.rank, stream),
-                shuffle=self.shuffle,
-                num_samples=plan.num_samples,
-            )
-        assert plan is not None
+        plan, sampler, skip = self._order.start(self.epoch, self._control.resume, worker, num_workers)
         stats.reset()
         start = time.perf_counter()
         sampler.skip(skip)
@@ -529,46 +449,6 @@ class EpisodePoolDataset(IterableDataset):
     def stats(self) -> dict[str, Any]:
         """Per-worker and total counters of the last iteration in this process tree (this rank)."""
         return {"rank": self.rank, **self._stats.summary()}
-
-
-def _elastic_origin(resume: ResumeState, world_size: int, num_workers: int) -> tuple[Origin | None, int]:
-    """The run to finish the epoch of elastically (``None``: resume as is) and batches since.
-
-    A state saved under another layout starts an elastic epoch. A state saved inside an
-    elastic-resumed epoch carries that epoch's origin: it resumes under the same layout as the
-    run that saved it (its batches after the origin's are skipped on the elastic plan), never
-    under a third one.
-    """
-    same = resume.world_size in (None, world_size) and (
-        resume.num_workers is None or max(1, resume.num_workers) == max(1, num_workers)
-    )
-    if resume.origin is not None:
-        if not same:
-            raise ValueError(
-                f"resume state was saved inside an epoch that was itself resumed under another layout, with "
-                f"world_size={resume.world_size} and num_workers={resume.num_workers}; this run has "
-                f"world_size={world_size} and num_workers={num_workers}: resume this epoch with the saving run's "
-                f"layout (or from a checkpoint at an epoch boundary)"
-            )
-        return resume.origin, resume.batches_consumed - resume.origin.batches_consumed
-    if same or resume.num_workers is None:
-        _check_same_workers(resume, num_workers)
-        return None, resume.batches_consumed
-    origin = Origin(resume.world_size or world_size, resume.num_workers, resume.batches_consumed, resume.batch_size)
-    return origin, 0
-
-
-def _check_same_workers(resume: ResumeState, num_workers: int) -> None:
-    """Refuse a resume under another worker count: each worker's stream and skip would differ.
-
-    num_workers 0 and 1 both make one stream per rank, so they may stand for each other.
-    """
-    if resume.num_workers is not None and max(1, resume.num_workers) != max(1, num_workers):
-        raise ValueError(
-            f"resume state was saved with DataLoader num_workers={resume.num_workers} but this DataLoader has "
-            f"num_workers={num_workers}: the streams would differ (frames repeated and lost); resume with "
-            f"num_workers={resume.num_workers}"
-        )
 
 
 def _distributed(rank: int | None, world_size: int | None) -> tuple[int, int]:
