@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from convert_helpers import run_cli
-from lerobot_shards.convert.plan import ConvertOptions, parse_size
+from lerobot_shards.convert import convert_dataset
+from lerobot_shards.convert.plan import ConvertOptions, RunOptions, parse_size
 from lerobot_shards.format import RESIZE_MODES
 from lerobot_shards.loader import EpisodePoolDataset
 from lerobot_shards.loader.options import GROUPS, DecodeOptions, OrderOptions, ReadOptions, ResizeMode, group_options
@@ -112,3 +113,33 @@ def test_option_groups_and_flat_keywords() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         given.seed = 4  # type: ignore[misc]
     assert DecodeOptions(resize=[64, 32]).resize_per_camera == {"*": (64, 32)}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (dict(workers=0), r"workers must be an int >= 1, got 0"),
+        (dict(num_tasks=1.0), r"num_tasks must be an int >= 1, got 1.0"),
+        (dict(task_index=-1), r"task_index must be an int >= 0, got -1"),
+        (dict(num_tasks=2, task_index=2), r"task_index must be in 0..1, got 2"),
+        (dict(finalize_only="yes"), r"finalize_only must be True or False, got 'yes'"),
+        (dict(skip_bad_episodes=1), r"skip_bad_episodes must be True or False, got 1"),
+        (dict(check_decode=None), r"check_decode must be True or False, got None"),
+        (dict(overwrite=0), r"overwrite must be True or False, got 0"),
+        (dict(progress="no"), r"progress must be True or False, got 'no'"),
+    ],
+)
+def test_every_run_option_rejects_a_bad_value_in_one_line(kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        RunOptions(**kwargs)
+    with pytest.raises(ValueError, match=message):  # the keywords of convert_dataset, before the source is read
+        convert_dataset("/nonexistent/source", "/nonexistent/out", **kwargs)
+
+
+def test_run_options_cover_every_field_and_go_whole_or_as_keywords() -> None:
+    tested = {"workers", "num_tasks", "task_index", "finalize_only", "skip_bad_episodes", "check_decode"}
+    assert {f.name for f in dataclasses.fields(RunOptions)} == tested | {"overwrite", "progress"}
+    with pytest.raises(ValueError, match=r"\['workers'\] given as keywords and run= given too"):
+        convert_dataset("/nonexistent/source", "/nonexistent/out", run=RunOptions(), workers=2)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'worker'"):
+        convert_dataset("/nonexistent/source", "/nonexistent/out", worker=2)

@@ -13,6 +13,7 @@ from typing import Any
 _PUBLIC = {
     "ConvertError": "errors",
     "ConvertOptions": "plan",
+    "RunOptions": "plan",
     "VerifyReport": "verify",
     "convert_dataset": "run",
     "UploadError": "upload",
