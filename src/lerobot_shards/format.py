@@ -36,6 +36,7 @@ from typing import Any
 
 import xxhash
 
+from .exceptions import LeRobotShardsError
 from .names import UnsafeNameError, check_name
 
 FORMAT_VERSION = 2
@@ -52,7 +53,7 @@ RESIZE_MODES = ("pad", "crop", "stretch")
 CODECS = {"h264": "libx264", "hevc": "libx265", "av1": "libsvtav1"}
 
 
-class FormatError(ValueError):
+class FormatError(LeRobotShardsError, ValueError):
     """A converted dataset does not match the format this version reads."""
 
 

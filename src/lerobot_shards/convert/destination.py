@@ -28,9 +28,10 @@ from typing import Any, BinaryIO, TypeVar
 import fsspec
 from fsspec.callbacks import Callback
 
-from ..errors import redact, register_secrets
+from ..exceptions import LeRobotShardsError
 from ..format import MANIFEST_NAME, SHARDS_DIR, TMP_SUFFIX
 from ..names import check_relpath
+from ..redaction import redact, register_secrets
 
 HASH_CHUNK = 8 * 1024 * 1024
 LOCK_NAME = ".lock"  # local destinations: byte-range locks, one byte per shard index
@@ -48,7 +49,7 @@ T = TypeVar("T")
 ByteProgress = Callable[[int], None]  # receives byte counts as they are sent (negative: a failed try's bytes)
 
 
-class TransferError(OSError):
+class TransferError(LeRobotShardsError, OSError):
     """A remote write still failed after its retries."""
 
 
@@ -72,7 +73,7 @@ class _Forward(Callback):
             self.progress(n)
 
 
-class DestinationBusy(RuntimeError):
+class DestinationBusy(LeRobotShardsError, RuntimeError):
     """Another conversion is writing the same shards into this destination."""
 
 

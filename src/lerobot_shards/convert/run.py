@@ -29,6 +29,7 @@ from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from .. import __version__
+from ..exceptions import ConvertError
 from ..format import (
     FORMAT_VERSION,
     MANIFEST_NAME,
@@ -44,7 +45,6 @@ from ..lerobot_v3 import LeRobotV3Source
 from ..resize import resized_features
 from ..shard_plan import PlannedShard
 from .destination import LOCK_NAME, RUN_RECORD, Destination, DestinationBusy
-from .errors import ConvertError
 from .plan import DEFAULT_RUN, ConvertOptions, RunOptions, make_plan, plan_digest, task_share
 from .shard_status import shard_status
 from .shard_writer import EpisodeCallback, build_shard

@@ -24,6 +24,7 @@ import av
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ..exceptions import ConvertError
 from ..format import (
     ClipInfo,
     EpisodeEntry,
@@ -39,7 +40,6 @@ from ..lerobot_v3 import EpisodeMeta, LeRobotV3Source, SourceError
 from ..mp4cut import Mp4CutUnsupported
 from ..shard_plan import PlannedShard
 from ..video import ClipError, check_decodes, cut_clip, cut_clip_layout, reencode_clip
-from .errors import ConvertError
 from .plan import DEFAULT_RUN, ConvertOptions, RunOptions
 from .tar_sink import FileRanges, Payload, TarSink, file_stat, payload_size
 

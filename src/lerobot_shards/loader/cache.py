@@ -36,9 +36,9 @@ from concurrent.futures import CancelledError, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..errors import redact
 from ..format import TMP_SUFFIX
 from ..names import check_relpath
+from ..redaction import redact
 from .integrity import IntegrityError
 
 CHUNK_BYTES = 8 << 20  # one ranged request: large enough to amortise a request's latency

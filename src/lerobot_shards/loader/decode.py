@@ -33,7 +33,8 @@ import torch
 from torch.utils.data import get_worker_info
 from torchcodec.decoders import VideoDecoder, set_cuda_backend
 
-from ..errors import redact
+from ..exceptions import LeRobotShardsError
+from ..redaction import redact
 from ..resize import DEFAULT_MODE, plan_transform
 from ..video import transform_rgb, usable_cpus
 from .sources import ClipRef
@@ -68,7 +69,7 @@ def fallback_message(where: str, device: str, codec: str, status: str) -> str:
 _plan_transform = functools.lru_cache(maxsize=64)(plan_transform)  # pure: once per (size, target, mode)
 
 
-class DecodeError(RuntimeError):
+class DecodeError(LeRobotShardsError, RuntimeError):
     """A clip does not decode; the message names dataset, shard, episode, camera and frames."""
 
 

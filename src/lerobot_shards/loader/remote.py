@@ -16,7 +16,7 @@ from typing import Any
 
 import fsspec
 
-from ..errors import redact
+from ..redaction import redact
 
 CONNECT_TIMEOUT_S = 5.0
 READ_TIMEOUT_S = 5.0  # longest silence within one response, not the time to read it
