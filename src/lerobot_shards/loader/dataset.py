@@ -30,7 +30,7 @@ from .emission import SampleLayout, stream_samples
 from .options import DecodeOptions, OrderOptions, ReadOptions, group_options
 from .partition import ConsumerPlan, PlanOptions, ShardSpec, filter_shards
 from .remote import with_timeouts
-from .sources import EpisodeSource, open_source
+from .sources import EpisodeSource, SourceMetadata, open_source
 from .stats import SharedStats
 from .windows import delta_frame_offsets
 
@@ -99,8 +99,12 @@ class EpisodePoolDataset(IterableDataset):
         )
         self._episodes = None if episodes is None else tuple(int(e) for e in episodes)
         self.order, self.read = order, read
+        self._metadata: SourceMetadata | None = None
         meta = self._open_source()  # for its metadata only
         meta.close()
+        # What every iterator (in this process or a DataLoader worker) opens the source from,
+        # instead of fetching the manifest or the raw tables again.
+        self._metadata = meta.metadata
         info = meta.info
         self.fps = info.fps
         self.tasks = info.tasks
@@ -171,6 +175,7 @@ class EpisodePoolDataset(IterableDataset):
             shard_bytes=read.shard_bytes,
             episodes_per_shard=read.episodes_per_shard,
             episodes=self._episodes,
+            metadata=self._metadata,
         )
 
     # -- configuration --------------------------------------------------------------------------

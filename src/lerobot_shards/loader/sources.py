@@ -8,6 +8,7 @@ as numpy arrays, video still encoded.
 from __future__ import annotations
 
 import contextlib
+import copy
 import io
 import logging
 import os
@@ -32,13 +33,18 @@ from ..shard_plan import plan_shards
 from .cache import CachedFile, IOCounters, LocalFile, Reader, RemoteFile, RemoteIO, close_when_open, ranged
 from .integrity import IntegrityError, check_episode_bytes
 from .partition import ShardSpec
-from .remote import reading
+from .remote import reading, with_timeouts
 
 log = logging.getLogger(__name__)
 # pyarrow.compute is imported above, in the process that builds the dataset, on purpose: list
 # columns' flatten() and casts import it lazily, and that first import inside forked DataLoader
 # workers stalled each worker's first episode by ~2.3 s (measured: first batch from the bucket
 # with 2 workers 3.1 s -> 0.96 s).
+
+
+# What an open source read of its metadata, handed to ``open_source(metadata=...)`` to open the
+# same source again without fetching it: a converted dataset's manifest, a raw dataset's tables.
+SourceMetadata = fmt.Manifest | LeRobotV3Source
 
 
 @dataclass(frozen=True)
@@ -110,6 +116,7 @@ class EpisodeSource(Protocol):
 
     url: str
     info: SourceInfo
+    metadata: SourceMetadata  # picklable: ``open_source(metadata=...)`` opens it again without fetching
 
     def read_episode(self, shard: int, episode_index: int) -> ResidentEpisode:
         """One episode of ``shard``: its tables decoded, its clips still encoded.
@@ -141,17 +148,22 @@ def open_source(
     shard_bytes: int | None = None,
     episodes_per_shard: int | None = None,
     episodes: Sequence[int] | None = None,
+    metadata: SourceMetadata | None = None,
 ) -> EpisodeSource:
     """A converted dataset (has manifest.json) or a raw LeRobot v3.0 dataset (has meta/info.json).
 
     ``episodes``: the subset that will be read; a raw dataset then needs only their files.
-    Registers the options' secrets and endpoint with ``errors.redact`` first: each DataLoader
-    worker opens its own source, and a spawned worker starts with nothing registered.
+    ``metadata``: another open of the same source's ``metadata`` (picklable): nothing is fetched
+    again, so DataLoader workers and later epochs reuse what the dataset read once.
+    Registers the options' secrets and endpoint with ``redaction.redact`` first: each DataLoader
+    worker opens its own source, and a spawned worker starts with nothing registered. Remote
+    reads get the loader's timeouts (``remote.with_timeouts``; the caller's options win).
     """
+    storage_options = with_timeouts(str(url), storage_options)
     register_secrets(storage_options)
     with reading(str(url)):
         return _open_source(
-            str(url), storage_options, cache_dir, cache_max_bytes, shard_bytes, episodes_per_shard, episodes
+            str(url), storage_options, cache_dir, cache_max_bytes, shard_bytes, episodes_per_shard, episodes, metadata
         )
 
 
@@ -163,17 +175,22 @@ def _open_source(
     shard_bytes: int | None,
     episodes_per_shard: int | None,
     episodes: Sequence[int] | None,
+    metadata: SourceMetadata | None,
 ) -> EpisodeSource:
     fs, path = fsspec.core.url_to_fs(str(url), **(storage_options or {}))
     path = path.rstrip("/")
     if path.endswith(fmt.MANIFEST_NAME):
         path = posixpath.dirname(path)
         url = str(url).rstrip("/")[: -len(fmt.MANIFEST_NAME)].rstrip("/")
-    if fs.exists(posixpath.join(path, fmt.MANIFEST_NAME)):
+    if isinstance(metadata, fmt.Manifest) or (metadata is None and fs.exists(posixpath.join(path, fmt.MANIFEST_NAME))):
         return ShardSource(
-            str(url), storage_options=storage_options, cache_dir=cache_dir, cache_max_bytes=cache_max_bytes
+            str(url),
+            storage_options=storage_options,
+            cache_dir=cache_dir,
+            cache_max_bytes=cache_max_bytes,
+            manifest=metadata,
         )
-    if fs.exists(posixpath.join(path, "meta/info.json")):
+    if metadata is not None or fs.exists(posixpath.join(path, "meta/info.json")):
         return RawSource(
             str(url),
             storage_options=storage_options,
@@ -182,6 +199,7 @@ def _open_source(
             shard_bytes=shard_bytes,
             episodes_per_shard=episodes_per_shard,
             episodes=episodes,
+            src=metadata,
         )
     raise FileNotFoundError(
         f"{url}: neither a converted dataset ({fmt.MANIFEST_NAME}) nor a LeRobot v3.0 dataset (meta/info.json)"
@@ -198,15 +216,17 @@ class ShardSource:
         storage_options: dict[str, Any] | None = None,
         cache_dir: str | None = None,
         cache_max_bytes: int | None = None,
+        manifest: fmt.Manifest | None = None,
     ):
         self.url = url.rstrip("/")
         self.fs, self.root = fsspec.core.url_to_fs(self.url, **(storage_options or {}))
         self.root = self.root.rstrip("/")
         where = posixpath.join(self.url, fmt.MANIFEST_NAME)
         # cat_file: one GET (open().read() asks for the object's size first: two round trips)
-        self.manifest = fmt.Manifest.from_json(
+        self.manifest = manifest or fmt.Manifest.from_json(
             self.fs.cat_file(posixpath.join(self.root, fmt.MANIFEST_NAME)), where=where
         )
+        self.metadata: SourceMetadata = self.manifest
         m = self.manifest
         self._records = {s.index: s for s in m.shards}
         self._by_name = {s.name: s for s in m.shards}
@@ -400,10 +420,18 @@ class RawSource:
         shard_bytes: int | None = None,
         episodes_per_shard: int | None = None,
         episodes: Sequence[int] | None = None,
+        src: LeRobotV3Source | None = None,
     ):
         self.url = url.rstrip("/")
         # With a subset, only its episodes' files must exist (as LeRobot downloads only those).
-        self.src = LeRobotV3Source(self.url, storage_options=storage_options, allow_missing_files=episodes is not None)
+        if src is None:
+            self.src = LeRobotV3Source(
+                self.url, storage_options=storage_options, allow_missing_files=episodes is not None
+            )
+        else:  # its tables, with this process's filesystem (a forked worker may not use its parent's)
+            self.src = copy.copy(src)
+            self.src.fs = fsspec.core.url_to_fs(self.url, **(storage_options or {}))[0]
+        self.metadata: SourceMetadata = self.src
         if episodes is not None:
             known = {e.episode_index for e in self.src.episodes}
             missing = self.src.missing_files_for(e for e in episodes if e in known)
