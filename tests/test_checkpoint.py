@@ -184,3 +184,11 @@ def test_parse_state_is_pure_and_reads_the_layout(saved: dict[str, Any]) -> None
     assert got.order_digest == saved[ORDER_DIGEST] and got.order["seed"] == 3
     with pytest.raises(ValueError, match="resume state must be a dict, got list"):
         parse_state([1, 2])  # type: ignore[arg-type]
+
+
+def test_set_epoch_refuses_what_is_not_an_epoch(raw: Path) -> None:
+    ds = _dataset(raw)
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match=r"epoch must be an int in \[0, \d+\], got"):
+            ds.set_epoch(bad)  # type: ignore[arg-type]
+    assert ds.epoch == 0

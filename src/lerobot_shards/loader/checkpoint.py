@@ -16,6 +16,7 @@ batches_consumed, batch_size}``) are not checked.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import numbers
@@ -249,8 +250,9 @@ class EpochOrder:
         """The settings that shape every consumer's plan."""
         return PlanOptions(shuffle=self.shuffle, equal_samples_per_rank=self.equal_samples_per_rank)
 
+    @functools.cached_property
     def key(self) -> OrderKey:
-        """What a resume state records of this order."""
+        """What a resume state records of this order (computed once: ``state_dict`` runs every step)."""
         return OrderKey(
             seed=self.seed,
             shuffle=self.shuffle,
@@ -312,7 +314,7 @@ class EpochOrder:
         self, epoch: int, batches_consumed: int, batch_size: int, seen_workers: int | None, resume: ResumeState | None
     ) -> dict[str, Any]:
         """The resume state after ``batches_consumed`` batches of ``epoch`` (see the module's docstring)."""
-        key = self.key()
+        key = self.key
         state: dict[str, Any] = {
             "epoch": epoch,
             "batches_consumed": check_count("batches_consumed", batches_consumed, 0),
@@ -332,7 +334,7 @@ class EpochOrder:
     def load(self, state: Mapping[str, Any]) -> ResumeState:
         """The checked resume state (``parse_state``, ``check_order``); nothing is planned yet."""
         saved = parse_state(state)
-        check_order(saved, self.key())
+        check_order(saved, self.key)
         resume = saved.resume
         if resume.num_workers is None and resume.world_size not in (None, self.world_size):
             # Another world size is resumed elastically, which needs the saved worker count.

@@ -24,7 +24,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from ..lerobot_v3 import IMAGE_DTYPE
 from ..resize import camera_sizes, resized_features
 from .cache import default_cache_bytes
-from .checkpoint import EpochOrder, shards_digest
+from .checkpoint import EpochOrder, check_count, shards_digest
 from .control import SharedControl
 from .emission import SampleLayout, stream_samples
 from .options import DecodeOptions, OrderOptions, ReadOptions, group_options
@@ -199,7 +199,7 @@ class EpisodePoolDataset(IterableDataset):
 
         Works with ``persistent_workers=True`` too: workers read the epoch at every ``__iter__``.
         """
-        self._control.epoch = int(epoch)
+        self._control.epoch = check_count("epoch", epoch, 0)
 
     def state_dict(self, batches_consumed: int, batch_size: int) -> dict[str, Any]:
         """The resume state, built by the training loop from the batches it has consumed.
