@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -29,6 +30,13 @@ class S3Server:
     endpoint_url: str
     storage_options: dict[str, Any] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)  # for subprocesses (the CLI) using the server
+    log: Path | None = None  # the server's request log
+
+    def requests(self, method: str, key: str) -> int:
+        """How many ``method`` requests for ``key`` (``bucket/path``) the server has logged so far."""
+        assert self.log is not None
+        pattern = rf'"(?:\x1b\[[\d;]*m)*{method} /{re.escape(key)}(\?[^ "]*)? HTTP'  # werkzeug may colour it
+        return len(re.findall(pattern, self.log.read_text(errors="replace")))
 
     def filesystem(self) -> Any:
         import s3fs
@@ -80,6 +88,7 @@ def moto_server(log_dir: Path) -> Iterator[tuple[S3Server, subprocess.Popen]]:
                 "client_kwargs": {"endpoint_url": url},
             },
             env={**env, "AWS_ENDPOINT_URL": url},
+            log=log,
         )
         yield server, proc
     finally:

@@ -20,8 +20,8 @@ from convert_helpers import CLI, held_cli, output_files, release, run_cli
 from lerobot_shards.convert.plan import ConvertOptions
 from lerobot_shards.convert.run import convert_dataset
 from lerobot_shards.convert.verify import verify_dataset
-from lerobot_shards.errors import explain, redact, register_secrets
 from lerobot_shards.format import MANIFEST_NAME, SHARDS_DIR
+from lerobot_shards.redaction import explain, redact, register_secrets
 
 
 def _one_line(result: subprocess.CompletedProcess) -> str:

@@ -172,7 +172,7 @@ def test_decode_threads_give_identical_samples_in_the_same_order(pair, which: in
 
 def test_decode_lookahead_is_bounded(pair, monkeypatch) -> None:
     """Frames are decoded at most 2 x decode_threads samples ahead of what was emitted."""
-    import lerobot_shards.loader.dataset as dataset_module
+    import lerobot_shards.loader.emission as dataset_module
 
     submitted = []
 

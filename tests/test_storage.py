@@ -220,3 +220,36 @@ def test_raw_from_a_bucket_without_a_cache_decodes_straight_from_storage(data, s
     remote = _epoch(_dataset(url, storage_options=s3_server.storage_options))
     _assert_same(local, remote)
     _assert_identity(remote)
+
+
+@pytest.mark.parametrize("kind", ["converted", "raw"])
+def test_the_source_metadata_is_fetched_once_not_per_worker_or_epoch(s3_server, data, kind: str) -> None:
+    """The dataset reads the manifest (or a raw dataset's info.json) once; its workers, in every
+    epoch, and iterators in the main process reuse it instead of fetching it again."""
+    raw, converted = data
+    bucket = f"metadata-once-{kind}"
+    url = _upload(s3_server, converted if kind == "converted" else raw, bucket)
+    key = f"{bucket}/ds/" + ("manifest.json" if kind == "converted" else "meta/info.json")
+    assert s3_server.requests("GET", key) == 0
+    ds = EpisodePoolDataset(url, storage_options=s3_server.storage_options, cameras=[], episode_pool_size=2)
+    assert s3_server.requests("GET", key) == 1
+    frames = 0
+    for epoch, workers in ((0, 2), (1, 2), (2, 0)):
+        ds.set_epoch(epoch)
+        frames += sum(len(b["index"]) for b in DataLoader(ds, batch_size=4, num_workers=workers))
+    assert frames == 3 * sum(n for s in ds.shards for n in s.lengths)  # the epochs did read the shards
+    assert s3_server.requests("GET", key) == 1
+
+
+def test_open_source_gives_every_caller_the_remote_timeouts(s3_server, data) -> None:
+    """Callers outside the dataset (the benchmark, the GPU check) get the loader's bounded remote reads."""
+    from lerobot_shards.loader.remote import CONNECT_TIMEOUT_S, READ_TIMEOUT_S
+    from lerobot_shards.loader.sources import open_source
+
+    url = _upload(s3_server, data[1], "timeouts-everywhere")
+    source = open_source(url, storage_options=s3_server.storage_options)
+    try:
+        config = source.fs.config_kwargs  # type: ignore[attr-defined]
+        assert (config["connect_timeout"], config["read_timeout"]) == (CONNECT_TIMEOUT_S, READ_TIMEOUT_S)
+    finally:
+        source.close()

@@ -28,7 +28,7 @@ class _Group(click.Group):
         except KeyboardInterrupt:
             raise click.ClickException("interrupted; re-run the same command to resume") from None
         except Exception as e:
-            from .errors import explain
+            from .redaction import explain
 
             if ctx.params.get("verbose", 0) >= 2:
                 log.error("traceback", exc_info=True)
@@ -41,7 +41,7 @@ class _Group(click.Group):
 @click.pass_context
 def main(ctx: click.Context, verbose: int) -> None:
     """Repack LeRobot v3.0 datasets into episode-aligned tar shards and stream them."""
-    from .errors import RedactingFormatter
+    from .redaction import RedactingFormatter
 
     level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
     handler = logging.StreamHandler()
@@ -173,7 +173,7 @@ def synth(
 def _storage_options(text: str | None) -> dict:
     import json
 
-    from .errors import register_secrets
+    from .redaction import register_secrets
 
     if not text:
         return {}
@@ -415,8 +415,8 @@ def upload(out: str, url: str, workers: int, overwrite: bool, progress: bool, st
     Each shard's sha256 is checked against its sidecar before it is sent; shards already at URL
     (same size and sidecar) are skipped, so re-running after a kill sends only what is missing.
     """
-    from .convert.errors import ConvertError
     from .convert.upload import UploadError, upload_dataset
+    from .exceptions import ConvertError
     from .format import FormatError
 
     _locations(out, url)

@@ -43,6 +43,7 @@ from typing import Any
 
 import xxhash
 
+from .exceptions import LeRobotShardsError
 from .names import UnsafeNameError, check_name
 
 FORMAT_VERSION = 3
@@ -67,7 +68,7 @@ MAX_FPS = 10_000.0
 CODECS = {"h264": "libx264", "hevc": "libx265", "av1": "libsvtav1"}
 
 
-class FormatError(ValueError):
+class FormatError(LeRobotShardsError, ValueError):
     """A converted dataset does not match the format this version reads."""
 
 

@@ -21,8 +21,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .errors import redact
+from .exceptions import LeRobotShardsError
 from .names import UnsafeNameError, check_name, check_relpath
+from .redaction import redact
 from .shard_plan import EpisodeSize
 from .timeouts import bounded, open_bounded, with_timeouts
 
@@ -52,7 +53,7 @@ IMAGE_DTYPE = "image"
 DURATION_SLACK_FRAMES = 0.5
 
 
-class SourceError(ValueError):
+class SourceError(LeRobotShardsError, ValueError):
     """The source dataset is not a valid LeRobot v3.0 dataset; the message says where."""
 
 

@@ -27,6 +27,8 @@ from typing import BinaryIO, Union
 
 import numpy as np
 
+from .exceptions import LeRobotShardsError
+
 Mp4Source = Union[str, "os.PathLike[str]", bytes, bytearray, memoryview, BinaryIO]
 
 # Sample entries whose codec configuration lives in the sample entry (avcC, hvcC, av1C).
@@ -38,7 +40,7 @@ _UNITY_MATRIX = struct.pack(">9I", 0x10000, 0, 0, 0, 0x10000, 0, 0, 0, 0x4000000
 _IGNORED = {b"free", b"skip", b"udta", b"meta", b"iods", b"uuid", b"wide", b"sdtp", b"cslg"}
 
 
-class Mp4CutUnsupported(Exception):
+class Mp4CutUnsupported(LeRobotShardsError):
     """The source uses an MP4 feature this byte-level cutter does not handle: use the PyAV cut."""
 
 

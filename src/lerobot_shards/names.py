@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import os
 
+from .exceptions import LeRobotShardsError
+
 SEPARATORS = ("/", "\\")
 
 
-class UnsafeNameError(ValueError):
+class UnsafeNameError(LeRobotShardsError, ValueError):
     """A name read from a dataset file would leave its directory (or is not a name at all)."""
 
 

@@ -12,11 +12,12 @@ import os
 import stat
 from typing import Any
 
+from .exceptions import LeRobotShardsError
 from .format import FormatError
 from .timeouts import bounded
 
 
-class UnsafePathError(ValueError):
+class UnsafePathError(LeRobotShardsError, ValueError):
     """A path we were to write or delete leads through a symlink out of our own directory."""
 
 

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, BinaryIO, Union
 import av
 import numpy as np
 
+from .exceptions import LeRobotShardsError
 from .format import CODECS, ClipInfo, FrameEntry, FrameTransform
 from .mp4cut import Mp4CutUnsupported, Mp4File, Mp4Layout, Mp4Track
 from .resize import plan_transform
@@ -35,7 +36,7 @@ TICKS_PER_FRAME = 512  # stream time base 1/(fps*512), as LeRobot's mp4s have (1
 _MUXER_OPTIONS = {"use_editlist": "0"}
 
 
-class ClipError(ValueError):
+class ClipError(LeRobotShardsError, ValueError):
     """A clip cannot be cut or joined as asked (too few frames, not on a keyframe, mismatch)."""
 
 

@@ -10,9 +10,11 @@ names below load on first use, so ``inspect`` does not pay for the video stack's
 from importlib import import_module
 from typing import Any
 
+from ..exceptions import ConvertError as ConvertError
+
 _PUBLIC = {
-    "ConvertError": "errors",
     "ConvertOptions": "plan",
+    "RunOptions": "plan",
     "VerifyReport": "verify",
     "convert_dataset": "run",
     "UploadError": "upload",
@@ -20,7 +22,7 @@ _PUBLIC = {
     "upload_dataset": "upload",
     "verify_dataset": "verify",
 }
-__all__ = sorted(_PUBLIC)
+__all__ = sorted([*_PUBLIC, "ConvertError"])
 
 
 def __getattr__(name: str) -> Any:

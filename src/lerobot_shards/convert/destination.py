@@ -29,9 +29,10 @@ from typing import Any, BinaryIO, TypeVar
 import fsspec
 from fsspec.callbacks import Callback
 
-from ..errors import redact, register_secrets
+from ..exceptions import LeRobotShardsError
 from ..format import MANIFEST_NAME, MAX_MANIFEST_BYTES, SHARDS_DIR, TMP_SUFFIX
 from ..names import check_relpath
+from ..redaction import redact, register_secrets
 from ..safe_io import UnsafePathError, is_inside, read_small
 from ..timeouts import bounded, is_timeout, open_bounded, with_timeouts
 
@@ -55,7 +56,7 @@ T = TypeVar("T")
 ByteProgress = Callable[[int], None]  # receives byte counts as they are sent (negative: a failed try's bytes)
 
 
-class TransferError(OSError):
+class TransferError(LeRobotShardsError, OSError):
     """A remote write still failed after its retries."""
 
 
@@ -79,7 +80,7 @@ class _Forward(Callback):
             self.progress(n)
 
 
-class DestinationBusy(RuntimeError):
+class DestinationBusy(LeRobotShardsError, RuntimeError):
     """Another conversion is writing the same shards into this destination."""
 
 

@@ -135,6 +135,41 @@ class ConvertOptions:
         return d
 
 
+@dataclass(frozen=True)
+class RunOptions:
+    """How a conversion is run; unlike ``ConvertOptions`` they never change the bytes written.
+
+    The one object the run hands to its worker processes and the shard writer.
+    """
+
+    workers: int = 1  # processes building shards (spawned; 1: in this process)
+    num_tasks: int = 1  # tasks of an array job; task i converts shards s with s % num_tasks == i
+    task_index: int = 0
+    finalize_only: bool = False  # convert nothing: write the manifest, or fail naming missing shards
+    # A bad episode is left out and recorded in its sidecar's ``skipped``, instead of failing the run.
+    skip_bad_episodes: bool = False
+    # Decode every packet of stream-copied clips with strict error detection (boundary frames
+    # are always decoded; ``shard_writer._clip``).
+    check_decode: bool = False
+    overwrite: bool = False  # replace a destination holding another run's output (ours only)
+    progress: bool = True  # the episodes bar on stderr
+
+    def __post_init__(self) -> None:
+        for name in ("workers", "num_tasks", "task_index"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < (0 if name == "task_index" else 1):
+                low = 0 if name == "task_index" else 1
+                raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+        if self.task_index >= self.num_tasks:
+            raise ValueError(f"task_index must be in 0..{self.num_tasks - 1}, got {self.task_index}")
+        for name in ("finalize_only", "skip_bad_episodes", "check_decode", "overwrite", "progress"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
+
+
+DEFAULT_RUN = RunOptions()
+
+
 def make_plan(source: LeRobotV3Source, options: ConvertOptions) -> list[PlannedShard]:
     """The conversion's shard plan: the source's episodes grouped by the options' shard target."""
     return plan_shards(

@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from .. import __version__
+from ..exceptions import ConvertError
 from ..format import (
     FORMAT_VERSION,
     MANIFEST_NAME,
@@ -43,8 +45,7 @@ from ..lerobot_v3 import LeRobotV3Source
 from ..resize import resized_features
 from ..shard_plan import PlannedShard
 from .destination import LOCK_NAME, RUN_RECORD, Destination, DestinationBusy
-from .errors import ConvertError
-from .plan import ConvertOptions, make_plan, plan_digest, task_share
+from .plan import DEFAULT_RUN, ConvertOptions, RunOptions, make_plan, plan_digest, task_share
 from .shard_status import shard_status
 from .shard_writer import EpisodeCallback, build_shard
 
@@ -131,28 +132,18 @@ def write_shard(
     shard: PlannedShard,
     options: ConvertOptions,
     *,
-    skip_bad_episodes: bool = False,
-    check_decode: bool = False,
+    run: RunOptions = DEFAULT_RUN,
     on_episode: EpisodeCallback | None = None,
 ) -> Sidecar:
     """Build one shard into ``dest``: the tar appears complete, then its sidecar."""
     with dest.staging(posixpath.join(SHARDS_DIR, shard_name(shard.index))) as f:
-        sidecar = build_shard(
-            source,
-            shard,
-            options,
-            f,
-            skip_bad_episodes=skip_bad_episodes,
-            check_decode=check_decode,
-            on_episode=on_episode,
-        )
+        sidecar = build_shard(source, shard, options, f, run=run, on_episode=on_episode)
     dest.write_bytes(posixpath.join(SHARDS_DIR, sidecar_name(shard.index)), sidecar.to_json().encode())
     return sidecar
 
 
 # -- worker processes ---------------------------------------------------------------------------
 
-_worker: dict[str, Any] = {}
 PARENT_POLL_S = 0.5
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
@@ -180,40 +171,47 @@ def die_with_parent(parent_pid: int) -> None:
     threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
 
 
-def _init_worker(
-    source: tuple[str, dict[str, Any]],
-    dest: tuple[str, dict[str, Any]],
-    options: ConvertOptions,
-    skip_bad_episodes: bool,
-    check_decode: bool,
-    queue: Any,
-    log_level: int,
-    parent_pid: int,
-) -> None:
-    die_with_parent(parent_pid)
+@dataclass(frozen=True)
+class _WorkerSetup:
+    """What a spawned worker process needs to build shards, sent once when it starts."""
+
+    source: tuple[str, dict[str, Any]]  # url, storage options
+    dest: tuple[str, dict[str, Any]]
+    options: ConvertOptions
+    run: RunOptions
+    log_level: int
+    parent_pid: int
+
+
+@dataclass(frozen=True)
+class _Worker:
+    source: LeRobotV3Source
+    dest: Destination
+    options: ConvertOptions
+    run: RunOptions
+    queue: Any  # progress and log records to the parent
+
+
+_worker: list[_Worker] = []  # this worker process's, set by _init_worker
+
+
+def _init_worker(setup: _WorkerSetup, queue: Any) -> None:
+    die_with_parent(setup.parent_pid)
     root = logging.getLogger()
     root.handlers[:] = [logging.handlers.QueueHandler(queue)]
-    root.setLevel(log_level)
-    _worker.update(
-        source=LeRobotV3Source(source[0], storage_options=source[1], allow_missing_files=skip_bad_episodes),
-        dest=Destination(dest[0], storage_options=dest[1]),
-        options=options,
-        skip_bad_episodes=skip_bad_episodes,
-        check_decode=check_decode,
-        queue=queue,
+    root.setLevel(setup.log_level)
+    source = LeRobotV3Source(
+        setup.source[0], storage_options=setup.source[1], allow_missing_files=setup.run.skip_bad_episodes
     )
+    _worker[:] = [
+        _Worker(source, Destination(setup.dest[0], storage_options=setup.dest[1]), setup.options, setup.run, queue)
+    ]
 
 
 def _worker_shard(shard: PlannedShard) -> int:
-    queue = _worker["queue"]
+    w = _worker[0]
     write_shard(
-        _worker["source"],
-        _worker["dest"],
-        shard,
-        _worker["options"],
-        skip_bad_episodes=_worker["skip_bad_episodes"],
-        check_decode=_worker["check_decode"],
-        on_episode=lambda frames, size: queue.put((frames, size)),
+        w.source, w.dest, shard, w.options, run=w.run, on_episode=lambda frames, size: w.queue.put((frames, size))
     )
     return shard.index
 
@@ -254,39 +252,26 @@ def _run_shards(
     dest_options: dict[str, Any],
     todo: list[PlannedShard],
     options: ConvertOptions,
-    *,
-    skip_bad_episodes: bool,
-    check_decode: bool,
-    workers: int,
+    run: RunOptions,
     progress: _Progress,
 ) -> None:
-    if workers <= 1 or len(todo) <= 1:
+    if run.workers <= 1 or len(todo) <= 1:
         for shard in todo:
-            write_shard(
-                source,
-                dest,
-                shard,
-                options,
-                skip_bad_episodes=skip_bad_episodes,
-                check_decode=check_decode,
-                on_episode=progress.episode,
-            )
+            write_shard(source, dest, shard, options, run=run, on_episode=progress.episode)
         return
     ctx = mp.get_context("spawn")  # no fork: PyAV/arrow thread pools do not survive it
     queue = ctx.Queue()
-    initargs = (
+    setup = _WorkerSetup(
         (source.url, source_options),
         (dest.url, dest_options),
         options,
-        skip_bad_episodes,
-        check_decode,
-        queue,
+        run,
         logging.getLogger("lerobot_shards").getEffectiveLevel(),
         os.getpid(),
     )
     try:
         with ProcessPoolExecutor(
-            min(workers, len(todo)), mp_context=ctx, initializer=_init_worker, initargs=initargs
+            min(run.workers, len(todo)), mp_context=ctx, initializer=_init_worker, initargs=(setup, queue)
         ) as pool:
             pending = {pool.submit(_worker_shard, shard) for shard in todo}
             try:
@@ -428,32 +413,29 @@ def convert_dataset(
     dest: str | Path,
     options: ConvertOptions | None = None,
     *,
-    workers: int = 1,
-    num_tasks: int = 1,
-    task_index: int = 0,
-    finalize_only: bool = False,
-    skip_bad_episodes: bool = False,
-    check_decode: bool = False,
-    overwrite: bool = False,
+    run: RunOptions | None = None,
     source_options: dict[str, Any] | None = None,
     dest_options: dict[str, Any] | None = None,
-    progress: bool = True,
+    **run_options: Any,
 ) -> Manifest | None:
     """Convert a LeRobot v3.0 dataset at ``source`` into tar shards at ``dest`` (both local or fsspec URLs).
 
-    ``options`` decide the output bytes (default ``ConvertOptions()``); the keyword arguments
-    decide only how the work is run. Re-running resumes. With ``num_tasks`` > 1 each task converts shards ``i % num_tasks == task_index``;
-    the task that completes the plan writes the manifest and returns it, the others return None.
-    ``finalize_only`` converts nothing and writes the manifest (or fails naming missing shards).
-    ``check_decode`` decodes every packet of stream-copied clips with strict error detection
-    (boundary frames are always decoded; see ``shard_writer._clip``).
+    ``options`` decide the output bytes (default ``ConvertOptions()``); ``run`` (``RunOptions``, or
+    its fields as keywords: ``workers=4``, ``skip_bad_episodes=True``) decides only how the work
+    is run. Re-running resumes. With ``num_tasks`` > 1 each task converts shards
+    ``i % num_tasks == task_index``; the task that completes the plan writes the manifest and
+    returns it, the others return None. ``finalize_only`` converts nothing and writes the
+    manifest (or fails naming missing shards).
     """
+    if run is not None and run_options:
+        raise ValueError(f"{sorted(run_options)} given as keywords and run= given too: set them in run=")
+    run = run or RunOptions(**run_options)
     source_options, dest_options = source_options or {}, dest_options or {}
     options = options or ConvertOptions()
-    src = LeRobotV3Source(str(source), storage_options=source_options, allow_missing_files=skip_bad_episodes)
+    src = LeRobotV3Source(str(source), storage_options=source_options, allow_missing_files=run.skip_bad_episodes)
     _check_resize(src, options)
     plan = make_plan(src, options)
-    share = task_share(plan, num_tasks, task_index)
+    share = task_share(plan, run.num_tasks, run.task_index)
     mismatched = src.span_mismatches()
     if mismatched:
         log.warning(
@@ -466,29 +448,14 @@ def convert_dataset(
         )
     out = Destination(str(dest), storage_options=dest_options)
     record = run_record(_source_url(source), options, plan)
-    clear = _check_claim(out, record, overwrite=overwrite)
-    if finalize_only:
+    clear = _check_claim(out, record, overwrite=run.overwrite)
+    if run.finalize_only:
         _claim(out, record, clear=clear)
         return finalize(out, src, plan, options, record)
     try:
         with out.lock(None if clear else [s.index for s in share]):
             _claim(out, record, clear=clear)
-            return _convert_share(
-                src,
-                source_options,
-                out,
-                dest_options,
-                plan,
-                share,
-                options,
-                record,
-                num_tasks=num_tasks,
-                task_index=task_index,
-                skip_bad_episodes=skip_bad_episodes,
-                check_decode=check_decode,
-                workers=workers,
-                progress=progress,
-            )
+            return _convert_share(src, source_options, out, dest_options, plan, share, options, record, run)
     except DestinationBusy as e:
         raise ConvertError(str(e)) from None
 
@@ -502,52 +469,35 @@ def _convert_share(
     share: list[PlannedShard],
     options: ConvertOptions,
     record: dict[str, Any],
-    *,
-    num_tasks: int,
-    task_index: int,
-    skip_bad_episodes: bool,
-    check_decode: bool,
-    workers: int,
-    progress: bool,
+    run: RunOptions,
 ) -> Manifest | None:
     """Build this task's missing shards (its lock held), then the manifest when the plan is complete."""
     stale = out.remove_stale_tmp(SHARDS_DIR, [shard_name(s.index).removesuffix(".tar") + "." for s in share])
     if stale:
         log.info("removed %d temporary files of an interrupted run", stale)
     present = set(out.entries(SHARDS_DIR))
-    todo = [s for s in share if not _shard_done(out, s, present, skip_bad_episodes=skip_bad_episodes)]
+    todo = [s for s in share if not _shard_done(out, s, present, skip_bad_episodes=run.skip_bad_episodes)]
     log.info(
         "plan: %d shards, %d episodes, %d frames; task %d/%d owns %d shards, %d already complete",
         len(plan),
         len(src.episodes),
         src.total_frames,
-        task_index,
-        num_tasks,
+        run.task_index,
+        run.num_tasks,
         len(share),
         len(share) - len(todo),
     )
     done_eps = sum(len(s.episodes) for s in share if s not in todo)
-    bar = _Progress(sum(len(s.episodes) for s in share), done_eps, progress)
+    bar = _Progress(sum(len(s.episodes) for s in share), done_eps, run.progress)
     with logging_redirect_tqdm(), bar.bar:
-        _run_shards(
-            src,
-            source_options,
-            out,
-            dest_options,
-            todo,
-            options,
-            skip_bad_episodes=skip_bad_episodes,
-            check_decode=check_decode,
-            workers=workers,
-            progress=bar,
-        )
+        _run_shards(src, source_options, out, dest_options, todo, options, run, bar)
 
     present = set(out.entries(SHARDS_DIR))
-    if num_tasks > 1 and not all(sidecar_name(s.index) in present for s in plan):
+    if run.num_tasks > 1 and not all(sidecar_name(s.index) in present for s in plan):
         log.info(
             "task %d/%d done; the manifest waits for the other tasks' shards (or run with --finalize)",
-            task_index,
-            num_tasks,
+            run.task_index,
+            run.num_tasks,
         )
         return None
     return finalize(out, src, plan, options, record)

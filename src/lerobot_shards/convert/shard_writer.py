@@ -24,6 +24,7 @@ import av
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ..exceptions import ConvertError
 from ..format import (
     ClipInfo,
     EpisodeEntry,
@@ -39,8 +40,7 @@ from ..lerobot_v3 import EpisodeMeta, LeRobotV3Source, SourceError
 from ..mp4cut import Mp4CutUnsupported
 from ..shard_plan import PlannedShard
 from ..video import ClipError, check_decodes, cut_clip, cut_clip_layout, reencode_clip
-from .errors import ConvertError
-from .plan import ConvertOptions
+from .plan import DEFAULT_RUN, ConvertOptions, RunOptions
 from .tar_sink import FileRanges, Payload, TarSink, file_stat, payload_size
 
 log = logging.getLogger(__name__)
@@ -207,13 +207,12 @@ def build_shard(
     options: ConvertOptions,
     out: BinaryIO,
     *,
-    skip_bad_episodes: bool = False,
-    check_decode: bool = False,
+    run: RunOptions = DEFAULT_RUN,
     on_episode: EpisodeCallback | None = None,
 ) -> Sidecar:
     """Write shard ``shard`` as a tar to ``out`` and return its sidecar.
 
-    A bad episode raises ConvertError, or with ``skip_bad_episodes`` is left out and recorded
+    A bad episode raises ConvertError, or with ``run.skip_bad_episodes`` is left out and recorded
     in the sidecar's ``skipped`` with the reason.
     """
     sink = TarSink(out)
@@ -222,9 +221,9 @@ def build_shard(
     try:
         for episode_index in shard.episodes:
             try:
-                ep = episode_members(source, episode_index, options, check_decode=check_decode)
+                ep = episode_members(source, episode_index, options, check_decode=run.check_decode)
             except ConvertError as e:
-                if not skip_bad_episodes:
+                if not run.skip_bad_episodes:
                     raise
                 log.warning("skipping episode %d: %s", episode_index, e)
                 skipped[episode_index] = str(e)

@@ -22,8 +22,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any, BinaryIO, Final
 
+from ..exceptions import ConvertError
 from ..format import Member, member_hasher
-from .errors import ConvertError
 
 TAR_FORMAT: Final = tarfile.PAX_FORMAT  # ustar headers unless a name exceeds 100 characters
 MEMBER_MODE = 0o644

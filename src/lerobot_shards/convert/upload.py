@@ -39,6 +39,7 @@ from typing import Any
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
+from ..exceptions import LeRobotShardsError
 from ..format import MANIFEST_NAME, SHARDS_DIR, Manifest, Sidecar
 from .destination import HASH_CHUNK, RUN_RECORD, Destination, DestinationBusy
 from .run import claim
@@ -50,7 +51,7 @@ DEFAULT_WORKERS = 8
 STALL_AFTER_ENV = "LEROBOT_SHARDS_TEST_UPLOAD_STALL_AFTER"
 
 
-class UploadError(RuntimeError):
+class UploadError(LeRobotShardsError, RuntimeError):
     """The local conversion cannot be uploaded as it is, or the destination refused it."""
 
 

@@ -1,7 +1,28 @@
 """The loader: ``EpisodePoolDataset`` streams converted shards (or a raw LeRobot v3.0 dataset);
-``DeviceFeeder`` hands its uint8 batches to the training device as float."""
+``DeviceFeeder`` hands its uint8 batches to the training device as float. Its options
+(``OrderOptions``, ``ReadOptions``, ``DecodeOptions``) and the errors it raises are exported here;
+every one of them is a ``LeRobotShardsError``."""
 
+from ..exceptions import LeRobotShardsError
+from ..format import FormatError
+from ..lerobot_v3 import SourceError
+from ..names import UnsafeNameError
 from .dataset import EpisodePoolDataset
+from .decode import DecodeError
 from .feeder import DeviceFeeder
+from .integrity import IntegrityError
+from .options import DecodeOptions, OrderOptions, ReadOptions
 
-__all__ = ["DeviceFeeder", "EpisodePoolDataset"]
+__all__ = [
+    "DecodeError",
+    "DecodeOptions",
+    "DeviceFeeder",
+    "EpisodePoolDataset",
+    "FormatError",
+    "IntegrityError",
+    "LeRobotShardsError",
+    "OrderOptions",
+    "ReadOptions",
+    "SourceError",
+    "UnsafeNameError",
+]

@@ -41,9 +41,9 @@ from concurrent.futures import CancelledError, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..errors import redact
 from ..format import TMP_SUFFIX
 from ..names import check_relpath
+from ..redaction import redact
 from ..safe_io import UnsafePathError, is_inside
 from ..timeouts import bounded
 from .integrity import IntegrityError

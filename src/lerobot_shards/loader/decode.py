@@ -22,7 +22,7 @@ import io
 import time
 import warnings
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -33,13 +33,13 @@ import torch
 from torch.utils.data import get_worker_info
 from torchcodec.decoders import VideoDecoder, set_cuda_backend
 
-from ..errors import redact
-from ..resize import DEFAULT_MODE, camera_sizes, check_mode, check_size, plan_transform
+from ..exceptions import LeRobotShardsError
+from ..redaction import redact
+from ..resize import DEFAULT_MODE, plan_transform
 from ..timeouts import READ_HINT, is_timeout, open_bounded
 from ..video import transform_rgb, usable_cpus
 from .sources import ClipRef
 
-CUDA_BACKENDS = ("nvdec", "ffmpeg")
 # A raw mp4 decoded straight from object storage (no cache_dir): an LRU of 4 MiB blocks, 64 MiB per
 # open file. The filesystem's default read-ahead window (s3fs: 50 MB from each seek) refetched
 # tens of MB per random-access sample, since every seek outside the window starts a new one.
@@ -47,13 +47,6 @@ REMOTE_BLOCK_BYTES = 4 << 20
 REMOTE_BLOCKS = 16
 MAX_AUTO_DECODE_THREADS = 8
 _warned_fallback: set[tuple[str, str]] = set()  # (device, codec): one warning per process
-
-
-def check_cuda_backend(backend: str) -> str:
-    """Validate a ``cuda_decode_backend`` option (torchcodec's names)."""
-    if backend not in CUDA_BACKENDS:
-        raise ValueError(f"cuda_decode_backend must be one of {CUDA_BACKENDS}, got {backend!r}")
-    return backend
 
 
 def _enter_cuda_backend(stack: contextlib.ExitStack, backend: str) -> None:
@@ -77,20 +70,7 @@ def fallback_message(where: str, device: str, codec: str, status: str) -> str:
 _plan_transform = functools.lru_cache(maxsize=64)(plan_transform)  # pure: once per (size, target, mode)
 
 
-def decode_sizes(
-    resize: Sequence[int] | Mapping[str, Sequence[int]] | None, mode: str, cameras: Sequence[str]
-) -> dict[str, tuple[int, int]]:
-    """The loader's ``resize`` argument, (height, width) for every camera or per camera, checked."""
-    check_mode(mode)
-    if resize is None:
-        return {}
-    per_camera = dict(resize) if isinstance(resize, Mapping) else {"*": tuple(resize)}
-    for cam, size in per_camera.items():
-        check_size(tuple(size), cam)
-    return camera_sizes(per_camera, cameras)
-
-
-class DecodeError(RuntimeError):
+class DecodeError(LeRobotShardsError, RuntimeError):
     """A clip does not decode; the message names dataset, shard, episode, camera and frames."""
 
 
@@ -114,7 +94,7 @@ class DecoderCache:
         self.device = device
         self.num_ffmpeg_threads = num_ffmpeg_threads
         self.storage_options = storage_options or {}
-        self.cuda_backend = check_cuda_backend(cuda_backend)
+        self.cuda_backend = cuda_backend
         self.strict_cuda = strict_cuda
         self.resize_mode = resize_mode
         self._decoders: OrderedDict[str, tuple[VideoDecoder, Any]] = OrderedDict()
@@ -260,8 +240,7 @@ class DecodePool:
     """
 
     def __init__(self, threads: int, make_cache: Callable[[], DecoderCache]) -> None:
-        if not isinstance(threads, int) or threads < 0:
-            raise ValueError(f"decode_threads must be an int >= 0 (0 = decode inline), got {threads!r}")
+        self.threads = threads
         self._caches = [make_cache() for _ in range(max(1, threads))]
         self._threads = [ThreadPoolExecutor(1, thread_name_prefix=f"decode-{i}") for i in range(threads)]
         self._owner: dict[str, int] = {}  # clip -> its thread, until dropped

@@ -11,9 +11,10 @@ when the user chose ``on_error="skip"``).
 from __future__ import annotations
 
 from .. import format as fmt
+from ..exceptions import LeRobotShardsError
 
 
-class IntegrityError(ValueError):
+class IntegrityError(LeRobotShardsError, ValueError):
     """Bytes read from a dataset do not match their recorded size or checksum."""
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-from ..errors import redact
+from ..redaction import redact
 from ..timeouts import BOTOCORE_RETRIES, CONNECT_TIMEOUT_S, READ_HINT, READ_TIMEOUT_S, with_timeouts
 
 __all__ = ["BOTOCORE_RETRIES", "CONNECT_TIMEOUT_S", "READ_HINT", "READ_TIMEOUT_S", "reading", "with_timeouts"]

@@ -8,6 +8,7 @@ as numpy arrays, video still encoded.
 from __future__ import annotations
 
 import contextlib
+import copy
 import io
 import json
 import logging
@@ -26,22 +27,27 @@ import pyarrow.compute  # noqa: F401  (see below)
 import pyarrow.parquet as pq
 
 from .. import format as fmt
-from ..errors import register_secrets
 from ..lerobot_v3 import IMAGE_DTYPE, VIDEO_DTYPE, LeRobotV3Source, SourceError, numpy_of, protocols
 from ..names import check_name
+from ..redaction import register_secrets
 from ..safe_io import check_local_file, read_small
 from ..shard_plan import plan_shards
 from ..timeouts import bounded
 from .cache import CachedFile, IOCounters, LocalFile, Reader, RemoteFile, RemoteIO, close_when_open, ranged
 from .integrity import IntegrityError, check_episode_bytes
 from .partition import ShardSpec
-from .remote import reading
+from .remote import reading, with_timeouts
 
 log = logging.getLogger(__name__)
 # pyarrow.compute is imported above, in the process that builds the dataset, on purpose: list
 # columns' flatten() and casts import it lazily, and that first import inside forked DataLoader
 # workers stalled each worker's first episode by ~2.3 s (measured: first batch from the bucket
 # with 2 workers 3.1 s -> 0.96 s).
+
+
+# What an open source read of its metadata, handed to ``open_source(metadata=...)`` to open the
+# same source again without fetching it: a converted dataset's manifest, a raw dataset's tables.
+SourceMetadata = fmt.Manifest | LeRobotV3Source
 
 
 @dataclass(frozen=True)
@@ -113,6 +119,7 @@ class EpisodeSource(Protocol):
 
     url: str
     info: SourceInfo
+    metadata: SourceMetadata  # picklable: ``open_source(metadata=...)`` opens it again without fetching
 
     def read_episode(self, shard: int, episode_index: int) -> ResidentEpisode:
         """One episode of ``shard``: its tables decoded, its clips still encoded.
@@ -144,17 +151,22 @@ def open_source(
     shard_bytes: int | None = None,
     episodes_per_shard: int | None = None,
     episodes: Sequence[int] | None = None,
+    metadata: SourceMetadata | None = None,
 ) -> EpisodeSource:
     """A converted dataset (has manifest.json) or a raw LeRobot v3.0 dataset (has meta/info.json).
 
     ``episodes``: the subset that will be read; a raw dataset then needs only their files.
-    Registers the options' secrets and endpoint with ``errors.redact`` first: each DataLoader
-    worker opens its own source, and a spawned worker starts with nothing registered.
+    ``metadata``: another open of the same source's ``metadata`` (picklable): nothing is fetched
+    again, so DataLoader workers and later epochs reuse what the dataset read once.
+    Registers the options' secrets and endpoint with ``redaction.redact`` first: each DataLoader
+    worker opens its own source, and a spawned worker starts with nothing registered. Remote
+    reads get the loader's timeouts (``remote.with_timeouts``; the caller's options win).
     """
+    storage_options = with_timeouts(str(url), storage_options)
     register_secrets(storage_options)
     with reading(str(url)):
         return _open_source(
-            str(url), storage_options, cache_dir, cache_max_bytes, shard_bytes, episodes_per_shard, episodes
+            str(url), storage_options, cache_dir, cache_max_bytes, shard_bytes, episodes_per_shard, episodes, metadata
         )
 
 
@@ -166,17 +178,24 @@ def _open_source(
     shard_bytes: int | None,
     episodes_per_shard: int | None,
     episodes: Sequence[int] | None,
+    metadata: SourceMetadata | None,
 ) -> EpisodeSource:
     fs, path = fsspec.core.url_to_fs(str(url), **(storage_options or {}))
     path = path.rstrip("/")
     if path.endswith(fmt.MANIFEST_NAME):
         path = posixpath.dirname(path)
         url = str(url).rstrip("/")[: -len(fmt.MANIFEST_NAME)].rstrip("/")
-    if bounded(fs, "exists", posixpath.join(path, fmt.MANIFEST_NAME)):
+    if isinstance(metadata, fmt.Manifest) or (
+        metadata is None and bounded(fs, "exists", posixpath.join(path, fmt.MANIFEST_NAME))
+    ):
         return ShardSource(
-            str(url), storage_options=storage_options, cache_dir=cache_dir, cache_max_bytes=cache_max_bytes
+            str(url),
+            storage_options=storage_options,
+            cache_dir=cache_dir,
+            cache_max_bytes=cache_max_bytes,
+            manifest=metadata,
         )
-    if bounded(fs, "exists", posixpath.join(path, "meta/info.json")):
+    if metadata is not None or bounded(fs, "exists", posixpath.join(path, "meta/info.json")):
         return RawSource(
             str(url),
             storage_options=storage_options,
@@ -185,6 +204,7 @@ def _open_source(
             shard_bytes=shard_bytes,
             episodes_per_shard=episodes_per_shard,
             episodes=episodes,
+            src=metadata,
         )
     raise FileNotFoundError(
         f"{url}: neither a converted dataset ({fmt.MANIFEST_NAME}) nor a LeRobot v3.0 dataset (meta/info.json)"
@@ -201,6 +221,7 @@ class ShardSource:
         storage_options: dict[str, Any] | None = None,
         cache_dir: str | None = None,
         cache_max_bytes: int | None = None,
+        manifest: fmt.Manifest | None = None,
     ):
         self.url = url.rstrip("/")
         self.fs, self.root = fsspec.core.url_to_fs(self.url, **(storage_options or {}))
@@ -209,8 +230,10 @@ class ShardSource:
         where = posixpath.join(self.url, fmt.MANIFEST_NAME)
         # read_small: one GET (open().read() asks for the object's size first: two round trips)
         manifest_path = posixpath.join(self.root, fmt.MANIFEST_NAME)
-        manifest = read_small(self.fs, manifest_path, fmt.MAX_MANIFEST_BYTES, root=self._local_root, where=where)
-        self.manifest = fmt.Manifest.from_json(manifest, where=where)
+        self.manifest = manifest or fmt.Manifest.from_json(
+            read_small(self.fs, manifest_path, fmt.MAX_MANIFEST_BYTES, root=self._local_root, where=where), where=where
+        )
+        self.metadata: SourceMetadata = self.manifest
         m = self.manifest
         self._records = {s.index: s for s in m.shards}
         self._by_name = {s.name: s for s in m.shards}
@@ -420,10 +443,18 @@ class RawSource:
         shard_bytes: int | None = None,
         episodes_per_shard: int | None = None,
         episodes: Sequence[int] | None = None,
+        src: LeRobotV3Source | None = None,
     ):
         self.url = url.rstrip("/")
         # With a subset, only its episodes' files must exist (as LeRobot downloads only those).
-        self.src = LeRobotV3Source(self.url, storage_options=storage_options, allow_missing_files=episodes is not None)
+        if src is None:
+            self.src = LeRobotV3Source(
+                self.url, storage_options=storage_options, allow_missing_files=episodes is not None
+            )
+        else:  # its tables, with this process's filesystem (a forked worker may not use its parent's)
+            self.src = copy.copy(src)
+            self.src.fs = fsspec.core.url_to_fs(self.url, **(storage_options or {}))[0]
+        self.metadata: SourceMetadata = self.src
         if episodes is not None:
             known = {e.episode_index for e in self.src.episodes}
             missing = self.src.missing_files_for(e for e in episodes if e in known)

@@ -1,4 +1,4 @@
-"""Turning exceptions into one line a user can act on, and keeping credentials and endpoints out of logs.
+"""Redaction: exceptions turned into one line a user can act on, credentials and endpoints kept out of logs.
 
 The CLI prints ``explain(exc)`` (the path, what went wrong, what to do) instead of a traceback;
 ``-vv`` adds the traceback through logging, whose formatter redacts access key ids, secrets,

@@ -1,0 +1,386 @@
+"""The resume state and the order it replays: what ``state_dict`` records, how ``load_state_dict``
+checks it, and which plan and sampler an iterator of a (resumed) epoch starts from.
+
+A state holds the position (``epoch``, ``batches_consumed``, ``batch_size``), the layout that
+saved it (``world_size``, ``num_workers``; another one resumes elastically, ``elastic.py``), and
+everything else that fixes the emission order (``OrderKey``: the order settings, the episode
+subset, the shard or virtual-shard plan), each field by name plus a digest of them all. A state
+is checked whole before anything is planned: types, ranges and relations (a checkpoint is
+untrusted input: ``batches_consumed=4.9`` or a worker count of 10**7 is refused, not truncated or
+replayed for minutes), its digest against its own fields (an edited state is refused), and every
+order field against this dataset's, so a resume that would replay another order fails in one
+line naming the setting. Keys a state lacks (older states, the minimal ``{epoch,
+batches_consumed, batch_size}``) are not checked.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+import numbers
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from .control import ResumeState
+from .elastic import ElasticPlan, Origin, SubsetSampler, plan_elastic
+from .partition import Consumer, ConsumerPlan, PlanOptions, ShardSpec, plan_consumer
+from .resume import resume_point
+from .sampling import PoolSampler, consumer_rng
+
+# The version of the emission order (sampling.py) that resume states record: a state saved under
+# another order would replay other samples, so it is refused. 2: pools fill gradually (FILL_EVERY).
+SAMPLER_ORDER = 2
+# Bounds of a state's layout: an elastic resume replays every consumer of the saving layout.
+MAX_WORLD_SIZE = 1 << 16
+MAX_WORKERS = 1024
+MAX_CONSUMERS = 1 << 18
+MAX_COUNT = 1 << 62  # epochs, batches, batch sizes: they live in a shared int64 array
+DIGEST_CHARS = 16
+
+POSITION = ("epoch", "batches_consumed", "batch_size")
+LAYOUT = ("world_size", "num_workers")
+ELASTIC = tuple(f"elastic_{k}" for k in Origin.__dataclass_fields__)
+ORDER_DIGEST = "order_digest"
+
+
+@dataclass(frozen=True)
+class OrderKey:
+    """Everything that fixes an epoch's emission order on every rank, as a resume state records it.
+
+    The world size and worker count are not here: another layout resumes elastically.
+    """
+
+    seed: int
+    shuffle: bool
+    episode_pool_size: int
+    equal_samples_per_rank: bool
+    drop_last: bool
+    sampler_order: int
+    episodes_digest: str  # the episodes read (the ``episodes`` subset, or all of them)
+    shard_plan_digest: str  # the source's shards: a converted dataset's, or a raw one's virtual plan
+
+    def digest(self) -> str:
+        """A digest of every field: equal digests, equal orders."""
+        return digest(dataclasses.asdict(self))
+
+
+# What to say about a field that changed, beyond its name and values.
+_ORDER_HINTS = {
+    "sampler_order": (
+        " (a state saved by another lerobot-shards version: finish its epoch with that version, "
+        "or start the next epoch here)"
+    ),
+    "episodes_digest": " (another episodes= subset)",
+    "shard_plan_digest": (
+        " (other shards: another conversion of the dataset, or a raw source's shard_bytes/episodes_per_shard)"
+    ),
+    "equal_samples_per_rank": (
+        " (its default follows the world size: pass equal_samples_per_rank= explicitly to resume under another one)"
+    ),
+}
+
+
+def digest(value: Any) -> str:
+    """A short digest of a JSON-able value (sorted keys: the same value always gives the same text)."""
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:DIGEST_CHARS]
+
+
+def shards_digest(shards: Sequence[ShardSpec]) -> str:
+    """The digest of a shard plan: indices, episodes and their lengths, in plan order."""
+    return digest([[s.index, list(s.episodes), list(s.lengths)] for s in shards])
+
+
+def episodes_digest(shards: Sequence[ShardSpec]) -> str:
+    """The digest of the episodes a (filtered) plan reads, whatever subset named them."""
+    return digest(sorted(e for s in shards for e in s.episodes))
+
+
+# -- checking a state (pure) ----------------------------------------------------------------------
+
+
+def _int(state: Mapping[str, Any], key: str, low: int, high: int) -> int:
+    value = state[key]
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not low <= int(value) <= high:
+        raise ValueError(f"resume state: {key} must be an int in [{low}, {high}], got {value!r}")
+    return int(value)
+
+
+def check_count(name: str, value: Any, low: int) -> int:
+    """``value`` as an int >= ``low`` (``state_dict``'s arguments), refusing floats and bools."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not low <= int(value) <= MAX_COUNT:
+        raise ValueError(f"{name} must be an int in [{low}, {MAX_COUNT}], got {value!r}")
+    return int(value)
+
+
+_INTS = {
+    "epoch": (0, MAX_COUNT),
+    "batches_consumed": (0, MAX_COUNT),
+    "batch_size": (1, MAX_COUNT),
+    "world_size": (1, MAX_WORLD_SIZE),
+    "num_workers": (0, MAX_WORKERS),
+    "elastic_world_size": (1, MAX_WORLD_SIZE),
+    "elastic_num_workers": (0, MAX_WORKERS),
+    "elastic_batches_consumed": (0, MAX_COUNT),
+    "elastic_batch_size": (1, MAX_COUNT),
+    "seed": (0, 2**64 - 1),
+    "episode_pool_size": (1, MAX_COUNT),
+    "sampler_order": (1, 1 << 30),
+}
+_ORDER_FIELDS = {f.name: f.type for f in dataclasses.fields(OrderKey)}
+KNOWN_KEYS = frozenset({*POSITION, *LAYOUT, *ELASTIC, *_ORDER_FIELDS, ORDER_DIGEST})
+
+
+@dataclass(frozen=True)
+class SavedState:
+    """A checked resume state: where to resume, and the order fields it recorded."""
+
+    resume: ResumeState
+    order: dict[str, Any]  # the OrderKey fields it has (all of them when it has a digest)
+    order_digest: str | None
+
+
+def parse_state(state: Mapping[str, Any]) -> SavedState:
+    """Check a resume state whole (types, ranges, relations) and read it; one line naming the key."""
+    if not isinstance(state, Mapping):
+        raise ValueError(f"resume state must be a dict, got {type(state).__name__}")
+    missing = [k for k in POSITION if k not in state]
+    if missing:
+        raise ValueError(f"resume state lacks {missing}: {dict(state)}")
+    unknown = sorted(str(k) for k in state if k not in KNOWN_KEYS)
+    if unknown:
+        raise ValueError(f"resume state has unknown keys {unknown} (known: {sorted(KNOWN_KEYS)})")
+    ints = {k: _int(state, k, *_INTS[k]) for k in _INTS if k in state}
+    order: dict[str, Any] = {}
+    for key, kind in _ORDER_FIELDS.items():
+        if key not in state:
+            continue
+        value = state[key]
+        if kind == "bool" and not isinstance(value, bool):
+            raise ValueError(f"resume state: {key} must be True or False, got {value!r}")
+        if kind == "str" and not _is_digest(value):
+            raise ValueError(f"resume state: {key} must be a {DIGEST_CHARS}-character hex digest, got {value!r}")
+        order[key] = ints.get(key, value)
+    found = state.get(ORDER_DIGEST)
+    if found is not None and not _is_digest(found):
+        raise ValueError(f"resume state: {ORDER_DIGEST} must be a {DIGEST_CHARS}-character hex digest, got {found!r}")
+    if found is not None and set(_ORDER_FIELDS) - set(order):
+        lacking = sorted(set(_ORDER_FIELDS) - set(order))
+        raise ValueError(f"resume state has an {ORDER_DIGEST} but lacks {lacking}: it was edited or is damaged")
+    elastic = [k for k in ELASTIC if k in ints]
+    if elastic and len(elastic) != len(ELASTIC):
+        raise ValueError(f"resume state has {elastic} but not {[k for k in ELASTIC if k not in ints]}: all or none")
+    if elastic and not all(k in ints for k in LAYOUT):
+        raise ValueError("resume state has elastic_* keys but lacks world_size or num_workers")
+    origin = Origin(*(ints[k] for k in ELASTIC)) if elastic else None
+    if origin is not None and origin.batches_consumed > ints["batches_consumed"]:
+        raise ValueError(
+            f"resume state: elastic_batches_consumed={origin.batches_consumed} is past "
+            f"batches_consumed={ints['batches_consumed']} (both count from the epoch's start)"
+        )
+    for world, workers in (("world_size", "num_workers"), ("elastic_world_size", "elastic_num_workers")):
+        if world in ints and workers in ints and ints[world] * max(1, ints[workers]) > MAX_CONSUMERS:
+            raise ValueError(
+                f"resume state: {world}={ints[world]} x {workers}={ints[workers]} is more than "
+                f"{MAX_CONSUMERS} consumers"
+            )
+    resume = ResumeState(
+        epoch=ints["epoch"],
+        batches_consumed=ints["batches_consumed"],
+        batch_size=ints["batch_size"],
+        num_workers=ints.get("num_workers"),
+        world_size=ints.get("world_size"),
+        origin=origin,
+    )
+    return SavedState(resume, order, found)
+
+
+def _is_digest(value: Any) -> bool:
+    return isinstance(value, str) and len(value) == DIGEST_CHARS and all(c in "0123456789abcdef" for c in value)
+
+
+def check_order(saved: SavedState, key: OrderKey) -> None:
+    """Refuse a state whose order fields differ from this dataset's, naming the first that does, or
+    whose digest does not match its fields (they then equal this dataset's)."""
+    current = dataclasses.asdict(key)
+    for name, value in saved.order.items():
+        if value != current[name]:
+            raise ValueError(
+                f"resume state was saved with {name}={value} but this dataset has {name}={current[name]}: "
+                f"the sample order would differ{_ORDER_HINTS.get(name, '')}"
+            )
+    if saved.order_digest is not None and saved.order_digest != key.digest():  # its fields match: edited
+        raise ValueError(
+            f"resume state: {ORDER_DIGEST} {saved.order_digest} does not match its own order settings "
+            f"({key.digest()}): it was edited or is damaged"
+        )
+
+
+# -- the order of an epoch, and where a (resumed) iterator starts (pure) --------------------------
+
+
+class Start(NamedTuple):
+    """Where one iterator starts: its consumer's plan and sampler, and the samples to fast-forward."""
+
+    plan: ConsumerPlan
+    sampler: PoolSampler | SubsetSampler
+    skip: int
+
+
+@dataclass(frozen=True)
+class EpochOrder:
+    """What fixes the order on this rank: the shards to read and the order settings (resolved)."""
+
+    shards: tuple[ShardSpec, ...]  # the plan after the episode subset
+    source_shards_digest: str  # the source's whole plan, before the subset
+    seed: int
+    shuffle: bool
+    pool_size: int
+    equal_samples_per_rank: bool
+    drop_last: bool
+    rank: int
+    world_size: int
+
+    @property
+    def plan_options(self) -> PlanOptions:
+        """The settings that shape every consumer's plan."""
+        return PlanOptions(shuffle=self.shuffle, equal_samples_per_rank=self.equal_samples_per_rank)
+
+    @functools.cached_property
+    def key(self) -> OrderKey:
+        """What a resume state records of this order (computed once: ``state_dict`` runs every step)."""
+        return OrderKey(
+            seed=self.seed,
+            shuffle=self.shuffle,
+            episode_pool_size=self.pool_size,
+            equal_samples_per_rank=self.equal_samples_per_rank,
+            drop_last=self.drop_last,
+            sampler_order=SAMPLER_ORDER,
+            episodes_digest=episodes_digest(self.shards),
+            shard_plan_digest=self.source_shards_digest,
+        )
+
+    def plan(self, epoch: int, rank: int, worker: int, num_workers: int) -> ConsumerPlan:
+        """A consumer's plan for ``epoch`` (``num_workers`` 0: one consumer per rank)."""
+        consumer = Consumer(rank, self.world_size, worker, max(1, num_workers))
+        return plan_consumer(self.shards, seed=self.seed, epoch=epoch, consumer=consumer, options=self.plan_options)
+
+    def plan_elastic(self, epoch: int, origin: Origin, worker: int, num_workers: int) -> ElasticPlan:
+        """This rank's consumer's share of the rest of an epoch interrupted under ``origin``."""
+        return plan_elastic(
+            self.shards,
+            seed=self.seed,
+            epoch=epoch,
+            options=self.plan_options,
+            pool_size=self.pool_size,
+            origin=origin,
+            drop_last=self.drop_last,
+            consumer=Consumer(self.rank, self.world_size, worker, max(1, num_workers)),
+        )
+
+    def start(self, epoch: int, resume: ResumeState | None, worker: int, num_workers: int) -> Start:
+        """The plan, sampler and fast-forward of DataLoader worker ``worker``.
+
+        A resumed epoch may hand this worker another worker's stream: the DataLoader restarts
+        its round-robin at worker 0, the interrupted run was mid-round (``resume.py``). Warns
+        (from rank 0's worker 0) about idle or unbalanced consumers of a full plan.
+        """
+        stream, skip = worker, 0
+        if resume is not None and resume.epoch == epoch:
+            origin, batches = elastic_origin(resume, self.world_size, num_workers)
+            if origin is not None:
+                elastic = self.plan_elastic(epoch, origin, stream, num_workers)
+                if batches:
+                    counts = elastic.plan.rank_samples
+                    stream, skip = resume_point(batches, resume.batch_size, counts, worker, self.drop_last)
+                    elastic = self.plan_elastic(epoch, origin, stream, num_workers)
+                subset = SubsetSampler(elastic, self.pool_size, seed=self.seed, epoch=epoch, shuffle=self.shuffle)
+                return Start(elastic.plan, subset, skip)
+            counts = self.plan(epoch, self.rank, worker, num_workers).rank_samples
+            stream, skip = resume_point(batches, resume.batch_size, counts, worker, self.drop_last)
+        plan = self.plan(epoch, self.rank, stream, num_workers)
+        if self.rank == 0 and stream == 0:
+            for message in plan.warnings:
+                warnings.warn(message, stacklevel=3)
+        rng = consumer_rng(self.seed, epoch, self.rank, stream)
+        sampler = PoolSampler(plan.lengths, self.pool_size, rng, shuffle=self.shuffle, num_samples=plan.num_samples)
+        return Start(plan, sampler, skip)
+
+    def state_dict(
+        self, epoch: int, batches_consumed: int, batch_size: int, seen_workers: int | None, resume: ResumeState | None
+    ) -> dict[str, Any]:
+        """The resume state after ``batches_consumed`` batches of ``epoch`` (see the module's docstring)."""
+        key = self.key
+        state: dict[str, Any] = {
+            "epoch": epoch,
+            "batches_consumed": check_count("batches_consumed", batches_consumed, 0),
+            "batch_size": check_count("batch_size", batch_size, 1),
+            "world_size": self.world_size,
+            **dataclasses.asdict(key),
+            ORDER_DIGEST: key.digest(),
+        }
+        if seen_workers is not None:
+            state["num_workers"] = seen_workers
+            if resume is not None and resume.epoch == epoch:
+                origin, _ = elastic_origin(resume, self.world_size, seen_workers)
+                if origin is not None:  # this epoch is elastic: a later resume must rebuild it
+                    state.update({f"elastic_{k}": v for k, v in vars(origin).items()})
+        return state
+
+    def load(self, state: Mapping[str, Any]) -> ResumeState:
+        """The checked resume state (``parse_state``, ``check_order``); nothing is planned yet."""
+        saved = parse_state(state)
+        check_order(saved, self.key)
+        resume = saved.resume
+        if resume.num_workers is None and resume.world_size not in (None, self.world_size):
+            # Another world size is resumed elastically, which needs the saved worker count.
+            raise ValueError(
+                f"resume state was saved with world_size={resume.world_size} but this dataset has "
+                f"world_size={self.world_size}: the sample order would differ (a state saved before any iteration "
+                f"ran records no num_workers, which an elastic resume needs)"
+            )
+        return resume
+
+
+def elastic_origin(resume: ResumeState, world_size: int, num_workers: int) -> tuple[Origin | None, int]:
+    """The run to finish the epoch of elastically (``None``: resume as is) and batches since.
+
+    A state saved under another layout starts an elastic epoch. A state saved inside an
+    elastic-resumed epoch carries that epoch's origin: it resumes under the same layout as the
+    run that saved it (its batches after the origin's are skipped on the elastic plan), never
+    under a third one.
+    """
+    same = resume.world_size in (None, world_size) and (
+        resume.num_workers is None or max(1, resume.num_workers) == max(1, num_workers)
+    )
+    if resume.origin is not None:
+        if not same:
+            raise ValueError(
+                f"resume state was saved inside an epoch that was itself resumed under another layout, with "
+                f"world_size={resume.world_size} and num_workers={resume.num_workers}; this run has "
+                f"world_size={world_size} and num_workers={num_workers}: resume this epoch with the saving run's "
+                f"layout (or from a checkpoint at an epoch boundary)"
+            )
+        return resume.origin, resume.batches_consumed - resume.origin.batches_consumed
+    if same or resume.num_workers is None:
+        _check_same_workers(resume, num_workers)
+        return None, resume.batches_consumed
+    origin = Origin(resume.world_size or world_size, resume.num_workers, resume.batches_consumed, resume.batch_size)
+    return origin, 0
+
+
+def _check_same_workers(resume: ResumeState, num_workers: int) -> None:
+    """Refuse a resume under another worker count: each worker's stream and skip would differ.
+
+    num_workers 0 and 1 both make one stream per rank, so they may stand for each other.
+    """
+    if resume.num_workers is not None and max(1, resume.num_workers) != max(1, num_workers):
+        raise ValueError(
+            f"resume state was saved with DataLoader num_workers={resume.num_workers} but this DataLoader has "
+            f"num_workers={num_workers}: the streams would differ (frames repeated and lost); resume with "
+            f"num_workers={resume.num_workers}"
+        )

@@ -1,0 +1,205 @@
+"""The emission loop: one consumer's sampler order turned into samples shaped like LeRobot's.
+
+``stream_samples`` admits episodes through the reader as the sampler reaches them, keeps the
+pool, evicts an episode (and its decoders, and its cached mp4s once its queued samples are
+decoded) after its last emission, and yields samples in sampler order while their frames decode
+``2 x decode_threads`` samples ahead. ``SampleLayout`` builds one sample from a resident episode:
+tabular features, windows with ``_is_pad`` flags, image features and camera frames, the task.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from .decode import DecodePool, DecoderCache, auto_decode_threads, decode_image
+from .elastic import SubsetSampler
+from .options import DecodeOptions, ReadOptions
+from .partition import ConsumerPlan
+from .reader import EpisodeReader
+from .sampling import PoolSampler
+from .sources import EpisodeSource, ResidentEpisode
+from .stats import StatSlot
+from .windows import window_indices
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SampleLayout:
+    """What a sample holds and in which shape: fixed when the dataset is built."""
+
+    source_url: str
+    tasks: tuple[str, ...]
+    cameras: tuple[str, ...]
+    image_keys: tuple[str, ...]  # image (not video) features, decoded from their bytes
+    delta_offsets: Mapping[str, np.ndarray]  # windowed keys: frame offsets
+    resize_sizes: Mapping[str, tuple[int, int]]  # cameras decoded at another size
+    image_dtype: torch.dtype
+
+    def sample(self, episode: ResidentEpisode, frame: int, decoders: DecodePool) -> dict[str, Any]:
+        """One sample; its camera frames are futures (``DecodePool``) until ``emit``."""
+        item: dict[str, Any] = {}
+        for name, column in episode.columns.items():
+            offsets = self.delta_offsets.get(name)
+            idx, pad = (frame, None) if offsets is None else window_indices(frame, episode.length, offsets)
+            if name in self.image_keys:
+                at = f"{self.source_url}: episode {episode.episode_index} feature {name} frame"
+                frames = [decode_image(column[i], f"{at} {int(i)}") for i in np.atleast_1d(idx)]
+                value = self.images(torch.stack(frames))
+                item[name] = value if pad is not None else value[0]
+            else:
+                item[name] = torch.tensor(column[idx])
+            if pad is not None:
+                item[f"{name}_is_pad"] = torch.from_numpy(pad)
+        for cam in self.cameras:
+            offsets = self.delta_offsets.get(cam)
+            size = self.resize_sizes.get(cam)
+            if offsets is None:
+                item[cam] = decoders.submit(episode.clips[cam], [frame], size, lambda f: self.images(f)[0])
+            else:
+                idx, pad = window_indices(frame, episode.length, offsets)
+                item[cam] = decoders.submit(episode.clips[cam], idx.tolist(), size, self.images)
+                item[f"{cam}_is_pad"] = torch.from_numpy(pad)
+        item["task"] = self.tasks[int(episode.columns["task_index"][frame])]
+        return item
+
+    def images(self, frames: torch.Tensor) -> torch.Tensor:
+        """uint8 frames in the sample's dtype."""
+        return frames.float().div_(255) if self.image_dtype == torch.float32 else frames
+
+
+def emit(item: dict[str, Any], decoders: DecodePool, stats: StatSlot) -> dict[str, Any]:
+    """The sample with its decoded frames in place of their futures."""
+    for name, value in item.items():
+        if isinstance(value, Future):
+            item[name] = value.result()
+    stats.add("frames_emitted", 1)
+    stats.set("decoder_hits", decoders.counter("hits"))
+    stats.set("decoder_misses", decoders.counter("misses"))
+    stats.set("decoder_evictions", decoders.counter("evictions"))
+    stats.set("decode_seconds", decoders.counter("decode_seconds"))
+    stats.set("frames_decoded", decoders.counter("frames_decoded"))
+    return item
+
+
+def decode_pool(decode: DecodeOptions, storage_options: Mapping[str, Any] | None, stats: StatSlot) -> DecodePool:
+    """This iteration's decode threads, their decoder caches sharing ``decoder_cache_size``."""
+    threads = decode.decode_threads
+    if threads is None:
+        threads = auto_decode_threads(decode.video_decode_device)
+    stats.set("decode_threads", threads)
+    capacity = decode.decoder_cache_size
+    assert capacity is not None  # resolved by the dataset
+    return DecodePool(
+        threads,
+        lambda: DecoderCache(
+            -(-capacity // max(1, threads)),  # clips are spread over the threads
+            device=decode.video_decode_device,
+            num_ffmpeg_threads=decode.num_ffmpeg_threads,
+            storage_options=dict(storage_options or {}),
+            cuda_backend=decode.cuda_decode_backend,
+            strict_cuda=decode.strict_cuda_decode,
+            resize_mode=decode.resize_mode,
+        ),
+    )
+
+
+def stream_samples(
+    open_source: Callable[[], EpisodeSource],
+    plan: ConsumerPlan,
+    sampler: PoolSampler | SubsetSampler,
+    emitted: int,
+    stats: StatSlot,
+    *,
+    layout: SampleLayout,
+    read: ReadOptions,
+    decode: DecodeOptions,
+    equal_samples_per_rank: bool,
+) -> Iterator[dict[str, Any]]:
+    """The consumer's samples after the ``emitted`` ones its sampler was fast-forwarded over."""
+    per_pass = sum(plan.lengths)
+    if sampler.num_samples == emitted:
+        return
+    # This iteration's own source (never shared with another iterator or process): its
+    # reader thread is the only one reading it, and it is closed here once that thread stopped.
+    source = open_source()
+    assert read.prefetch_episodes is not None  # resolved by the dataset
+    reader = EpisodeReader(
+        source, plan.episodes, sampler.admission_order(), read.prefetch_episodes, skip_bad=read.on_error == "skip"
+    )
+    decoders = decode_pool(decode, read.storage_options, stats)
+    lookahead = 2 * decoders.threads
+    pool: dict[tuple[int, int], ResidentEpisode | None] = {}  # None: skipped (on_error="skip")
+    pending: deque[dict[str, Any]] = deque()  # samples whose frames are being decoded, in order
+    releases: deque[tuple[int, Callable[[], None]]] = deque()  # (samples queued before it, release)
+    queued = done = 0
+    owed = 0  # skipped samples not yet replaced (equal-count mode)
+    try:
+        for emission in sampler:
+            key = (emitted // per_pass, emission.position)
+            emitted += 1
+            while key not in pool:
+                got, episode, waited = reader.next()
+                pool[got] = episode
+                stats.add("admissions", 1)
+                if episode is None:
+                    stats.add("episodes_skipped", 1)
+                else:
+                    stats.add("bytes_read", episode.nbytes)
+                stats.add("wait_seconds", waited)
+            episode = pool[key]
+            picks = [] if episode is None else [(episode, emission.frame)]
+            if episode is None:  # its bytes were bad: its samples are dropped, never wrong
+                stats.add("samples_skipped", 1)
+                if emission.last:
+                    del pool[key]
+                owed += equal_samples_per_rank
+            if owed:  # equal-count mode: repeat frames of a good resident episode instead
+                good = episode if episode is not None else next((e for e in pool.values() if e is not None), None)
+                if good is not None:
+                    picks += [(good, (emission.frame + 1 + i) % good.length) for i in range(owed)]
+                    stats.add("samples_substituted", owed)
+                    owed = 0
+            for chosen, frame in picks:
+                pending.append(layout.sample(chosen, frame, decoders))
+                queued += 1
+            if episode is None:
+                continue
+            if emission.last:
+                del pool[key]
+                stats.add("evictions", 1)
+                for clip in episode.clips.values():
+                    if clip.data is not None:
+                        decoders.drop(clip.cache_key)
+                if episode.release is not None:  # its cached mp4s, once its queued samples are decoded
+                    releases.append((queued, episode.release))
+            stats.set("pool_occupancy", len(pool))
+            while len(pending) > lookahead:
+                yield emit(pending.popleft(), decoders, stats)
+                done += 1
+                while releases and releases[0][0] <= done:
+                    releases.popleft()[1]()
+            for name, value in source.io_stats().items():
+                stats.set(name, value)
+        while pending:
+            yield emit(pending.popleft(), decoders, stats)
+        if owed:
+            log.warning(
+                "on_error='skip': %d skipped sample(s) found no good episode to repeat; this consumer "
+                "yielded fewer samples than the other ranks expect (DDP may wait at epoch end)",
+                owed,
+            )
+        for name, value in source.io_stats().items():
+            stats.set(name, value)
+    finally:
+        reader.close()
+        source.close()
+        decoders.close()
