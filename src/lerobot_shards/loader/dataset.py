@@ -9,6 +9,7 @@ is read again, and nothing is decoded until a sample is emitted.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
@@ -19,6 +20,8 @@ from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute  # noqa: F401  (pa.compute)
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
@@ -29,6 +32,7 @@ from .control import ResumeState, SharedControl
 from .decode import DecodePool, DecoderCache, auto_decode_threads, check_cuda_backend, decode_image, decode_sizes
 from .device import rank_device
 from .elastic import ElasticPlan, Origin, SubsetSampler, plan_elastic
+from .meta import DatasetMeta, dataset_meta, episode_stats_rows
 from .partition import Consumer, ConsumerPlan, PlanOptions, ShardSpec, filter_shards, plan_consumer
 from .reader import EpisodeReader
 from .remote import with_timeouts
@@ -98,6 +102,12 @@ class EpisodePoolDataset(IterableDataset):
             dataset is iterated (``auto_decode_threads``): one per core, up to 8, in the main
             process (``num_workers=0``, no inter-process copy of frames), 0 in DataLoader workers
             (the worker processes already use the cores) and with NVDEC.
+        buffer_size: accepted and ignored (DeprecationWarning): the pool is counted in episodes,
+            ``episode_pool_size``, not in frames.
+
+    ``meta`` (``loader.meta.DatasetMeta``) is what LeRobot's ``make_policy(cfg, ds_meta=...)``,
+    ``make_pre_post_processors(..., dataset_stats=ds.meta.stats)`` and trainer read;
+    ``num_frames`` and ``num_episodes`` count the chosen episodes, as ``LeRobotDataset``'s do.
     """
 
     def __init__(
@@ -131,8 +141,16 @@ class EpisodePoolDataset(IterableDataset):
         resize_mode: str = DEFAULT_MODE,
         decode_threads: int | None = None,
         on_error: str = "raise",
+        buffer_size: int | None = None,
     ) -> None:
         super().__init__()
+        if buffer_size is not None:
+            warnings.warn(
+                "EpisodePoolDataset(buffer_size=...) is deprecated and ignored: the pool holds whole episodes, "
+                "set episode_pool_size (episodes resident per consumer) instead",
+                DeprecationWarning,
+                stacklevel=2,
+            )
         if not isinstance(episode_pool_size, int) or episode_pool_size < 1:
             raise ValueError(f"episode_pool_size must be an int >= 1, got {episode_pool_size!r}")
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
@@ -214,6 +232,55 @@ class EpisodePoolDataset(IterableDataset):
         self.equal_samples_per_rank = self.world_size > 1 if equal_samples_per_rank is None else equal_samples_per_rank
         self._control = SharedControl()  # epoch and resume state, read by (persistent) workers
         self._stats = SharedStats()
+        self._source_info = info  # for ``meta``, built when first asked for
+
+    # -- LeRobot-shaped metadata -----------------------------------------------------------------
+
+    @property
+    def num_frames(self) -> int:
+        """Frames of the chosen episodes (``LeRobotDataset.num_frames``)."""
+        return sum(sum(s.lengths) for s in self.shards)
+
+    @property
+    def num_episodes(self) -> int:
+        """Number of chosen episodes (``LeRobotDataset.num_episodes``)."""
+        return sum(len(s.episodes) for s in self.shards)
+
+    @functools.cached_property
+    def meta(self) -> DatasetMeta:
+        """``LeRobotDatasetMetadata``-shaped metadata of the chosen episodes and cameras (``loader.meta``).
+
+        Stats are aggregated from the chosen episodes' stats as LeRobot aggregates them (raw
+        sources); converted datasets carry the source's ``meta/stats.json``, over every episode.
+        """
+        info = self._source_info
+        chosen = sorted(e for s in self.shards for e in s.episodes)
+        per_episode = None
+        if info.episode_stats is not None:
+            table = info.episode_stats
+            mask = pa.compute.is_in(table.column("episode_index"), value_set=pa.array(chosen, pa.int64()))
+            per_episode = episode_stats_rows(table.filter(mask).to_pylist())
+        everything = sum(len(s.episodes) for s in info.shards)
+        meta = dataset_meta(
+            root=self.source_url,
+            info=info.source_info,
+            features=self.features,
+            cameras=self.cameras,
+            tasks=self.tasks,
+            episodes=chosen,
+            all_episodes=everything,
+            all_frames=sum(sum(s.lengths) for s in info.shards),
+            fps=self.fps,
+            dataset_stats=info.stats,
+            episode_stats=per_episode,
+        )
+        if meta.stats_source != "episodes" and len(chosen) < everything:
+            warnings.warn(
+                f"{self.source_url}: no per-episode stats for the chosen episodes; meta.stats is the dataset's "
+                f"meta/stats.json, over all its episodes",
+                stacklevel=2,
+            )
+        return meta
 
     # -- configuration --------------------------------------------------------------------------
 
