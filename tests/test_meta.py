@@ -14,9 +14,9 @@ import pytest
 
 from lerobot_shards.convert.plan import ConvertOptions
 from lerobot_shards.convert.run import convert_dataset
+from lerobot_shards.lerobot_v3 import LeRobotV3Source
 from lerobot_shards.loader import EpisodePoolDataset
 from lerobot_shards.loader.meta import aggregate_stats, episode_stats_rows
-from lerobot_shards.lerobot_v3 import LeRobotV3Source
 from lerobot_shards.synth import read_identity
 
 CAMS = ("observation.images.front", "observation.images.top")
@@ -60,7 +60,9 @@ def test_meta_of_a_subset_aggregates_only_its_episodes(fixture_root: Path) -> No
     frames = src.episode(1).length + src.episode(3).length
     assert ds.num_frames == frames == int(ds.meta.stats["action"]["count"][0]) and ds.num_episodes == 2
     assert CAMS[1] not in ds.meta.features and ds.meta.camera_keys == [CAMS[0]]
-    assert not np.allclose(ds.meta.stats["action"]["mean"], EpisodePoolDataset(str(fixture_root)).meta.stats["action"]["mean"])
+    assert not np.allclose(
+        ds.meta.stats["action"]["mean"], EpisodePoolDataset(str(fixture_root)).meta.stats["action"]["mean"]
+    )
 
 
 def test_meta_of_resized_shards_has_the_stored_shape(small_synth: Path, tmp_path: Path) -> None:

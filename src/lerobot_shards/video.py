@@ -635,6 +635,8 @@ def _single_threaded_scale() -> dict[str, int]:
     except TypeError:
         return {}
     return {"threads": 1}
+
+
 _BLACK_YUV = (16, 128, 128)  # limited-range black, what decoders turn into RGB (0, 0, 0)
 
 
