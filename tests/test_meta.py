@@ -36,7 +36,7 @@ def test_meta_of_the_real_fixture_matches_its_info_and_stats(fixture_root: Path)
     ds = EpisodePoolDataset(str(fixture_root))
     meta = ds.meta
     info = json.loads((fixture_root / "meta/info.json").read_text())
-    assert meta.features == info["features"]
+    assert meta.features == {k: {**ft, "shape": tuple(ft["shape"])} for k, ft in info["features"].items()}
     assert meta.fps == 30 and isinstance(meta.fps, int)
     assert meta.robot_type == info["robot_type"]
     assert meta.camera_keys == meta.video_keys == list(CAMS) and meta.image_keys == []
@@ -70,7 +70,7 @@ def test_meta_of_resized_shards_has_the_stored_shape(small_synth: Path, tmp_path
     convert_dataset(small_synth, out, ConvertOptions(resize={"*": (32, 48)}), progress=False)
     ds = EpisodePoolDataset(str(out))
     for cam in CAMS:
-        assert ds.meta.features[cam]["shape"][:2] == [32, 48]
+        assert ds.meta.features[cam]["shape"] == (32, 48, 3)
     assert ds.meta.stats_source == "stats.json"
     with pytest.warns(UserWarning, match="no per-episode stats"):
         assert EpisodePoolDataset(str(out), episodes=[0]).meta.episodes == (0,)

@@ -157,7 +157,12 @@ def dataset_meta(
     Stats: aggregated from ``episode_stats`` when every chosen episode has them, else the
     dataset's ``meta/stats.json`` (``dataset_stats``, which covers every episode).
     """
-    keep = {k: dict(ft) for k, ft in features.items() if ft["dtype"] != VIDEO_DTYPE or k in cameras}
+    # shapes as tuples, as LeRobot's ``load_info`` makes them
+    keep = {
+        k: {**ft, "shape": tuple(ft["shape"])}
+        for k, ft in features.items()
+        if ft["dtype"] != VIDEO_DTYPE or k in cameras
+    }
     chosen = tuple(sorted(int(e) for e in episodes))
     if episode_stats is not None and chosen and all(episode_stats.get(e) for e in chosen):
         stats, source = aggregate_stats([episode_stats[e] for e in chosen]), "episodes"
