@@ -26,7 +26,8 @@ Forking leaves the global RNG untouched in both runs, so a resume continues bit-
 
 Options beyond ``lerobot-train``'s arguments come from the environment:
 ``LEROBOT_SHARDS_STORAGE_OPTIONS`` (JSON fsspec options), ``LEROBOT_SHARDS_CACHE_DIR``,
-``LEROBOT_SHARDS_EPISODE_POOL_SIZE``.
+``LEROBOT_SHARDS_EPISODE_POOL_SIZE``; ``LEROBOT_SHARDS_SAMPLE_LOG=DIR`` appends each batch's
+``index`` values to ``DIR/rank<R>.txt`` (which frames each rank trained on).
 """
 
 from __future__ import annotations
@@ -165,8 +166,12 @@ class PositionedLoader:
         self.dataset.set_epoch(self.epoch)
         with torch.random.fork_rng(devices=[]):  # the iterator's base seed must not move the training RNG
             batches = iter(self.loader)
+        log_dir = os.environ.get("LEROBOT_SHARDS_SAMPLE_LOG")
         for batch in batches:
             self.batches += 1
+            if log_dir:  # an audit trail: which frames this rank trained on, batch by batch
+                with open(Path(log_dir) / f"rank{self.dataset.rank}.txt", "a") as f:
+                    f.write(f"{self.epoch} {self.batches} {' '.join(map(str, batch['index'].tolist()))}\n")
             yield batch
         self.epoch, self.batches = self.epoch + 1, 0
 
