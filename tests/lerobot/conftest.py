@@ -105,3 +105,12 @@ def train_shards(fixture_root: Path, s3_server, tmp_path_factory: pytest.TempPat
         progress=False,
     )
     return url
+
+
+@pytest.fixture(scope="session")
+def written_bucket(written: Dataset, s3_server) -> str:
+    """The LeRobot-written dataset's conversion (one 48x64 camera) in a bucket: Diffusion's training data."""
+    fs = s3_server.filesystem()
+    fs.mkdir("written-shards")
+    fs.put(str(written.shards), "written-shards/", recursive=True)
+    return f"s3://written-shards/{written.shards.name}"

@@ -96,11 +96,12 @@ def test_act_trains_20_steps_from_a_bucket(act_run: tuple[Path, str]) -> None:
     assert json.loads((out / "checkpoints/000020/training_state/training_step.json").read_text())["step"] == 20
 
 
-def test_diffusion_trains_20_steps_from_a_bucket(train_shards: str, s3_server, tmp_path: Path) -> None:
+def test_diffusion_trains_20_steps_from_a_bucket(written_bucket: str, s3_server, tmp_path: Path) -> None:
+    """On the LeRobot-written dataset's shards (one camera: with 2 obs steps, as many images per step as ACT)."""
     out = tmp_path / "run"
-    log = run(
-        [*CLI, "train", *_args(train_shards, out, DIFFUSION)], tmp_path / "log.txt", _bucket_env(s3_server), TIMEOUT
-    )
+    cmd = [*CLI, "train", *_args(written_bucket, out, DIFFUSION)]
+    log = run(cmd, tmp_path / "log.txt", _bucket_env(s3_server), TIMEOUT)
+    assert "lerobot-shards train: s3://written-shards/shards: 3 episodes, 141 frames" in log
     assert "step:20 " in log and "End of training" in log
     assert (out / "checkpoints/000020/pretrained_model/model.safetensors").is_file()
 
@@ -144,7 +145,7 @@ def test_two_accelerate_processes_read_disjoint_samples(train_shards: str, s3_se
         sys.executable,
         "-m",
         "accelerate.commands.launch",
-        "--cpu",
+        "--multi_gpu",  # torchrun-style processes; each Accelerator runs on CPU (--policy.device=cpu): gloo
         "--num_processes=2",
         "--num_machines=1",
         "--mixed_precision=no",
@@ -153,7 +154,7 @@ def test_two_accelerate_processes_read_disjoint_samples(train_shards: str, s3_se
         "-m",
         "lerobot_shards.cli",
         "train",
-        *_args(train_shards, tmp_path / "run", ACT, steps=4, save_freq=4),
+        *_args(train_shards, tmp_path / "run", ACT, steps=2, save_freq=2),
     ]
     environ = _bucket_env(s3_server, LEROBOT_SHARDS_SAMPLE_LOG=str(samples), OMP_NUM_THREADS="1")
     log = run(launch, tmp_path / "log.txt", environ, TIMEOUT)
@@ -162,8 +163,8 @@ def test_two_accelerate_processes_read_disjoint_samples(train_shards: str, s3_se
     for rank in (0, 1):
         lines = (samples / f"rank{rank}.txt").read_text().split("\n")
         per_rank[rank] = [int(i) for line in lines if line for i in line.split()[2:]]
-        assert len(per_rank[rank]) == 4 * 2  # 4 steps of batch 2, read by this rank itself
+        assert len(per_rank[rank]) == 2 * 2  # 2 steps of batch 2, read by this rank itself
     assert not set(per_rank[0]) & set(per_rank[1])  # disjoint shares, nothing dispatched from rank 0
-    state = json.loads((tmp_path / "run/checkpoints/000004/training_state/lerobot_shards_data.json").read_text())
-    assert state["world_size"] == 2 and state["batches_consumed"] == 4
-    assert os.path.isdir(tmp_path / "run/checkpoints/000004/pretrained_model")
+    state = json.loads((tmp_path / "run/checkpoints/000002/training_state/lerobot_shards_data.json").read_text())
+    assert state["world_size"] == 2 and state["batches_consumed"] == 2
+    assert os.path.isdir(tmp_path / "run/checkpoints/000002/pretrained_model")
