@@ -168,3 +168,16 @@ def test_two_accelerate_processes_read_disjoint_samples(train_shards: str, s3_se
     state = json.loads((tmp_path / "run/checkpoints/000002/training_state/lerobot_shards_data.json").read_text())
     assert state["world_size"] == 2 and state["batches_consumed"] == 2
     assert os.path.isdir(tmp_path / "run/checkpoints/000002/pretrained_model")
+
+
+def test_repo_id_alone_resolves_lerobots_home() -> None:
+    from types import SimpleNamespace
+
+    from lerobot.utils.constants import HF_LEROBOT_HOME
+
+    from lerobot_shards.integrations.lerobot_train import dataset_url
+
+    cfg = SimpleNamespace(dataset=SimpleNamespace(root=None, repo_id="me/so101"))
+    assert dataset_url(cfg) == str(Path(HF_LEROBOT_HOME) / "me/so101")
+    cfg.dataset.root = "s3://bucket/shards"
+    assert dataset_url(cfg) == "s3://bucket/shards"
