@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 DEMO   ?= out/demo
 
-.PHONY: setup demo test lint bench bench-convert lerobot-venv clean
+.PHONY: setup demo test test-lerobot lint bench bench-convert lerobot-venv clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	@command -v ffmpeg >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -qq ffmpeg; }
@@ -24,6 +24,12 @@ demo: setup
 ## Lint (ruff, mypy) and the test suite.
 test: setup lint
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+## The suite against real LeRobot 0.6.1 (tests/lerobot) inside its Python 3.13 environment, built first
+## when missing (tests/lerobot/env.sh: a Debian 13 root, ~10 min once, as root). Not part of `make test`.
+test-lerobot:
+	bash tests/lerobot/env.sh setup
+	LEROBOT_SHARDS_LEROBOT_SUITE=1 PYTHONPATH=$(CURDIR)/src bash tests/lerobot/env.sh run $(CURDIR) -- -m pytest -q -p no:cacheprovider --timeout=600 tests/lerobot $(PYTEST_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check src tests benchmarks examples

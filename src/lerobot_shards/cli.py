@@ -464,6 +464,20 @@ def demo(out: str, batches: int, workers: int) -> None:
     click.echo(format_result(run_demo(out, batches=batches, num_workers=workers)))
 
 
+@main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True}, add_help_option=False)
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def train(args: tuple[str, ...]) -> None:
+    """LeRobot's lerobot-train with its own arguments, reading a converted or raw v3.0 dataset
+    (--dataset.root, local or URL) with this loader (needs LeRobot 0.6; README: Training a LeRobot policy)."""
+    from .integrations.lerobot_train import LeRobotUnavailable
+    from .integrations.lerobot_train import train as lerobot_train
+
+    try:
+        lerobot_train(list(args))
+    except LeRobotUnavailable as e:
+        raise click.ClickException(str(e)) from None
+
+
 def run() -> None:
     """Console entry point: run ``main``, then exit without interpreter teardown.
 

@@ -8,6 +8,7 @@ writes; torchcodec (the system FFmpeg, as the loader uses it) decodes.
 
 from __future__ import annotations
 
+import functools
 import io
 import logging
 import os
@@ -617,8 +618,26 @@ def _fresh_frame(frame: av.VideoFrame, pix_fmt: str) -> av.VideoFrame:
 
 # Area averaging for the anti-aliased downscale; ACCURATE_RND and BITEXACT make libswscale's
 # output independent of the CPU's SIMD paths, so a re-run elsewhere writes the same bytes.
-_SCALE_FLAGS = av.video.reformatter.Interpolation.AREA | av.video.reformatter.Interpolation.ACCURATE_RND
-_SCALE_FLAGS |= av.video.reformatter.Interpolation.BITEXACT
+# libswscale's own flag bits (swscale.h, unchanged across FFmpeg releases), passed as a plain int:
+# PyAV hands an int to libswscale as is, while its ``Interpolation`` enum names ACCURATE_RND and
+# BITEXACT only in releases newer than 15 (LeRobot 0.6 pins av 15), where naming them at import
+# broke ``import lerobot_shards.loader``.
+SWS_AREA, SWS_ACCURATE_RND, SWS_BITEXACT = 0x20, 0x40000, 0x80000
+_SCALE_FLAGS = SWS_AREA | SWS_ACCURATE_RND | SWS_BITEXACT
+
+
+@functools.cache
+def _single_threaded_scale() -> dict[str, int]:
+    """``{"threads": 1}`` where PyAV's ``reformat`` takes it (newer PyAV scales on several threads
+    unless told not to); ``{}`` on PyAV 15, whose libswscale context is single-threaded already."""
+    probe = av.VideoFrame(16, 16, "yuv420p")
+    try:
+        probe.reformat(width=8, height=8, threads=1)
+    except TypeError:
+        return {}
+    return {"threads": 1}
+
+
 _BLACK_YUV = (16, 128, 128)  # limited-range black, what decoders turn into RGB (0, 0, 0)
 
 
@@ -654,7 +673,7 @@ def transform_frame(frame: av.VideoFrame, t: FrameTransform) -> av.VideoFrame:
         frame = _from_planes(np.ascontiguousarray(y), np.ascontiguousarray(u), np.ascontiguousarray(v))
     sh, sw = t.scaled
     scaled = frame.reformat(
-        width=sw, height=sh, format=_REENCODE_PIX_FMT, interpolation=_SCALE_FLAGS, threads=1
+        width=sw, height=sh, format=_REENCODE_PIX_FMT, interpolation=_SCALE_FLAGS, **_single_threaded_scale()
     )  # a new frame from swscale's output: no side data carried over
     planes = _planes(scaled)
     th, tw = t.size

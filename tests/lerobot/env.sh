@@ -7,7 +7,8 @@
 # tests/lerobot/constraints.txt). Built once per machine (~10 min, ~7 GB), reused after that.
 #
 #   env.sh setup                 build it (idempotent; rebuilds the venv when the pins change)
-#   env.sh run DIR... -- ARGS    run `python ARGS` inside, each DIR (and /tmp) at the same absolute path
+#   env.sh run DIR... -- ARGS    run `python ARGS` inside, each DIR (and /tmp) at the same absolute path,
+#                                in the caller's directory when it lies in one; the caller's environment passes
 #   env.sh root                  print where it lives
 #
 # The root lives at $LEROBOT_SHARDS_LEROBOT_ROOT (default /var/cache/lerobot-shards/lerobot-0.6.1), outside
@@ -53,12 +54,14 @@ run)
   dirs=(/tmp); while [ $# -gt 0 ] && [ "$1" != "--" ]; do dirs+=("$(cd "$1" && pwd)"); shift; done
   [ "${1:-}" = "--" ] && shift
   [ -x "$root$py" ] || { echo "env.sh: no LeRobot environment at $root; run: bash tests/lerobot/env.sh setup" >&2; exit 2; }
+  cwd=/tmp  # the caller's directory when it is mounted inside, so relative paths mean the same
+  for d in "${dirs[@]}"; do case "$PWD/" in "$d"/*) cwd=$PWD ;; esac; done
   binds=""
   for d in "${dirs[@]}"; do binds+="mkdir -p '$root$d' && mount --rbind '$d' '$root$d' && "; done
   # Environment: HOME and caches inside /tmp; offline (nothing is downloaded at run time).
   exec unshare --mount --propagation private bash -c "
     mount --rbind /proc '$root/proc' && mount --rbind /dev '$root/dev' && mount --rbind /sys '$root/sys' && $binds
-    exec chroot '$root' env -u PIP_FIND_LINKS HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 WANDB_MODE=disabled \
+    exec chroot '$root' env -C '$cwd' -u PIP_FIND_LINKS HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 WANDB_MODE=disabled \
       \"\$@\"" _ $py "$@" ;;
 *) echo "usage: env.sh setup|run DIR... -- ARGS|root" >&2; exit 2 ;;
 esac

@@ -12,12 +12,15 @@ the order, the shared epoch and resume state, the emission loop.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import time
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute  # noqa: F401  (pa.compute)
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
@@ -27,6 +30,7 @@ from .cache import default_cache_bytes
 from .checkpoint import EpochOrder, check_count, shards_digest
 from .control import SharedControl
 from .emission import SampleLayout, stream_samples
+from .meta import DatasetMeta, dataset_meta, episode_stats_rows
 from .options import DecodeOptions, OrderOptions, ReadOptions, group_options
 from .partition import ConsumerPlan, PlanOptions, ShardSpec, filter_shards
 from .remote import with_timeouts
@@ -54,10 +58,16 @@ class EpisodePoolDataset(IterableDataset):
         **options: the same options as flat keywords, named as the groups' fields
             (``seed=3``, ``cache_dir=...``, ``video_decode_device="cuda"``); a group and its
             own flat keywords together are refused. Each option is documented in ``options.py``.
+        buffer_size: accepted and ignored (DeprecationWarning): the pool is counted in episodes,
+            ``episode_pool_size``, not in frames.
 
     The options are checked when the dataset is built (one line naming the option), and
     kept resolved as ``order``, ``read`` and ``decode`` (``None`` defaults filled in); each is
     also readable by its name (``ds.seed``, ``ds.decode_threads``).
+
+    ``meta`` (``loader.meta.DatasetMeta``) is what LeRobot's ``make_policy(cfg, ds_meta=...)``,
+    ``make_pre_post_processors(..., dataset_stats=ds.meta.stats)`` and trainer read;
+    ``num_frames`` and ``num_episodes`` count the chosen episodes, as ``LeRobotDataset``'s do.
     """
 
     order: OrderOptions
@@ -77,9 +87,17 @@ class EpisodePoolDataset(IterableDataset):
         order: OrderOptions | None = None,
         read: ReadOptions | None = None,
         decode: DecodeOptions | None = None,
+        buffer_size: int | None = None,
         **options: Any,
     ) -> None:
         super().__init__()
+        if buffer_size is not None:
+            warnings.warn(
+                "EpisodePoolDataset(buffer_size=...) is deprecated and ignored: the pool holds whole episodes, "
+                "set episode_pool_size (episodes resident per consumer) instead",
+                DeprecationWarning,
+                stacklevel=2,
+            )
         order, read, decode = group_options(order, read, decode, options)
         self.source_url = str(source)
         self.rank, self.world_size = _distributed(rank, world_size)
@@ -149,6 +167,55 @@ class EpisodePoolDataset(IterableDataset):
         )
         self._control = SharedControl()  # epoch and resume state, read by (persistent) workers
         self._stats = SharedStats()
+        self._source_info = info  # for ``meta``, built when first asked for
+
+    # -- LeRobot-shaped metadata -----------------------------------------------------------------
+
+    @property
+    def num_frames(self) -> int:
+        """Frames of the chosen episodes (``LeRobotDataset.num_frames``)."""
+        return sum(sum(s.lengths) for s in self.shards)
+
+    @property
+    def num_episodes(self) -> int:
+        """Number of chosen episodes (``LeRobotDataset.num_episodes``)."""
+        return sum(len(s.episodes) for s in self.shards)
+
+    @functools.cached_property
+    def meta(self) -> DatasetMeta:
+        """``LeRobotDatasetMetadata``-shaped metadata of the chosen episodes and cameras (``loader.meta``).
+
+        Stats are aggregated from the chosen episodes' stats as LeRobot aggregates them (raw
+        sources); converted datasets carry the source's ``meta/stats.json``, over every episode.
+        """
+        info = self._source_info
+        chosen = sorted(e for s in self.shards for e in s.episodes)
+        per_episode = None
+        if info.episode_stats is not None:
+            table = info.episode_stats
+            mask = pa.compute.is_in(table.column("episode_index"), value_set=pa.array(chosen, pa.int64()))
+            per_episode = episode_stats_rows(table.filter(mask).to_pylist())
+        everything = sum(len(s.episodes) for s in info.shards)
+        meta = dataset_meta(
+            root=self.source_url,
+            info=info.source_info,
+            features=self.features,
+            cameras=self.cameras,
+            tasks=self.tasks,
+            episodes=chosen,
+            all_episodes=everything,
+            all_frames=sum(sum(s.lengths) for s in info.shards),
+            fps=self.fps,
+            dataset_stats=info.stats,
+            episode_stats=per_episode,
+        )
+        if meta.stats_source != "episodes" and len(chosen) < everything:
+            warnings.warn(
+                f"{self.source_url}: no per-episode stats for the chosen episodes; meta.stats is the dataset's "
+                f"meta/stats.json, over all its episodes",
+                stacklevel=2,
+            )
+        return meta
 
     def __getattr__(self, name: str) -> Any:
         """An option by its keyword name (``ds.seed``, ``ds.cache_dir``): the resolved value."""

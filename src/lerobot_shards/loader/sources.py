@@ -17,7 +17,7 @@ import posixpath
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import fsspec
@@ -84,6 +84,8 @@ class SourceInfo:
     tasks: tuple[str, ...]
     shards: list[ShardSpec]
     stats: dict[str, Any]  # the source's meta/stats.json ({} when absent)
+    source_info: dict[str, Any] = field(default_factory=dict)  # the source's meta/info.json
+    episode_stats: pa.Table | None = None  # meta/episodes' stats/... columns (raw sources only)
 
 
 def table_to_columns(table: pa.Table, features: dict[str, dict[str, Any]], where: str) -> dict[str, np.ndarray]:
@@ -253,6 +255,7 @@ class ShardSource:
             tasks=m.tasks,
             shards=[ShardSpec(s.index, s.episodes, self._episode_lengths(s)) for s in m.shards],
             stats=m.source_stats,
+            source_info=m.source_info,
         )
 
     def _shard_path(self, name: str) -> str:
@@ -471,6 +474,8 @@ class RawSource:
                 ShardSpec(p.index, p.episodes, tuple(self.src.episode(e).length for e in p.episodes)) for p in plan
             ],
             stats=self.src.stats,
+            source_info=self.src.info,
+            episode_stats=self.src.episode_stats,
         )
         self.counters = IOCounters()
         self.remote = None

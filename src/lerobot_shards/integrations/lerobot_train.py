@@ -1,0 +1,328 @@
+"""``lerobot-shards train ARGS...``: LeRobot's own ``lerobot-train``, fed by ``EpisodePoolDataset``.
+
+Everything but the data is LeRobot's: its argument parser and config, policy, processors,
+optimizer, scheduler, Accelerate set-up, training loop, logging and checkpoints. This module
+runs LeRobot's ``train()`` with four seams patched, nothing copied from its loop:
+
+1. ``make_train_eval_datasets``: when ``--dataset.root`` (or ``$HF_LEROBOT_HOME/<repo_id>``)
+   is a converted dataset or a raw LeRobot v3.0 dataset, local or a URL, the trainer gets an
+   ``EpisodePoolDataset`` (uint8 frames, the policy's ``delta_timestamps`` resolved by LeRobot's
+   own ``resolve_delta_timestamps``, ``meta`` with LeRobot's stats and ImageNet stats as LeRobot
+   sets them). ``cfg.dataset.streaming`` is set so the trainer builds a plain DataLoader over an
+   iterable dataset. Anything else goes to LeRobot's own factory.
+2. ``accelerate.Accelerator.prepare``: our DataLoader is not wrapped. Accelerate would read an
+   iterable dataset on rank 0 and dispatch its batches (or read every batch on every rank and
+   slice); each rank's ``EpisodePoolDataset`` already reads its own disjoint share.
+3. The DataLoader is iterated through ``PositionedLoader``, which calls ``set_epoch`` per pass,
+   counts the batches the loop took, and creates each pass's iterator under a forked torch RNG.
+4. ``save_checkpoint`` also writes ``training_state/lerobot_shards_data.json``
+   (``{epoch, batches_consumed, batch_size, ...}``); ``--resume=true`` loads it into the dataset.
+
+Why 3's forked RNG: creating a DataLoader iterator draws its base seed from torch's global RNG.
+LeRobot restores the RNG state saved at the checkpoint and then creates its iterator, so a
+resumed run's first step sees the RNG one draw later than the uninterrupted run did at that
+step (dropout masks, ACT's latent sample differ: the loss differs from the first resumed step).
+Forking leaves the global RNG untouched in both runs, so a resume continues bit-identically.
+
+Options beyond ``lerobot-train``'s arguments come from the environment:
+``LEROBOT_SHARDS_STORAGE_OPTIONS`` (JSON fsspec options), ``LEROBOT_SHARDS_CACHE_DIR``,
+``LEROBOT_SHARDS_EPISODE_POOL_SIZE``; ``LEROBOT_SHARDS_SAMPLE_LOG=DIR`` appends each batch's
+``index`` values to ``DIR/rank<R>.txt`` (which frames each rank trained on).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import logging
+import os
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+from ..loader import EpisodePoolDataset
+from ..video import usable_cpus
+
+log = logging.getLogger(__name__)
+
+SUPPORTED = ("0.6",)  # LeRobot minor versions this integration is tested with
+INSTALL_HINT = 'pip install "lerobot[training]==0.6.1"  (needs Python >= 3.12)'
+DATA_STATE_NAME = "lerobot_shards_data.json"  # in a checkpoint's training_state/
+
+
+class LeRobotUnavailable(RuntimeError):
+    """LeRobot is missing or of a version this integration does not support (one line)."""
+
+
+def check_lerobot() -> str:
+    """The installed LeRobot version, or ``LeRobotUnavailable`` saying what is supported and how to install it."""
+    try:
+        version = importlib.metadata.version("lerobot")
+    except importlib.metadata.PackageNotFoundError:
+        raise LeRobotUnavailable(
+            f"lerobot-shards train runs LeRobot's trainer, and LeRobot is not installed; supported: "
+            f"LeRobot {', '.join(v + '.x' for v in SUPPORTED)}; install: {INSTALL_HINT}"
+        ) from None
+    if ".".join(version.split(".")[:2]) not in SUPPORTED:
+        raise LeRobotUnavailable(
+            f"lerobot-shards train supports LeRobot {', '.join(v + '.x' for v in SUPPORTED)}, found {version}; "
+            f"install: {INSTALL_HINT}"
+        )
+    try:
+        import accelerate  # noqa: F401
+    except ImportError:
+        raise LeRobotUnavailable(
+            f"LeRobot {version} is installed without its training extra (accelerate); install: {INSTALL_HINT}"
+        ) from None
+    return version
+
+
+def choose_layout(cpus: int, ranks_per_node: int) -> tuple[int, int]:
+    """``(num_workers, decode_threads)`` per rank for ``cpus`` usable cores shared by ``ranks_per_node`` ranks.
+
+    Up to 4 cores per rank: no worker processes and one decode thread per core in the training
+    process (the fastest layout measured on 2 cores: frames never cross processes; README,
+    Benchmarks). More: worker processes that decode inline, one core left to the training loop,
+    at most 8 (decoding scales with processes; each worker's frames cost one copy).
+    """
+    per_rank = max(1, cpus // max(1, ranks_per_node))
+    if per_rank <= 4:
+        return 0, per_rank
+    return min(per_rank - 1, 8), 0
+
+
+def _given(argv: Sequence[str], name: str) -> bool:
+    return any(a == f"--{name}" or a.startswith(f"--{name}=") for a in argv)
+
+
+def _storage_options() -> dict[str, Any] | None:
+    text = os.environ.get("LEROBOT_SHARDS_STORAGE_OPTIONS")
+    if not text:
+        return None
+    options = json.loads(text)
+    if not isinstance(options, dict):
+        raise ValueError("LEROBOT_SHARDS_STORAGE_OPTIONS must be a JSON object of fsspec options")
+    return options
+
+
+def _is_our_source(url: str, storage_options: dict[str, Any] | None) -> bool:
+    """A converted dataset (manifest.json) or a raw LeRobot v3.0 dataset (meta/info.json) at ``url``."""
+    import posixpath
+
+    import fsspec
+
+    try:
+        fs, path = fsspec.core.url_to_fs(url, **(storage_options or {}))
+        path = path.rstrip("/")
+        return bool(
+            fs.exists(posixpath.join(path, "manifest.json")) or fs.exists(posixpath.join(path, "meta/info.json"))
+        )
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+
+
+def dataset_url(cfg: Any) -> str:
+    """``--dataset.root``, else ``$HF_LEROBOT_HOME/<repo_id>``, as LeRobot resolves a local dataset."""
+    if cfg.dataset.root:
+        return str(cfg.dataset.root)
+    from lerobot.utils.constants import HF_LEROBOT_HOME
+
+    return str(Path(HF_LEROBOT_HOME) / cfg.dataset.repo_id)
+
+
+class LeRobotMeta:
+    """``EpisodePoolDataset.meta`` as LeRobot's code reads it: its ``repo_id``, ``tasks`` as the pandas
+    frame LeRobot keeps (task string index, ``task_index`` column), stats it may edit in place."""
+
+    def __init__(self, meta: Any, repo_id: str) -> None:
+        import pandas as pd
+
+        self._meta = meta
+        self.repo_id = repo_id
+        self.stats = {k: dict(v) for k, v in meta.stats.items()}
+        self.tasks = pd.DataFrame({"task_index": range(len(meta.tasks))}, index=pd.Index(meta.tasks, name="task"))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._meta, name)
+
+
+class PositionedLoader:
+    """Our DataLoader as the trainer iterates it: ``set_epoch`` per pass, the batches taken counted.
+
+    LeRobot's loop cycles the loader (a new iterator per pass) and takes one batch per step, so
+    the position after step N is exact: ``{epoch, batches_consumed}`` of the pass in progress.
+    """
+
+    def __init__(self, loader: DataLoader, epoch: int = 0, batches: int = 0) -> None:
+        self.loader = loader
+        self.dataset: EpisodePoolDataset = loader.dataset  # type: ignore[assignment]
+        self.epoch, self.batches = epoch, batches
+
+    def __iter__(self) -> Iterator[Any]:
+        self.dataset.set_epoch(self.epoch)
+        with torch.random.fork_rng(devices=[]):  # the iterator's base seed must not move the training RNG
+            batches = iter(self.loader)
+        log_dir = os.environ.get("LEROBOT_SHARDS_SAMPLE_LOG")
+        for batch in batches:
+            self.batches += 1
+            if log_dir:  # an audit trail: which frames this rank trained on, batch by batch
+                with open(Path(log_dir) / f"rank{self.dataset.rank}.txt", "a") as f:
+                    f.write(f"{self.epoch} {self.batches} {' '.join(map(str, batch['index'].tolist()))}\n")
+            yield batch
+        self.epoch, self.batches = self.epoch + 1, 0
+
+    def state_dict(self) -> dict[str, int]:
+        return self.dataset.state_dict(batches_consumed=self.batches, batch_size=int(self.loader.batch_size or 1))
+
+
+class _Run:
+    """What the patched seams share within one ``train()`` call."""
+
+    loader: PositionedLoader | None = None
+    resume: dict[str, int] | None = None
+    layout: str = ""
+
+
+def _make_datasets(original: Any, run: type[_Run], argv: Sequence[str]) -> Any:
+    def make_train_eval_datasets(cfg: Any) -> Any:
+        url = dataset_url(cfg)
+        options = _storage_options()
+        if not _is_our_source(url, options):
+            log.info(
+                "lerobot-shards train: %s is neither converted nor a v3.0 dataset; LeRobot's dataset reads it", url
+            )
+            return original(cfg)
+        if cfg.dataset.eval_split:
+            raise ValueError("lerobot-shards train: --dataset.eval_split is not supported (train on all episodes)")
+        if cfg.dataset.image_transforms.enable:
+            raise ValueError(
+                "lerobot-shards train: --dataset.image_transforms.enable=true is not supported yet (LeRobot applies "
+                "them inside its own dataset); train without, or with lerobot-train"
+            )
+        from lerobot.datasets.factory import resolve_delta_timestamps
+        from lerobot.utils.constants import IMAGENET_STATS
+
+        if _given(argv, "num_workers"):
+            decode_threads = None
+            run.layout = f"num_workers={cfg.num_workers} (given), decode threads automatic"
+        else:
+            ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+            cfg.num_workers, decode_threads = choose_layout(usable_cpus(), ranks)
+            run.layout = (
+                f"num_workers={cfg.num_workers}, decode_threads={decode_threads} "
+                f"(chosen for {usable_cpus()} usable cores, {ranks} rank(s) per node; --num_workers N overrides)"
+            )
+        cfg.dataset.streaming = True  # the trainer then builds a plain DataLoader (no sampler) over our iterable
+        common: dict[str, Any] = dict(
+            episodes=cfg.dataset.episodes,
+            storage_options=options,
+            cache_dir=os.environ.get("LEROBOT_SHARDS_CACHE_DIR") or None,
+        )
+        probe = EpisodePoolDataset(url, **common)
+        delta_timestamps = resolve_delta_timestamps(cfg.trainable_config, probe.meta)
+        pool = int(os.environ.get("LEROBOT_SHARDS_EPISODE_POOL_SIZE", "16"))
+        dataset = EpisodePoolDataset(
+            url,
+            delta_timestamps=delta_timestamps,
+            seed=cfg.seed if cfg.seed is not None else 0,
+            image_dtype=torch.uint8,
+            tolerance_s=cfg.tolerance_s,
+            decode_threads=decode_threads,
+            episode_pool_size=pool,
+            **common,
+        )
+        meta = LeRobotMeta(dataset.meta, cfg.dataset.repo_id)
+        if cfg.dataset.use_imagenet_stats:  # as LeRobot's make_dataset does
+            for key in meta.camera_keys:
+                if key in meta.depth_keys:
+                    continue
+                for name, value in IMAGENET_STATS.items():
+                    meta.stats.setdefault(key, {})[name] = torch.tensor(value, dtype=torch.float32)
+        dataset.__dict__["meta"] = meta  # what the trainer, make_policy and the processors read
+        if cfg.resume:
+            state_path = Path(cfg.checkpoint_path) / "training_state" / DATA_STATE_NAME
+            if state_path.is_file():
+                run.resume = json.loads(state_path.read_text())
+                dataset.load_state_dict(run.resume)
+            else:
+                log.warning(
+                    "lerobot-shards train: %s not found: the data order restarts at epoch 0 (checkpoint not written "
+                    "by lerobot-shards train)",
+                    state_path,
+                )
+        print(
+            f"lerobot-shards train: {url}: {dataset.num_episodes} episodes, {dataset.num_frames} frames, "
+            f"rank {dataset.rank}/{dataset.world_size}; {run.layout}",
+            file=sys.stderr,
+            flush=True,
+        )
+        return dataset, None
+
+    return make_train_eval_datasets
+
+
+def _accelerator_class(base: type, run: type[_Run]) -> type:
+    class ShardsAccelerator(base):
+        """Accelerate's Accelerator that leaves our DataLoader to us (each rank reads its own share)."""
+
+        def prepare(self, *args: Any, device_placement: Any = None) -> Any:
+            ours = [isinstance(a, DataLoader) and isinstance(a.dataset, EpisodePoolDataset) for a in args]
+            rest = [a for a, mine in zip(args, ours) if not mine]
+            prepared: Any = super().prepare(*rest, device_placement=device_placement) if rest else ()
+            if len(rest) == 1:
+                prepared = (prepared,)
+            others = iter(prepared)
+            out = []
+            for arg, mine in zip(args, ours):
+                if mine:
+                    state = run.resume or {}
+                    run.loader = PositionedLoader(
+                        arg, int(state.get("epoch", 0)), int(state.get("batches_consumed", 0))
+                    )
+                    out.append(run.loader)
+                else:
+                    out.append(next(others))
+            return tuple(out) if len(out) > 1 else out[0]
+
+    return ShardsAccelerator
+
+
+def _save_checkpoint(original: Any, run: type[_Run]) -> Any:
+    def save_checkpoint(checkpoint_dir: Path, *args: Any, **kwargs: Any) -> None:
+        original(checkpoint_dir, *args, **kwargs)
+        if run.loader is not None:
+            target = Path(checkpoint_dir) / "training_state" / DATA_STATE_NAME
+            tmp = target.with_suffix(".tmp")
+            tmp.write_text(json.dumps(run.loader.state_dict(), sort_keys=True))
+            os.replace(tmp, target)
+
+    return save_checkpoint
+
+
+def train(argv: Sequence[str]) -> None:
+    """Run LeRobot's ``lerobot-train`` with ``argv`` (its arguments), our loader in place of its dataset."""
+    check_lerobot()
+    import accelerate
+    from lerobot.scripts import lerobot_train as lt
+
+    run = type("Run", (_Run,), {})
+    patches = {
+        (lt, "make_train_eval_datasets"): _make_datasets(lt.make_train_eval_datasets, run, argv),
+        (lt, "save_checkpoint"): _save_checkpoint(lt.save_checkpoint, run),
+        (accelerate, "Accelerator"): _accelerator_class(accelerate.Accelerator, run),
+    }
+    saved = {key: getattr(*key) for key in patches}
+    old_argv = sys.argv
+    try:
+        for (module, name), value in patches.items():
+            setattr(module, name, value)
+        sys.argv = ["lerobot-train", *argv]
+        lt.main()
+    finally:
+        sys.argv = old_argv
+        for (module, name), value in saved.items():
+            setattr(module, name, value)

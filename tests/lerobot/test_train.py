@@ -1,0 +1,183 @@
+"""``lerobot-shards train``: LeRobot 0.6.1's own trainer (ACT, Diffusion) from converted shards in the
+local S3-protocol server; two Accelerate processes read disjoint samples; a run SIGKILLed after its
+step-10 checkpoint and resumed with ``--resume=true`` ends with the uninterrupted run's weights."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+from procs import CLI, env, run, started, wait_for
+
+TIMEOUT = 400  # seconds per training process (20 tiny CPU steps take ~30-60 s on a loaded 2-core machine)
+
+ACT = [
+    "--policy.type=act",
+    "--policy.dim_model=32",
+    "--policy.n_heads=2",
+    "--policy.dim_feedforward=64",
+    "--policy.n_encoder_layers=1",
+    "--policy.n_decoder_layers=1",
+    "--policy.latent_dim=8",
+    "--policy.chunk_size=10",
+    "--policy.n_action_steps=10",
+    "--policy.vision_backbone=resnet18",
+    "--policy.pretrained_backbone_weights=null",
+]
+DIFFUSION = [
+    "--policy.type=diffusion",
+    "--policy.n_obs_steps=2",
+    "--policy.horizon=16",
+    "--policy.n_action_steps=8",
+    "--policy.down_dims=[32,64]",
+    "--policy.diffusion_step_embed_dim=32",
+    "--policy.spatial_softmax_num_keypoints=8",
+    "--policy.crop_shape=[40,56]",
+    "--policy.use_group_norm=true",
+    "--policy.pretrained_backbone_weights=null",
+]
+
+
+def _args(dataset: str, out: Path, policy: list[str], steps: int = 20, save_freq: int = 10) -> list[str]:
+    return [
+        "--dataset.repo_id=local/so101",
+        f"--dataset.root={dataset}",
+        *policy,
+        "--policy.device=cpu",
+        "--policy.push_to_hub=false",
+        "--batch_size=2",
+        f"--steps={steps}",
+        f"--save_freq={save_freq}",
+        "--log_freq=5",
+        "--seed=7",
+        "--wandb.enable=false",
+        f"--output_dir={out}",
+    ]
+
+
+def _bucket_env(s3_server, **extra: str) -> dict[str, str]:
+    options = {"key": "testing", "secret": "testing", "client_kwargs": {"endpoint_url": s3_server.endpoint_url}}
+    return env(**s3_server.env, LEROBOT_SHARDS_STORAGE_OPTIONS=json.dumps(options), **extra)
+
+
+def _weights_hash(step_dir: Path) -> str:
+    """sha256 over every saved parameter (name, dtype, shape, bytes), in name order."""
+    from safetensors.torch import load_file
+
+    tensors = load_file(step_dir / "pretrained_model/model.safetensors")
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        t = tensors[name].contiguous()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}".encode())
+        h.update(t.numpy().tobytes())
+    return h.hexdigest()
+
+
+@pytest.fixture(scope="module")
+def act_run(train_shards: str, s3_server, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """ACT, 20 uninterrupted steps from the bucket, checkpoints at 10 and 20 (shared by two tests)."""
+    out = tmp_path_factory.mktemp("act") / "run"
+    log = run([*CLI, "train", *_args(train_shards, out, ACT)], out.parent / "log.txt", _bucket_env(s3_server), TIMEOUT)
+    return out, log
+
+
+def test_act_trains_20_steps_from_a_bucket(act_run: tuple[Path, str]) -> None:
+    out, log = act_run
+    assert "lerobot-shards train: s3://train-shards/so101: 4 episodes, 1492 frames, rank 0/1" in log
+    assert "num_workers=0, decode_threads=" in log  # the layout it chose, reported
+    assert "step:20 " in log and "End of training" in log
+    state = json.loads((out / "checkpoints/000020/training_state/lerobot_shards_data.json").read_text())
+    assert (state["epoch"], state["batches_consumed"], state["batch_size"]) == (0, 20, 2)
+    assert json.loads((out / "checkpoints/000020/training_state/training_step.json").read_text())["step"] == 20
+
+
+def test_diffusion_trains_20_steps_from_a_bucket(written_bucket: str, s3_server, tmp_path: Path) -> None:
+    """On the LeRobot-written dataset's shards (one camera: with 2 obs steps, as many images per step as ACT)."""
+    out = tmp_path / "run"
+    cmd = [*CLI, "train", *_args(written_bucket, out, DIFFUSION)]
+    log = run(cmd, tmp_path / "log.txt", _bucket_env(s3_server), TIMEOUT)
+    assert "lerobot-shards train: s3://written-shards/shards: 3 episodes, 141 frames" in log
+    assert "step:20 " in log and "End of training" in log
+    assert (out / "checkpoints/000020/pretrained_model/model.safetensors").is_file()
+
+
+def test_killed_after_step_10_and_resumed_ends_with_the_same_weights(
+    act_run: tuple[Path, str], train_shards: str, s3_server, tmp_path: Path
+) -> None:
+    reference, _ = act_run
+    out = tmp_path / "run"
+    environ = _bucket_env(s3_server)
+    last = out / "checkpoints/last"
+    log = tmp_path / "first.txt"
+    with started([*CLI, "train", *_args(train_shards, out, ACT)], log, environ) as proc:
+        wait_for(
+            "the step-10 checkpoint", lambda: last.is_symlink() and last.resolve().name == "000010", proc, log, TIMEOUT
+        )
+        proc.kill()  # SIGKILL (the group goes too when the context exits)
+        proc.wait(timeout=30)
+    assert not (out / "checkpoints/000020").exists()
+    resumed = run(
+        [*CLI, "train", "--resume=true", f"--config_path={last}/pretrained_model/train_config.json"],
+        tmp_path / "resumed.txt",
+        environ,
+        TIMEOUT,
+    )
+    assert "step:20 " in resumed and "step:5 " not in resumed
+    assert _weights_hash(out / "checkpoints/000010") == _weights_hash(reference / "checkpoints/000010")
+    assert _weights_hash(out / "checkpoints/000020") == _weights_hash(reference / "checkpoints/000020")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_accelerate_processes_read_disjoint_samples(train_shards: str, s3_server, tmp_path: Path) -> None:
+    samples = tmp_path / "samples"
+    samples.mkdir()
+    launch = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--multi_gpu",  # torchrun-style processes; each Accelerator runs on CPU (--policy.device=cpu): gloo
+        "--num_processes=2",
+        "--num_machines=1",
+        "--mixed_precision=no",
+        "--dynamo_backend=no",
+        f"--main_process_port={_free_port()}",
+        "-m",
+        "lerobot_shards.cli",
+        "train",
+        *_args(train_shards, tmp_path / "run", ACT, steps=2, save_freq=2),
+    ]
+    environ = _bucket_env(s3_server, LEROBOT_SHARDS_SAMPLE_LOG=str(samples), OMP_NUM_THREADS="1")
+    log = run(launch, tmp_path / "log.txt", environ, TIMEOUT)
+    assert "rank 0/2" in log and "rank 1/2" in log
+    per_rank = {}
+    for rank in (0, 1):
+        lines = (samples / f"rank{rank}.txt").read_text().split("\n")
+        per_rank[rank] = [int(i) for line in lines if line for i in line.split()[2:]]
+        assert len(per_rank[rank]) == 2 * 2  # 2 steps of batch 2, read by this rank itself
+    assert not set(per_rank[0]) & set(per_rank[1])  # disjoint shares, nothing dispatched from rank 0
+    state = json.loads((tmp_path / "run/checkpoints/000002/training_state/lerobot_shards_data.json").read_text())
+    assert state["world_size"] == 2 and state["batches_consumed"] == 2
+    assert os.path.isdir(tmp_path / "run/checkpoints/000002/pretrained_model")
+
+
+def test_repo_id_alone_resolves_lerobots_home() -> None:
+    from types import SimpleNamespace
+
+    from lerobot.utils.constants import HF_LEROBOT_HOME
+
+    from lerobot_shards.integrations.lerobot_train import dataset_url
+
+    cfg = SimpleNamespace(dataset=SimpleNamespace(root=None, repo_id="me/so101"))
+    assert dataset_url(cfg) == str(Path(HF_LEROBOT_HOME) / "me/so101")
+    cfg.dataset.root = "s3://bucket/shards"
+    assert dataset_url(cfg) == "s3://bucket/shards"

@@ -1,0 +1,101 @@
+"""``EpisodePoolDataset.meta`` and the seeds' compatibility points: LeRobot-shaped metadata, stats
+aggregated from episode stats as LeRobot aggregates them, ``buffer_size``, long windows.
+
+(Equality with real LeRobot's ``LeRobotDatasetMetadata`` is tested in tests/lerobot/.)
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from lerobot_shards.convert.plan import ConvertOptions
+from lerobot_shards.convert.run import convert_dataset
+from lerobot_shards.lerobot_v3 import LeRobotV3Source
+from lerobot_shards.loader import EpisodePoolDataset
+from lerobot_shards.loader.meta import aggregate_stats, episode_stats_rows
+from lerobot_shards.synth import read_identity
+
+CAMS = ("observation.images.front", "observation.images.top")
+
+
+def _close(ours: dict, theirs: dict) -> None:
+    assert sorted(ours) == sorted(theirs)
+    for key in theirs:
+        assert sorted(ours[key]) == sorted(theirs[key]), key
+        for name, want in theirs[key].items():
+            got = ours[key][name]
+            assert got.shape == want.shape, (key, name)
+            np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-6, err_msg=f"{key}/{name}")
+
+
+def test_meta_of_the_real_fixture_matches_its_info_and_stats(fixture_root: Path) -> None:
+    ds = EpisodePoolDataset(str(fixture_root))
+    meta = ds.meta
+    info = json.loads((fixture_root / "meta/info.json").read_text())
+    assert meta.features == {k: {**ft, "shape": tuple(ft["shape"])} for k, ft in info["features"].items()}
+    assert meta.fps == 30 and isinstance(meta.fps, int)
+    assert meta.robot_type == info["robot_type"]
+    assert meta.camera_keys == meta.video_keys == list(CAMS) and meta.image_keys == []
+    assert (meta.total_episodes, meta.total_frames) == (info["total_episodes"], info["total_frames"])
+    assert (ds.num_episodes, ds.num_frames) == (info["total_episodes"], info["total_frames"])
+    assert meta.tasks == ds.tasks and not meta.has_language_columns
+    assert meta.stats_source == "episodes"
+    # LeRobot wrote meta/stats.json by aggregating the same episode stats: equal within float32 rounding
+    on_disk = {k: {n: np.atleast_1d(np.array(v)) for n, v in ft.items()} for k, ft in ds.feature_stats.items()}
+    _close(meta.stats, on_disk)
+    assert meta.stats["action"]["count"].tolist() == [info["total_frames"]]
+
+
+def test_meta_of_a_subset_aggregates_only_its_episodes(fixture_root: Path) -> None:
+    ds = EpisodePoolDataset(str(fixture_root), episodes=[1, 3], cameras=[CAMS[0]])
+    src = LeRobotV3Source(str(fixture_root))
+    per_episode = episode_stats_rows(src.episode_stats.to_pylist())
+    assert ds.meta.episodes == (1, 3)
+    want = aggregate_stats([per_episode[1], per_episode[3]])
+    _close(ds.meta.stats, {k: v for k, v in want.items() if k != CAMS[1]})
+    frames = src.episode(1).length + src.episode(3).length
+    assert ds.num_frames == frames == int(ds.meta.stats["action"]["count"][0]) and ds.num_episodes == 2
+    assert CAMS[1] not in ds.meta.features and ds.meta.camera_keys == [CAMS[0]]
+    assert not np.allclose(
+        ds.meta.stats["action"]["mean"], EpisodePoolDataset(str(fixture_root)).meta.stats["action"]["mean"]
+    )
+
+
+def test_meta_of_resized_shards_has_the_stored_shape(small_synth: Path, tmp_path: Path) -> None:
+    out = tmp_path / "shards"
+    convert_dataset(small_synth, out, ConvertOptions(resize={"*": (32, 48)}), progress=False)
+    ds = EpisodePoolDataset(str(out))
+    for cam in CAMS:
+        assert ds.meta.features[cam]["shape"] == (32, 48, 3)
+    assert ds.meta.stats_source == "stats.json"
+    with pytest.warns(UserWarning, match="no per-episode stats"):
+        assert EpisodePoolDataset(str(out), episodes=[0]).meta.episodes == (0,)
+
+
+def test_buffer_size_is_accepted_ignored_and_deprecated(small_synth: Path) -> None:
+    with pytest.warns(DeprecationWarning, match="episode_pool_size"):
+        ds = EpisodePoolDataset(str(small_synth), buffer_size=1000, episode_pool_size=2)
+    assert ds.episode_pool_size == 2
+
+
+def test_a_160_step_window_reaches_real_frames(synth_factory) -> None:
+    """Reward models look 160 steps back: every slot inside the episode holds its own frame."""
+    root = synth_factory(num_episodes=2, cameras=(CAMS[0],), length_range=(170, 190), height=32, width=160)
+    offsets = list(range(-159, 1))
+    ds = EpisodePoolDataset(
+        str(root), delta_timestamps={CAMS[0]: [i / 30 for i in offsets]}, seed=1, episode_pool_size=2
+    )
+    reached = 0
+    for n, sample in enumerate(ds):
+        frame, ep = int(sample["frame_index"]), int(sample["episode_index"])
+        wanted = np.array(offsets) + frame
+        assert sample[f"{CAMS[0]}_is_pad"].tolist() == (wanted < 0).tolist()
+        assert [read_identity(f) for f in sample[CAMS[0]]] == [(ep, int(x)) for x in np.clip(wanted, 0, None)]
+        reached += frame >= 159
+        if reached >= 2 or n >= 40:
+            break
+    assert reached >= 2  # windows lying wholly inside the episode: 160 real frames each

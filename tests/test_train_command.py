@@ -1,0 +1,41 @@
+"""``lerobot-shards train`` where LeRobot is absent (this host: Python 3.11) and its pure layout choice.
+
+Training itself runs against real LeRobot in tests/lerobot/test_train.py.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import subprocess
+import sys
+
+import pytest
+
+from lerobot_shards.integrations.lerobot_train import choose_layout
+
+
+def test_without_lerobot_one_line_names_the_supported_versions_and_the_install() -> None:
+    try:  # (not `import lerobot`: tests/lerobot/ on sys.path would import as a namespace package)
+        importlib.metadata.version("lerobot")
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    else:
+        pytest.fail("this host test expects no LeRobot (tests/lerobot/ runs where LeRobot is)")
+    proc = subprocess.run(
+        [sys.executable, "-m", "lerobot_shards.cli", "train", "--policy.type=act"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 1
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert "LeRobot 0.6.x" in lines[0] and 'pip install "lerobot[training]==0.6.1"' in lines[0]
+
+
+@pytest.mark.parametrize(
+    ("cpus", "ranks", "want"),
+    [(2, 1, (0, 2)), (2, 2, (0, 1)), (4, 1, (0, 4)), (16, 1, (8, 0)), (16, 2, (7, 0)), (64, 8, (7, 0)), (1, 4, (0, 1))],
+)
+def test_layout_choice(cpus: int, ranks: int, want: tuple[int, int]) -> None:
+    assert choose_layout(cpus, ranks) == want
