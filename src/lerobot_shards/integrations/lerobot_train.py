@@ -44,6 +44,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
+from ..exceptions import LeRobotShardsError
 from ..loader import EpisodePoolDataset
 from ..video import usable_cpus
 
@@ -54,7 +55,7 @@ INSTALL_HINT = 'pip install "lerobot[training]==0.6.1"  (needs Python >= 3.12)'
 DATA_STATE_NAME = "lerobot_shards_data.json"  # in a checkpoint's training_state/
 
 
-class LeRobotUnavailable(RuntimeError):
+class LeRobotUnavailable(LeRobotShardsError, RuntimeError):
     """LeRobot is missing or of a version this integration does not support (one line)."""
 
 
