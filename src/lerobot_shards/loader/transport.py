@@ -14,9 +14,10 @@ keeps a small ring of preallocated shared-memory slabs per worker instead:
   mapping in torch's sharing cache instead of mapping it again; unpickling (``_rebuild``) wraps the
   slab as tensor views, so the batch the loop receives is a plain ``dict`` of tensors, no copy;
 - a slab is busy from the moment the worker takes it until no tensor of its batch is alive in the
-  main process any more (the storage's use count, checked whenever the next batch arrives); then
-  the main process writes "free" into the slab's own header, which the worker reads before it
-  takes a slab. A slab whose batch (or any view of it) is still held is never written;
+  main process any more: the batch's tensors are views of one tensor whose memory is owned by a
+  small lease object (numpy's ``__array_interface__``), and when the last view dies the lease is
+  collected and writes "free" into the slab's own header, which the worker reads before it takes
+  a slab. A slab whose batch (or any view or slice of it) is still held is never written;
 - a worker whose slabs are all busy (the loop holds many batches) collates that batch the
   ordinary way (counted as ``fallback_batches``): the transport never blocks or deadlocks.
 
@@ -29,15 +30,17 @@ That path has not run yet (no GPU on the development machine): see README.md.
 
 from __future__ import annotations
 
+import collections
 import multiprocessing
 import os
 import secrets
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, default_collate, get_worker_info
 
@@ -48,22 +51,27 @@ MAX_WORKERS = 64  # counter rows (as loader.stats)
 WORKER_FIELDS = ("batches", "slab_batches", "fallback_batches", "slabs_allocated", "slab_bytes", "collate_cpu_s")
 
 
-def _use_count(storage: torch.UntypedStorage) -> int:
-    """Strong references to the storage's memory: our own handle plus every tensor viewing it."""
-    return int(torch._C._storage_Use_Count(storage._cdata))
-
-
 def _align(n: int) -> int:
     return -(-n // ALIGN) * ALIGN
 
 
+def _bytes(storage: torch.UntypedStorage) -> torch.Tensor:
+    """The whole slab as one uint8 tensor."""
+    return torch.empty(0, dtype=torch.uint8).set_(storage)
+
+
 def _header(storage: torch.UntypedStorage) -> torch.Tensor:
-    return torch.empty(0, dtype=torch.int64).set_(storage, 0, (2,))
+    """The slab's [state, generation]."""
+    return _bytes(storage)[:16].view(torch.int64)
 
 
-def _view(storage: torch.UntypedStorage, dtype: torch.dtype, shape: Sequence[int], offset: int) -> torch.Tensor:
-    itemsize = torch.empty(0, dtype=dtype).element_size()
-    return torch.empty(0, dtype=dtype).set_(storage, offset // itemsize, tuple(shape))
+def _view(base: torch.Tensor, f: _Field) -> torch.Tensor:
+    """Field ``f`` of a leased slab (``base``: the whole slab as uint8), sharing its memory."""
+    itemsize = torch.empty(0, dtype=f.dtype).element_size()
+    numel = 1
+    for n in f.shape:
+        numel *= n
+    return base[f.offset : f.offset + numel * itemsize].view(f.dtype).view(f.shape)
 
 
 @dataclass(frozen=True)
@@ -246,7 +254,7 @@ class _Ring:
         generation = int(slab.header[1]) + 1
         slab.header[1] = generation
         for f, (_, values) in zip(fields, tensors):
-            torch.stack(values, out=_view(slab.storage, f.dtype, f.shape, f.offset))
+            torch.stack(values, out=_view(_bytes(slab.storage), f))
         self._add("slab_batches", 1)
         return SlabBatch(slab.storage, (self.pid, self.token, index), generation, tuple(fields), others, order, pin)
 
@@ -288,24 +296,57 @@ def _rebuild(
     return _registry().adopt(storage, slab, generation, fields, others, order, pin)
 
 
-@dataclass
 class _Mapped:
-    """A slab as the main process holds it: our one reference, and whether a batch of it is out."""
+    """A slab as the main process keeps it mapped: our reference to its storage, and its lease."""
 
-    storage: torch.UntypedStorage
-    pid: int
-    pinned: bool = False
-    busy: bool = False
-    released: Any = None  # a pinned slab's CUDA event, recorded when its views died
+    def __init__(self, storage: torch.UntypedStorage, pid: int, pinned: bool) -> None:
+        self.storage, self.pid, self.pinned = storage, pid, pinned
+        self.leased = False
+
+    def lease(self, generation: int, pending: collections.deque[tuple[_Mapped, int, Any]]) -> torch.Tensor:
+        """The whole slab as one uint8 tensor whose memory is owned by a ``_Lease``: when the last
+        tensor viewing it dies, the lease dies with it and frees the slab (``release``)."""
+        self.leased = True
+        lease = _Lease(self, generation, pending)
+        return torch.from_numpy(np.asarray(lease))
+
+    def release(self, generation: int) -> None:
+        """The worker may write this slab again (runs in whichever thread dropped the last view)."""
+        header = _header(self.storage)
+        if int(header[1]) == generation:
+            header[0] = FREE
+        self.leased = False
+
+
+class _Lease:
+    """Owns a batch's view of a slab (numpy's ``__array_interface__``); frees the slab when collected.
+
+    A pinned slab is freed only once a CUDA event recorded at that moment has completed (queued in
+    ``pending``, checked at the next batch), so that a ``non_blocking`` copy from it is done.
+    """
+
+    def __init__(self, entry: _Mapped, generation: int, pending: collections.deque[tuple[_Mapped, int, Any]]) -> None:
+        self.entry, self.generation, self.pending = entry, generation, pending
+        nbytes = entry.storage.nbytes()
+        self.__array_interface__ = {"data": (entry.storage.data_ptr(), False), "shape": (nbytes,), "typestr": "|u1"}
+
+    def __del__(self) -> None:
+        if self.entry.pinned:
+            event = torch.cuda.Event()
+            event.record()
+            self.pending.append((self.entry, self.generation, event))
+        else:
+            self.entry.release(self.generation)
 
 
 class _Registry:
-    """Every slab this process has seen: kept mapped, and marked free once its batch is gone."""
+    """Every slab this process has seen, kept mapped (a slab is mapped once per process)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._slabs: dict[tuple[int, int, int], _Mapped] = {}
-        self._counts = {"rebuilt": 0.0, "mapped": 0.0, "released": 0.0, "dropped": 0.0, "rebuild_cpu_s": 0.0}
+        self._pending: collections.deque[tuple[_Mapped, int, Any]] = collections.deque()  # pinned, copies in flight
+        self._counts = {"rebuilt": 0.0, "mapped": 0.0, "dropped": 0.0, "rebuild_cpu_s": 0.0}
 
     def adopt(
         self,
@@ -319,66 +360,51 @@ class _Registry:
     ) -> dict[str, Any]:
         start = time.thread_time()
         with self._lock:
-            self._sweep()
+            while self._pending and self._pending[0][2].query():
+                done, generation_done, _ = self._pending.popleft()
+                done.release(generation_done)
             entry = self._slabs.get(slab)
             if entry is None or entry.storage.data_ptr() != storage.data_ptr():
                 if entry is not None:  # the worker replaced this slab with a larger one
                     self._drop(slab)
-                elif not any(key[:2] == slab[:2] for key in self._slabs):  # a new worker: forget dead ones
+                elif not any(key[:2] == slab[:2] for key in self._slabs):  # a new worker: forget exited ones
                     self._prune()
-                entry = self._slabs[slab] = _Mapped(storage, slab[0])
-                entry.pinned = pin and _pin(storage)
+                entry = self._slabs[slab] = _Mapped(storage, slab[0], pin and _pin(storage))
                 self._counts["mapped"] += 1
             header = _header(entry.storage)
             state, written = int(header[0]), int(header[1])
             del header
-            if state != BUSY or written != generation:  # never happens unless the protocol is broken
+            if state != BUSY or written != generation or entry.leased:  # only if the protocol is broken
                 raise RuntimeError(
-                    f"transport: slab {slab[2]} of worker pid {slab[0]} holds generation {written} (state {state}), "
-                    f"expected {generation} (busy): it was written while in use"
+                    f"transport: slab {slab[2]} of worker pid {slab[0]} holds generation {written} (state {state}, "
+                    f"leased {entry.leased}), expected {generation} (busy): it was written while in use"
                 )
+            base = entry.lease(generation, self._pending)
             batch: dict[str, Any] = {}
-            views = {f.key: _view(entry.storage, f.dtype, f.shape, f.offset) for f in fields}
+            views = {f.key: _view(base, f) for f in fields}
+            del base
             for key in order:
                 batch[key] = views[key] if key in views else others[key]
-            entry.busy = True
             self._counts["rebuilt"] += 1
             self._counts["rebuild_cpu_s"] += time.thread_time() - start
         return batch
 
-    def _sweep(self) -> None:
-        """Mark free every slab no tensor views any more (a pinned one once its copies are done)."""
-        for key, entry in list(self._slabs.items()):
-            if not entry.busy or _use_count(entry.storage) > 1:
-                continue
-            if entry.pinned:
-                if entry.released is None:
-                    entry.released = torch.cuda.Event()
-                    entry.released.record()
-                if not entry.released.query():
-                    continue
-                entry.released = None
-            entry.busy = False
-            _header(entry.storage)[0] = FREE
-            self._counts["released"] += 1
-            if not _alive(entry.pid):
-                self._drop(key)
-
     def _prune(self) -> None:
-        """Forget the slabs of workers that have exited (whose batches are all gone)."""
+        """Forget the slabs of workers that have exited and whose batches are gone."""
         for key, entry in list(self._slabs.items()):
-            if not entry.busy and not _alive(entry.pid):
+            if not entry.leased and not _alive(entry.pid):
                 self._drop(key)
 
     def _drop(self, key: tuple[int, int, int]) -> None:
         entry = self._slabs.pop(key)
-        if entry.pinned:
+        if entry.pinned and not entry.leased:
             torch.cuda.cudart().cudaHostUnregister(entry.storage.data_ptr())
         self._counts["dropped"] += 1
 
     def stats(self) -> dict[str, float]:
         with self._lock:
-            return {**self._counts, "slabs_held": float(len(self._slabs))}
+            leased = sum(e.leased for e in self._slabs.values())
+            return {**self._counts, "slabs_held": float(len(self._slabs)), "slabs_leased": float(leased)}
 
 
 def _alive(pid: int) -> bool:
