@@ -48,7 +48,7 @@ HEADER_BYTES = 64  # each slab starts with int64 [state, generation]
 ALIGN = 64  # every tensor in a slab starts on a cache line
 FREE, BUSY = 0, 1
 MAX_WORKERS = 64  # counter rows (as loader.stats)
-WORKER_FIELDS = ("batches", "slab_batches", "fallback_batches", "slabs_allocated", "slab_bytes", "collate_cpu_s")
+WORKER_FIELDS = ("batches", "samples", "slab_batches", "fallback_batches", "slabs_allocated", "slab_bytes", "collate_cpu_s")
 
 
 def _align(n: int) -> int:
@@ -131,8 +131,8 @@ class SlabCollate:
         return self._ring.pack(samples, self.collate, self.pin_memory)
 
     def stats(self) -> dict[str, Any]:
-        """Per-worker counters (batches through slabs, fallbacks, slabs and bytes allocated, collate
-        CPU seconds) summed over this DataLoader's workers, and the main process's side (batches
+        """Per-worker counters (batches and samples collated, batches through slabs, fallbacks, slabs
+        and bytes allocated, collate CPU seconds) summed over this DataLoader's workers, and the main process's side (batches
         rebuilt, slabs mapped and released, CPU seconds spent rebuilding: process-wide)."""
         n = len(WORKER_FIELDS)
         rows = [dict(zip(WORKER_FIELDS, self._counters[w * n : (w + 1) * n])) for w in range(MAX_WORKERS)]
@@ -216,6 +216,7 @@ class _Ring:
             return self._pack(samples, collate, pin)
         finally:
             self._add("batches", 1)
+            self._add("samples", len(samples))
             self._add("collate_cpu_s", time.thread_time() - start)
 
     def _pack(self, samples: list[Any], collate: Callable[[list[Any]], Any], pin: bool) -> Any:
