@@ -101,9 +101,9 @@ def _loader(spec: dict[str, Any], dataset: Any) -> DataLoader:
 def cpu_split(result: dict[str, Any], loader: DataLoader, loader_stats: dict[str, Any] | None) -> dict[str, Any]:
     """CPU ms per sample split into decode (time in the decoder per sample emitted), collation (worker
     CPU in ``collate_fn`` per sample collated) and the rest (the transport to the main process, sampling,
-    reads, the loop): ``cpu_ms_per_sample`` minus the other two. Decode and collation are per sample over
-    the whole run, the total over the measured span; the decode time is the decoder calls' wall time
-    (one FFmpeg thread each), so under load it overstates CPU and the rest comes out low."""
+    reads, the loop): ``cpu_ms_per_sample`` minus the other two. Decode (the decoding threads' CPU time,
+    ``decode_cpu_seconds``) and collation are per sample over the whole run, the total over the measured
+    span, so the rest is the least exact of the three."""
     total = result.get("cpu_ms_per_sample")
     stats = loader.collate_fn.stats() if hasattr(loader.collate_fn, "stats") else None
     if total is None or stats is None:
@@ -111,7 +111,7 @@ def cpu_split(result: dict[str, Any], loader: DataLoader, loader_stats: dict[str
     workers = stats["workers"]
     collate = 1000 * workers["collate_cpu_s"] / workers["samples"] if workers["samples"] else 0.0
     emitted = (loader_stats or {}).get("frames_emitted") or 0
-    decode = 1000 * loader_stats["decode_seconds"] / emitted if loader_stats and emitted else 0.0
+    decode = 1000 * loader_stats["decode_cpu_seconds"] / emitted if loader_stats and emitted else 0.0
     out = {
         "decode_ms": round(decode, 2),
         "collate_ms": round(collate, 2),

@@ -96,8 +96,8 @@ class EpisodePoolDataset(IterableDataset):
             decoding with collation; the frames of the next ``2 x decode_threads`` samples are
             decoded ahead, and samples keep their order. ``None`` (default) chooses by where the
             dataset is iterated (``auto_decode_threads``): one per core, up to 8, in the main
-            process (``num_workers=0``, no inter-process copy of frames), 0 in DataLoader workers
-            (the worker processes already use the cores) and with NVDEC.
+            process (``num_workers=0``, no inter-process copy of frames), the cores left per worker
+            in DataLoader workers (none with more workers than cores), 0 with NVDEC.
     """
 
     def __init__(
@@ -491,6 +491,7 @@ class EpisodePoolDataset(IterableDataset):
         stats.set("decoder_misses", decoders.counter("misses"))
         stats.set("decoder_evictions", decoders.counter("evictions"))
         stats.set("decode_seconds", decoders.counter("decode_seconds"))
+        stats.set("decode_cpu_seconds", decoders.counter("decode_cpu_seconds"))
         stats.set("frames_decoded", decoders.counter("frames_decoded"))
         return item
 

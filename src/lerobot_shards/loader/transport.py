@@ -48,7 +48,15 @@ HEADER_BYTES = 64  # each slab starts with int64 [state, generation]
 ALIGN = 64  # every tensor in a slab starts on a cache line
 FREE, BUSY = 0, 1
 MAX_WORKERS = 64  # counter rows (as loader.stats)
-WORKER_FIELDS = ("batches", "samples", "slab_batches", "fallback_batches", "slabs_allocated", "slab_bytes", "collate_cpu_s")
+WORKER_FIELDS = (
+    "batches",
+    "samples",
+    "slab_batches",
+    "fallback_batches",
+    "slabs_allocated",
+    "slab_bytes",
+    "collate_cpu_s",
+)
 
 
 def _align(n: int) -> int:
@@ -329,7 +337,12 @@ class _Lease:
     def __init__(self, entry: _Mapped, generation: int, pending: collections.deque[tuple[_Mapped, int, Any]]) -> None:
         self.entry, self.generation, self.pending = entry, generation, pending
         nbytes = entry.storage.nbytes()
-        self.__array_interface__ = {"data": (entry.storage.data_ptr(), False), "shape": (nbytes,), "typestr": "|u1"}
+        self.__array_interface__ = {
+            "data": (entry.storage.data_ptr(), False),
+            "shape": (nbytes,),
+            "typestr": "|u1",
+            "version": 3,
+        }
 
     def __del__(self) -> None:
         if self.entry.pinned:
