@@ -35,7 +35,7 @@ REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 
 from harness import data  # noqa: E402
-from harness.cases import DECODES, MODES, SOURCES, Case, expand  # noqa: E402
+from harness.cases import DECODES, MODES, SOURCES, TRANSPORTS, Case, expand  # noqa: E402
 from harness.runner import LEROBOT, baseline_command, median_round, our_command, run_case  # noqa: E402
 from harness.shaper import PROFILES, Profile  # noqa: E402
 
@@ -92,6 +92,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="codec of the conversion cuda cases read ('' reads the AV1 one; Hopper NVDEC cannot decode AV1)",
     )
     ap.add_argument("--image-dtypes", default="uint8", help="uint8,float32")
+    ap.add_argument(
+        "--transports",
+        default=",".join(TRANSPORTS),
+        help="with workers, how batches reach the main process: queue (the DataLoader's default collate), "
+        "slab (loader.transport.SlabCollate)",
+    )
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--pool-size", type=int, default=8)
     ap.add_argument("--prefetch-factor", type=int, default=4)
@@ -161,7 +167,13 @@ def _git() -> str | None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     sources, modes, decodes = _list(args.sources), _list(args.modes), _list(args.decodes)
-    for values, allowed, what in ((sources, SOURCES, "source"), (modes, MODES, "mode"), (decodes, DECODES, "decode")):
+    transports = _list(args.transports)
+    for values, allowed, what in (
+        (sources, SOURCES, "source"),
+        (modes, MODES, "mode"),
+        (decodes, DECODES, "decode"),
+        (transports, TRANSPORTS, "transport"),
+    ):
         bad = sorted(set(values) - set(allowed))
         if bad:
             raise SystemExit(f"unknown {what} {bad}; choose from {', '.join(allowed)}")
@@ -178,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         baselines=list(baselines),
         baseline_datasets=_list(args.baseline_datasets),
         limits=not args.no_limits,
+        transports=tuple(transports),
         batch_size=args.batch_size,
         pool_size=args.pool_size,
         prefetch_factor=args.prefetch_factor,

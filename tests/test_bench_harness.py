@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from harness.cases import Case, camera_offsets, delta_timestamps, expand  # noqa: E402
-from harness.report import targets  # noqa: E402
+from harness.report import targets, throughput_groups  # noqa: E402
 from harness.runner import median_round  # noqa: E402
 from harness.shaper import Profile, ShapedProxy  # noqa: E402
 
@@ -140,8 +140,43 @@ def test_workers_0_is_held_against_lerobots_best_worker_count() -> None:
     ]
     found = [t for t in targets(results) if "LeRobot" in t["target"] or "lerobot" in t["target"]]
     assert len(found) == 1 and found[0]["workers"] == 0
-    assert found[0]["target"] == "converted-local (w0, 2 threads) >= 1.5x lerobot-0.6.1:map (best: w4)"
+    assert found[0]["target"] == "converted-local (w0, 2 threads) >= 2x lerobot-0.6.1:map (best: w4)"
     assert found[0]["value"] == "2.00x" and found[0]["result"] == "met"
+
+
+def test_throughput_chart_has_one_labelled_bar_per_configuration_grouped_by_source() -> None:
+    def row(loader: str, source: str, workers: int, sps: float, mode: str = "act") -> dict:
+        common = {"decode": "cpu", "dtype": "uint8", "status": "ok"}
+        return {"loader": loader, "source": source, "mode": mode, "workers": workers, "samples_per_s": sps, **common}
+
+    rows = [
+        row("ours", "converted-local", 0, 150.0),
+        row("ours", "converted-local", 2, 120.0),
+        row("ours slab", "converted-local", 2, 140.0),
+        row("ours", "raw-local", 2, 110.0),
+        row("lerobot-0.4.4:map", "raw-local", 2, 60.0),
+        row("lerobot-0.6.1:map", "raw-local", 2, 75.0),
+        row("lerobot-0.6.1:map", "raw-local", 4, 80.0),
+        row("pure-decode", "converted-local", 2, 160.0),
+        row("ceiling slab", "converted-local", 2, 900.0),
+        row("ours", "converted-local", 2, 999.0, mode="long"),  # another mode: another chart
+    ]
+    groups = throughput_groups(rows, "act")
+    assert [title for title, _ in groups] == [
+        "ours, raw-local",
+        "ours, converted-local",
+        "LeRobot (raw-local)",
+        "limits",
+    ]
+    labels = [b["label"] for _, bars in groups for b in bars]
+    assert labels == ["w2", "w0", "w2", "w2 slab", "0.4.4 map w2", "0.6.1 map w2", "0.6.1 map w4", "decode w2"] + [
+        "ceiling slab w2"
+    ]
+    bars = {b["label"]: b for _, bs in groups for b in bs}
+    assert bars["w2 slab"]["ratio"] == 140.0 / 80.0  # the newest LeRobot at its best worker count
+    assert bars["0.4.4 map w2"]["ratio"] == 60.0 / 80.0 and bars["decode w2"]["style"] == "limit"
+    assert {b["style"] for _, bs in groups[:2] for b in bs} == {"ours w0", "ours workers", "ours workers slab"}
+    assert {b["style"] for b in groups[2][1]} == {"LeRobot"}
 
 
 def test_tiny_matrix_end_to_end(tmp_path: Path) -> None:
@@ -156,6 +191,14 @@ def test_tiny_matrix_end_to_end(tmp_path: Path) -> None:
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     results = {p.stem: json.loads(p.read_text()) for p in out.glob("*.json")}
     assert {r["case"]["kind"] for r in results.values()} == {"ours", "pure-decode", "ceiling"}
+    # with workers, ours and the ceiling run through both transports
+    assert sorted(
+        (r["case"]["kind"], r["case"]["transport"]) for r in results.values() if r["case"]["kind"] != "pure-decode"
+    ) == [
+        ("ceiling", "queue"),
+        ("ceiling", "slab"),
+        *[("ours", t) for t in ("queue", "queue", "slab", "slab")],
+    ]
     for name, r in results.items():
         assert r["status"] == "ok", (name, r.get("error"), r.get("log_tail"))
         assert r["samples_per_s"] > 0 and r["config"]["size"] == "tiny" and r["config"]["rounds"] == 2
@@ -171,6 +214,13 @@ def test_tiny_matrix_end_to_end(tmp_path: Path) -> None:
         assert r["measured_batches"] == 2 and r["samples"] == 16 and r["first_batch_s"] > 0
         assert r["wait_s"]["p50"] is not None and r["decoder_hit_rate"] is not None
         assert r["storage_bytes_per_sample"] > 0 and r["memory"]["workers"]
+        split = r["cpu_split_ms"]
+        assert split["decode_ms"] > 0 and split["collate_ms"] > 0
+        assert split["rest_ms"] == pytest.approx(
+            r["cpu_ms_per_sample"] - split["decode_ms"] - split["collate_ms"], abs=0.02
+        )
+        if r["case"]["transport"] == "slab":
+            assert split["transport"]["slab_batches"] > 0 and split["transport"]["main"]["rebuilt"] > 0
     summary = (out / "summary.md").read_text()
     assert "## Targets" in summary and "converted-bucket >= 0.8x converted-local" in summary
     assert "cpu_ms_per_sample" in summary and "median of 2 interleaved rounds" in summary

@@ -198,11 +198,14 @@ def test_decode_threads_rejects_bad_values(pair) -> None:
 
 
 @pytest.mark.parametrize("workers", [0, 2])
-def test_automatic_decode_threads_one_per_core_in_the_main_process_none_in_workers(pair, workers: int) -> None:
+def test_automatic_decode_threads_one_per_core_in_the_main_process_the_cores_left_in_workers(
+    pair, workers: int
+) -> None:
     ds = EpisodePoolDataset(str(pair[1]), seed=13, episode_pool_size=2, episodes_per_shard=2)
     assert ds.decode_threads is None
     batches = list(DataLoader(ds, batch_size=4, num_workers=workers))
-    expected = min(8, len(os.sched_getaffinity(0))) if workers == 0 else 0
+    cpus = len(os.sched_getaffinity(0))
+    expected = min(8, cpus) if workers == 0 else workers * min(8, cpus // workers)  # summed over the workers
     total = ds.stats()["total"]
     assert total["decode_threads"] == expected
     assert sum(len(b["index"]) for b in batches) == total["frames_emitted"] > 0

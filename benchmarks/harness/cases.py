@@ -16,6 +16,7 @@ from typing import Any
 SOURCES = ("raw-local", "converted-local", "raw-bucket", "converted-bucket", "converted-bucket-warm")
 MODES = ("frame", "act", "long")
 DECODES = ("cpu", "cuda")
+TRANSPORTS = ("queue", "slab")  # worker -> main: the DataLoader's default collate, or loader.transport
 STATE, ACTION = "observation.state", "action"
 ACT_CHUNK = 50  # ACT / pi0-like action chunk
 LONG_STEPS, LONG_FRAMES = 160, 8  # reward-model window: 160 steps of state/action, 8 frames over it
@@ -59,6 +60,7 @@ class Case:
     image_dtype: str = "uint8"
     resize: list[int] | None = None
     label: str = ""  # names a variant (e.g. loader options under test); part of the case name
+    transport: str = "queue"  # with workers: "queue" (the DataLoader's default collate) or "slab" (SlabCollate)
     loader_opts: dict[str, Any] = field(default_factory=dict)  # passed to EpisodePoolDataset as is
 
     @property
@@ -66,6 +68,8 @@ class Case:
         parts = [self.kind.replace(":", "-"), self.source, self.mode, self.decode, f"w{self.workers}", self.image_dtype]
         if self.label:
             parts.append(self.label)
+        if self.transport != "queue":
+            parts.append(self.transport)
         if self.loader_opts:  # distinct options never overwrite each other's results
             parts.append(hashlib.sha1(json.dumps(self.loader_opts, sort_keys=True).encode()).hexdigest()[:6])
         return "__".join(parts)
@@ -84,20 +88,26 @@ def expand(
     baselines: list[str],
     baseline_datasets: list[str],
     limits: bool,
+    transports: tuple[str, ...] = ("queue",),
     **common: Any,
 ) -> list[Case]:
     """Every case of the matrix, ours first, then baselines and limits (raw-local, cpu), per mode.
+
+    Ours and the DataLoader ceiling run once per transport (``TRANSPORTS``) when they have workers
+    (without workers nothing crosses a process boundary).
 
     LeRobot's baselines run only at worker counts above 0: its loaders are always measured with
     DataLoader workers, and ours at workers=0 (decode threads in the main process) is compared
     with LeRobot's best worker count instead (``report.targets``).
     """
+    ways = lambda w: transports if w else ("queue",)  # noqa: E731
     cases = [
-        Case("ours", s, m, d, w, image_dtype=t, **common)
+        Case("ours", s, m, d, w, image_dtype=t, transport=x, **common)
         for m in modes
         for s in sources
         for d in decodes
         for w in workers
+        for x in ways(w)
         for t in image_dtypes
     ]
     for m in modes:
@@ -111,6 +121,8 @@ def expand(
             if limits:
                 cases.append(Case("pure-decode", "converted-local", m, "cpu", w, image_dtype="uint8", **common))
                 cases += [
-                    Case("ceiling", "converted-local", m, "cpu", w, image_dtype=t, **common) for t in image_dtypes
+                    Case("ceiling", "converted-local", m, "cpu", w, image_dtype=t, transport=x, **common)
+                    for x in ways(w)
+                    for t in image_dtypes
                 ]
     return cases

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import random
 import sys
@@ -23,7 +24,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
-from torch.utils.data import DataLoader, IterableDataset, get_worker_info  # noqa: E402
+from torch.utils.data import DataLoader, IterableDataset, default_collate, get_worker_info  # noqa: E402
 
 from harness.cases import camera_offsets, delta_timestamps  # noqa: E402
 from harness.measure import drive, run_main, tree_cpu_seconds  # noqa: E402
@@ -64,14 +65,62 @@ def _dataset(spec: dict[str, Any], source: str | None = None, **overrides: Any) 
     return EpisodePoolDataset(url, **kwargs)
 
 
+class TimedCollate:
+    """torch's ``default_collate``, counting the CPU time it takes in each worker (``transport: queue``):
+    the same counters as ``SlabCollate.stats()["workers"]``, so both transports split CPU alike."""
+
+    def __init__(self) -> None:
+        self._counters = multiprocessing.Array("d", 2, lock=False)  # samples, collate CPU seconds
+
+    def __call__(self, samples: list[Any]) -> Any:
+        start = time.thread_time()
+        try:
+            return default_collate(samples)
+        finally:
+            self._counters[0] += len(samples)
+            self._counters[1] += time.thread_time() - start
+
+    def stats(self) -> dict[str, Any]:
+        return {"workers": {"samples": self._counters[0], "collate_cpu_s": self._counters[1]}}
+
+
 def _loader(spec: dict[str, Any], dataset: Any) -> DataLoader:
+    from lerobot_shards.loader.transport import SlabCollate
+
     case = spec["case"]
     extra: dict[str, Any] = {}
     if case["workers"]:
         extra["prefetch_factor"] = case["prefetch_factor"]
+        slab = case.get("transport") == "slab"
+        extra["collate_fn"] = SlabCollate(case["prefetch_factor"] + 2) if slab else TimedCollate()
         if case["decode"] != "cpu":
             extra["multiprocessing_context"] = "spawn"  # CUDA cannot start in forked workers
     return DataLoader(dataset, batch_size=case["batch_size"], num_workers=case["workers"], **extra)
+
+
+def cpu_split(result: dict[str, Any], loader: DataLoader, loader_stats: dict[str, Any] | None) -> dict[str, Any]:
+    """CPU ms per sample split into decode (time in the decoder per sample emitted), collation (worker
+    CPU in ``collate_fn`` per sample collated) and the rest (the transport to the main process, sampling,
+    reads, the loop): ``cpu_ms_per_sample`` minus the other two. Decode (the decoding threads' CPU time,
+    ``decode_cpu_seconds``) and collation are per sample over the whole run, the total over the measured
+    span, so the rest is the least exact of the three."""
+    total = result.get("cpu_ms_per_sample")
+    stats = loader.collate_fn.stats() if hasattr(loader.collate_fn, "stats") else None
+    if total is None or stats is None:
+        return {}
+    workers = stats["workers"]
+    collate = 1000 * workers["collate_cpu_s"] / workers["samples"] if workers["samples"] else 0.0
+    emitted = (loader_stats or {}).get("frames_emitted") or 0
+    decode = 1000 * loader_stats["decode_cpu_seconds"] / emitted if loader_stats and emitted else 0.0
+    out = {
+        "decode_ms": round(decode, 2),
+        "collate_ms": round(collate, 2),
+        "rest_ms": round(total - decode - collate, 2),
+    }
+    if "slab_batches" in workers:
+        out["transport"] = {k: v for k, v in workers.items() if k not in ("samples", "collate_cpu_s")}
+        out["transport"]["main"] = stats["main"]
+    return out
 
 
 def _frames_per_sample(spec: dict[str, Any]) -> int:
@@ -103,12 +152,14 @@ def run_loader(spec: dict[str, Any]) -> dict[str, Any]:
     if spec["case"]["decode"] != "cpu" and not torch.cuda.is_available():
         return {"status": "skipped", "note": "no CUDA device on this machine"}
     dataset = _dataset(spec)
-    result = _drive(spec, _loader(spec, dataset))
+    loader = _loader(spec, dataset)
+    result = _drive(spec, loader)
     total = dataset.stats()["total"]
     lookups = total["decoder_hits"] + total["decoder_misses"]
     result["decoder_hit_rate"] = round(total["decoder_hits"] / lookups, 4) if lookups else None
     result["loader_stats"] = total
     result["decode_threads"] = int(total["decode_threads"])  # the default's choice, summed over consumers
+    result["cpu_split_ms"] = cpu_split(result, loader, total)
     return result
 
 
@@ -145,7 +196,10 @@ def run_ceiling(spec: dict[str, Any]) -> dict[str, Any]:
     sample = next(iter(_dataset(spec)))
     n = (_warmup_batches(spec) + spec["batches"]) * case["batch_size"]
     dataset = TemplateDataset(sample, n, float_images=case["image_dtype"] == "float32")
-    return _drive(spec, _loader(spec, dataset))
+    loader = _loader(spec, dataset)
+    result = _drive(spec, loader)
+    result["cpu_split_ms"] = cpu_split(result, loader, None)
+    return result
 
 
 def run_pure_decode(spec: dict[str, Any]) -> dict[str, Any]:

@@ -103,6 +103,7 @@ class DecoderCache:
         self._unreadable: dict[str, DecodeError] = {}
         self.hits = self.misses = self.evictions = 0
         self.decode_seconds = 0.0
+        self.decode_cpu_seconds = 0.0
         self.frames_decoded = 0
 
     def _decoder(self, clip: ClipRef) -> VideoDecoder:
@@ -166,7 +167,7 @@ class DecoderCache:
             raise unreadable
         try:
             decoder = self._decoder(clip)
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.thread_time()
             frames = decoder.get_frames_at([clip.first_frame + int(i) for i in indices]).data
         except Exception as e:  # torchcodec's errors name neither the clip nor the frame
             self._forget(clip.cache_key)  # a decoder that failed may be left mid-stream
@@ -187,6 +188,7 @@ class DecoderCache:
             t = _plan_transform(tuple(frames.shape[-2:]), tuple(size), self.resize_mode)
             frames = transform_rgb(frames, t) if t is not None else frames
         self.decode_seconds += time.perf_counter() - start
+        self.decode_cpu_seconds += time.thread_time() - cpu  # decoding runs in this thread (one FFmpeg thread)
         self.frames_decoded += len(indices)
         return frames
 
@@ -219,13 +221,18 @@ def auto_decode_threads(device: str) -> int:
 
     In the main process (``num_workers=0``) one thread per core (at most 8) decodes in parallel
     with no inter-process copy of frames: on 2 cores this measured at the pure-decode limit,
-    above what 2 worker processes reach (``benchmarks/README.md``). In a DataLoader worker the
-    worker processes already occupy the cores, and more threads only contend; NVDEC decodes on
-    the GPU, whose decoder is not faster for more host threads.
+    above what 2 worker processes reach (``benchmarks/README.md``). In a DataLoader worker, the
+    cores left per worker (at most 8): with one, decoding runs beside the worker's collation; with
+    more, a sample's cameras also decode in parallel (as LeRobot 0.6.1 does); with more workers than
+    cores, none (inline), since more threads would only contend. NVDEC decodes on the GPU, whose
+    decoder is not faster for more host threads.
     """
-    if device != "cpu" or get_worker_info() is not None:
+    if device != "cpu":
         return 0
-    return max(1, min(MAX_AUTO_DECODE_THREADS, usable_cpus()))
+    info = get_worker_info()
+    if info is None:
+        return max(1, min(MAX_AUTO_DECODE_THREADS, usable_cpus()))
+    return min(MAX_AUTO_DECODE_THREADS, usable_cpus() // info.num_workers)
 
 
 class DecodePool:
@@ -283,7 +290,8 @@ class DecodePool:
             self._caches[i].drop(cache_key)
 
     def counter(self, name: str) -> float:
-        """A ``DecoderCache`` counter (hits, misses, evictions, decode_seconds, frames_decoded) summed."""
+        """A ``DecoderCache`` counter (hits, misses, evictions, decode_seconds, decode_cpu_seconds,
+        frames_decoded) summed."""
         return sum(getattr(c, name) for c in self._caches)
 
     def close(self) -> None:

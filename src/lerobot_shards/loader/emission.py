@@ -86,6 +86,7 @@ def emit(item: dict[str, Any], decoders: DecodePool, stats: StatSlot) -> dict[st
     stats.set("decoder_misses", decoders.counter("misses"))
     stats.set("decoder_evictions", decoders.counter("evictions"))
     stats.set("decode_seconds", decoders.counter("decode_seconds"))
+    stats.set("decode_cpu_seconds", decoders.counter("decode_cpu_seconds"))
     stats.set("frames_decoded", decoders.counter("frames_decoded"))
     return item
 

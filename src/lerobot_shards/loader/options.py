@@ -157,7 +157,8 @@ class DecodeOptions:
     # Threads decoding video in each consumer (0: in the iterating thread). torchcodec releases
     # the GIL, so threads decode in parallel; the frames of the next 2 x decode_threads samples
     # are decoded ahead and samples keep their order. None: one per core (up to 8) in the main
-    # process, 0 in DataLoader workers and with NVDEC (``decode.auto_decode_threads``).
+    # process, the cores left per worker in DataLoader workers (none with more workers than
+    # cores), 0 with NVDEC (``decode.auto_decode_threads``).
     decode_threads: int | None = None
     # FFmpeg threads per clip (0: FFmpeg's choice). 1 is fastest for random access (threaded
     # decoders flush on every seek) and keeps many workers from oversubscribing cores.

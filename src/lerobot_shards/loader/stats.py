@@ -23,6 +23,7 @@ STAT_FIELDS = (
     "decoder_misses",
     "decoder_evictions",
     "decode_seconds",
+    "decode_cpu_seconds",  # CPU time of the decoding threads (decode_seconds is their wall time)
     "frames_decoded",
     "fast_forward_samples",
     "fast_forward_seconds",
