@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .errors import redact
+from .errors import redact, without_credentials
 from .names import UnsafeNameError, check_name, check_relpath
 from .shard_plan import EpisodeSize
 from .timeouts import bounded, open_bounded, with_timeouts
@@ -179,6 +179,7 @@ class LeRobotV3Source:
     def __init__(
         self, root: str, *, storage_options: dict[str, Any] | None = None, allow_missing_files: bool = False
     ) -> None:
+        without_credentials(str(root))  # registers a URL's password as a secret: never printed
         storage_options = with_timeouts(str(root), storage_options)  # no read waits on a silent server for long
         self.fs, self.root = fsspec.core.url_to_fs(str(root), **(storage_options or {}))
         self.root = self.root.rstrip("/")

@@ -29,7 +29,7 @@ from typing import Any, BinaryIO, TypeVar
 import fsspec
 from fsspec.callbacks import Callback
 
-from ..errors import redact, register_secrets
+from ..errors import redact, register_secrets, without_credentials
 from ..format import MANIFEST_NAME, MAX_MANIFEST_BYTES, SHARDS_DIR, TMP_SUFFIX
 from ..names import check_relpath
 from ..safe_io import UnsafePathError, is_inside, read_small
@@ -107,6 +107,7 @@ class Destination:
     """
 
     def __init__(self, url: str, *, storage_options: dict[str, Any] | None = None) -> None:
+        without_credentials(str(url))  # registers a URL's password as a secret: never printed
         storage_options = with_timeouts(str(url), storage_options)  # no call waits on a silent server for long
         self.fs, root = fsspec.core.url_to_fs(str(url), **(storage_options or {}))
         self.root = root.rstrip("/")

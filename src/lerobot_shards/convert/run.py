@@ -28,6 +28,7 @@ from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from .. import __version__
+from ..errors import quiet_storage_loggers, without_credentials
 from ..format import (
     FORMAT_VERSION,
     MANIFEST_NAME,
@@ -54,8 +55,9 @@ RUN_RECORD_FORMAT = "lerobot-shards-convert"
 
 
 def _source_url(source: str | Path) -> str:
+    """The source as ``convert.json`` and the manifest record it: absolute, without credentials."""
     text = str(source)
-    return text if "://" in text else os.path.abspath(text)
+    return without_credentials(text) if "://" in text else os.path.abspath(text)
 
 
 def run_record(source_url: str, options: ConvertOptions, plan: Sequence[PlannedShard]) -> dict[str, Any]:
@@ -194,6 +196,7 @@ def _init_worker(
     root = logging.getLogger()
     root.handlers[:] = [logging.handlers.QueueHandler(queue)]
     root.setLevel(log_level)
+    quiet_storage_loggers()
     _worker.update(
         source=LeRobotV3Source(source[0], storage_options=source[1], allow_missing_files=skip_bad_episodes),
         dest=Destination(dest[0], storage_options=dest[1]),

@@ -26,7 +26,7 @@ import pyarrow.compute  # noqa: F401  (see below)
 import pyarrow.parquet as pq
 
 from .. import format as fmt
-from ..errors import register_secrets
+from ..errors import register_secrets, without_credentials
 from ..lerobot_v3 import IMAGE_DTYPE, VIDEO_DTYPE, LeRobotV3Source, SourceError, numpy_of, protocols
 from ..names import check_name
 from ..safe_io import check_local_file, read_small
@@ -152,6 +152,7 @@ def open_source(
     worker opens its own source, and a spawned worker starts with nothing registered.
     """
     register_secrets(storage_options)
+    without_credentials(str(url))  # registers a URL's password as a secret: never printed
     with reading(str(url)):
         return _open_source(
             str(url), storage_options, cache_dir, cache_max_bytes, shard_bytes, episodes_per_shard, episodes
