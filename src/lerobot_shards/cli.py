@@ -26,8 +26,9 @@ class _Group(click.Group):
         except click.exceptions.ClickException as e:  # every message is redacted, whoever raised it
             from .errors import redact
 
-            e.message = redact(e.message)
-            raise
+            if isinstance(e, click.UsageError):
+                raise
+            raise click.ClickException(redact(e.message)) from None
         except (click.exceptions.Exit, click.exceptions.Abort, SystemExit):
             raise
         except KeyboardInterrupt:
