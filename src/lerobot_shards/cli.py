@@ -79,7 +79,7 @@ def _locations(*urls: str | None) -> None:
 )
 @click.option("--height", default=64, show_default=True)
 @click.option("--width", default=160, show_default=True)
-@click.option("--fps", default=30, show_default=True)
+@click.option("--fps", default=30, show_default=True, type=click.IntRange(min=1, max=1000))
 @click.option("--codec", type=click.Choice(list(CODECS)), default="h264", show_default=True)
 @click.option("--gop", default=2, show_default=True, help="Keyframe interval in frames.")
 @click.option("--crf", default=30, show_default=True)
