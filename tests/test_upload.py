@@ -4,22 +4,21 @@ skips, corrupt local shards, and no credentials or endpoints in what it writes o
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import subprocess
-import time
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from convert_helpers import CLI, output_files, run_cli
+from convert_helpers import output_files, run_cli
 from lerobot_shards.convert.destination import LOCK_NAME, Destination, TransferError
 from lerobot_shards.convert.plan import ConvertOptions
 from lerobot_shards.convert.run import convert_dataset
-from lerobot_shards.convert.upload import STALL_AFTER_ENV, UploadError, upload_dataset
+from lerobot_shards.convert.upload import UploadError, upload_dataset
 from lerobot_shards.loader import EpisodePoolDataset
 from lerobot_shards.synth import read_identity
 
@@ -104,21 +103,26 @@ def test_upload_killed_and_rerun_resumes_with_manifest_last(converted: Path, s3_
     fs = _bucket(s3_server, "upload-kill")
     options = _options(s3_server)
     root = "upload-kill/ds"
-    args = [*CLI, "upload", str(converted), f"s3://{root}", "--workers", "1", "--no-progress"]
+    # The upload's own fault-injection point: once the first shard is stored the child says so and
+    # blocks its only sending thread, so the kill lands there for sure (no timing involved).
+    child = (
+        "import json, sys, threading\n"
+        "from lerobot_shards.convert.upload import upload_dataset\n"
+        "def stop(name):\n"
+        "    print('sent', name, flush=True)\n"
+        "    threading.Event().wait()\n"
+        "upload_dataset(sys.argv[1], sys.argv[2], workers=1, storage_options=json.loads(sys.argv[3]),\n"
+        "               progress=False, on_shard_sent=stop)\n"
+    )
     proc = subprocess.Popen(
-        [*args, "--storage-options", json.dumps(options)],
-        env={**os.environ, STALL_AFTER_ENV: "1"},  # stalls before the second shard: killed there
+        [sys.executable, "-c", child, str(converted), f"s3://{root}", json.dumps(options)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
+        text=True,
     )
     try:
-        deadline = time.monotonic() + 60
-        while not fs.exists(f"{root}/shards/shard-000000.idx.json"):
-            assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, "the first shard never arrived"
-            time.sleep(0.1)
-            fs.invalidate_cache()
-        time.sleep(0.3)  # well inside the stall
+        line = proc.stdout.readline()  # blocks until the child is stopped after its first shard
+        assert line == "sent shard-000000.tar\n", (line, proc.stderr.read() if proc.poll() is not None else "")
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.communicate()

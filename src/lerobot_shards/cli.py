@@ -23,7 +23,13 @@ class _Group(click.Group):
     def invoke(self, ctx: click.Context) -> object:
         try:
             return super().invoke(ctx)
-        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort, SystemExit):
+        except click.exceptions.ClickException as e:  # every message is redacted, whoever raised it
+            from .redaction import redact
+
+            if isinstance(e, click.UsageError):
+                raise
+            raise click.ClickException(redact(e.message)) from None
+        except (click.exceptions.Exit, click.exceptions.Abort, SystemExit):
             raise
         except KeyboardInterrupt:
             raise click.ClickException("interrupted; re-run the same command to resume") from None
@@ -41,21 +47,25 @@ class _Group(click.Group):
 @click.pass_context
 def main(ctx: click.Context, verbose: int) -> None:
     """Repack LeRobot v3.0 datasets into episode-aligned tar shards and stream them."""
-    from .redaction import RedactingFormatter
+    from .redaction import RedactingFormatter, quiet_storage_loggers
 
     level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
     handler = logging.StreamHandler()
     handler.setFormatter(RedactingFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=level, handlers=[handler])
+    quiet_storage_loggers()  # -vv is our debug output, not botocore's request headers
     ctx.obj = {"locations": []}
 
 
 def _locations(*urls: str | None) -> None:
-    """Tell the error handler which paths this command works on (to name them in errors)."""
+    """Tell the error handler which paths this command works on (to name them in errors); their
+    credentials (``http://user:token@host``) are registered as secrets, never printed."""
+    from .redaction import without_credentials
+
     ctx = click.get_current_context()
     root = ctx.find_root()
     if isinstance(root.obj, dict):
-        root.obj["locations"] = [u for u in urls if u]
+        root.obj["locations"] = [without_credentials(u) for u in urls if u]
 
 
 @main.command()
@@ -69,7 +79,7 @@ def _locations(*urls: str | None) -> None:
 )
 @click.option("--height", default=64, show_default=True)
 @click.option("--width", default=160, show_default=True)
-@click.option("--fps", default=30, show_default=True)
+@click.option("--fps", default=30, show_default=True, type=click.IntRange(min=1, max=1000))
 @click.option("--codec", type=click.Choice(list(CODECS)), default="h264", show_default=True)
 @click.option("--gop", default=2, show_default=True, help="Keyframe interval in frames.")
 @click.option("--crf", default=30, show_default=True)

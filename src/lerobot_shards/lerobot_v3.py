@@ -11,6 +11,7 @@ import bisect
 import functools
 import json
 import logging
+import math
 import posixpath
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ import pyarrow.parquet as pq
 
 from .exceptions import LeRobotShardsError
 from .names import UnsafeNameError, check_name, check_relpath
-from .redaction import redact
+from .redaction import redact, without_credentials
 from .shard_plan import EpisodeSize
 from .timeouts import bounded, open_bounded, with_timeouts
 
@@ -180,6 +181,7 @@ class LeRobotV3Source:
     def __init__(
         self, root: str, *, storage_options: dict[str, Any] | None = None, allow_missing_files: bool = False
     ) -> None:
+        without_credentials(str(root))  # registers a URL's password as a secret: never printed
         storage_options = with_timeouts(str(root), storage_options)  # no read waits on a silent server for long
         self.fs, self.root = fsspec.core.url_to_fs(str(root), **(storage_options or {}))
         self.root = self.root.rstrip("/")
@@ -218,6 +220,19 @@ class LeRobotV3Source:
             raise SourceError(f"{where}: codebase_version is {version!r}, expected {CODEBASE_VERSION!r}{hint}")
         for key in ("fps", "features", "data_path", "total_episodes", "total_frames"):
             _require(info, key, where)
+        fps = info["fps"]
+        if (
+            isinstance(fps, bool)
+            or not isinstance(fps, (int, float))
+            or not math.isfinite(fps)
+            or not 0 < fps <= 10_000
+        ):
+            raise SourceError(f"{where}: fps = {fps!r} is not a frame rate (a finite number above 0)")
+        if not isinstance(info["features"], dict) or not all(isinstance(v, dict) for v in info["features"].values()):
+            raise SourceError(f"{where}: features is not an object of feature specs")
+        for key in ("total_episodes", "total_frames"):
+            if isinstance(info[key], bool) or not isinstance(info[key], int) or info[key] < 0:
+                raise SourceError(f"{where}: {key} = {info[key]!r} is not a count")
         for key in ("data_path", "video_path"):  # a template that escapes the root fails here, before any episode
             if info.get(key) is not None:
                 _template_path(info, key, where, chunk_index=0, file_index=0, video_key="camera")

@@ -41,8 +41,39 @@ _PATTERNS = [
         r"['\"])[^'\"]+"
     ),
 ]
+# Credentials inside a URL (http://user:token@host/...): whatever the URL, never printed.
+_PATTERNS.append(re.compile(r"(\b[a-z][a-z0-9+.-]*://)[^/@\s'\"]+(?=@)", re.IGNORECASE))
+# Loggers of storage clients that print credentials, signatures and endpoints at DEBUG.
+NOISY_LOGGERS = ("botocore", "aiobotocore", "s3fs", "urllib3", "aiohttp")
 _secrets: set[str] = set()
 _endpoints: set[str] = set()
+
+
+def without_credentials(url: str) -> str:
+    """``url`` without the user and password of its authority (``http://user:token@host/x`` ->
+    ``http://host/x``), for anything stored or printed; the password is registered as a secret so
+    that a message quoting the original URL is redacted too. Other text passes unchanged."""
+    text = str(url)
+    if "://" not in text:
+        return text
+    parts = urllib.parse.urlsplit(text)
+    if "@" not in parts.netloc:
+        return text
+    userinfo, host = parts.netloc.rsplit("@", 1)
+    for secret in (userinfo, *userinfo.split(":", 1)[1:]):
+        if len(secret) >= 4:
+            _secrets.add(urllib.parse.unquote(secret))
+            _secrets.add(secret)
+    return urllib.parse.urlunsplit(parts._replace(netloc=host))
+
+
+def quiet_storage_loggers(level: int = logging.WARNING) -> None:
+    """Keep the storage clients' own loggers (``NOISY_LOGGERS``) at ``level`` or above: at DEBUG,
+    botocore logs request headers with the access key id, the session token and the endpoint.
+    The CLI calls this whenever it configures logging; a training script that logs at DEBUG should
+    call it too (or ``logging.getLogger("botocore").setLevel(logging.WARNING)``)."""
+    for name in NOISY_LOGGERS:
+        logging.getLogger(name).setLevel(max(level, logging.getLogger(name).level))
 
 
 def register_secrets(options: Mapping[str, Any] | None) -> None:

@@ -32,7 +32,7 @@ from fsspec.callbacks import Callback
 from ..exceptions import LeRobotShardsError
 from ..format import MANIFEST_NAME, MAX_MANIFEST_BYTES, SHARDS_DIR, TMP_SUFFIX
 from ..names import check_relpath
-from ..redaction import redact, register_secrets
+from ..redaction import redact, register_secrets, without_credentials
 from ..safe_io import UnsafePathError, is_inside, read_small
 from ..timeouts import bounded, is_timeout, open_bounded, with_timeouts
 
@@ -108,6 +108,7 @@ class Destination:
     """
 
     def __init__(self, url: str, *, storage_options: dict[str, Any] | None = None) -> None:
+        without_credentials(str(url))  # registers a URL's password as a secret: never printed
         storage_options = with_timeouts(str(url), storage_options)  # no call waits on a silent server for long
         self.fs, root = fsspec.core.url_to_fs(str(url), **(storage_options or {}))
         self.root = root.rstrip("/")

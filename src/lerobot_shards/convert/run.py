@@ -42,6 +42,7 @@ from ..format import (
     sidecar_name,
 )
 from ..lerobot_v3 import LeRobotV3Source
+from ..redaction import quiet_storage_loggers, without_credentials
 from ..resize import resized_features
 from ..shard_plan import PlannedShard
 from .destination import LOCK_NAME, RUN_RECORD, Destination, DestinationBusy
@@ -55,8 +56,9 @@ RUN_RECORD_FORMAT = "lerobot-shards-convert"
 
 
 def _source_url(source: str | Path) -> str:
+    """The source as ``convert.json`` and the manifest record it: absolute, without credentials."""
     text = str(source)
-    return text if "://" in text else os.path.abspath(text)
+    return without_credentials(text) if "://" in text else os.path.abspath(text)
 
 
 def run_record(source_url: str, options: ConvertOptions, plan: Sequence[PlannedShard]) -> dict[str, Any]:
@@ -200,6 +202,7 @@ def _init_worker(setup: _WorkerSetup, queue: Any) -> None:
     root = logging.getLogger()
     root.handlers[:] = [logging.handlers.QueueHandler(queue)]
     root.setLevel(setup.log_level)
+    quiet_storage_loggers()
     source = LeRobotV3Source(
         setup.source[0], storage_options=setup.source[1], allow_missing_files=setup.run.skip_bad_episodes
     )

@@ -27,10 +27,10 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import posixpath
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,8 +47,7 @@ from .run import claim
 log = logging.getLogger(__name__)
 
 DEFAULT_WORKERS = 8
-# For tests only: after this many shards are sent, the upload stalls (a test kills it at a known point).
-STALL_AFTER_ENV = "LEROBOT_SHARDS_TEST_UPLOAD_STALL_AFTER"
+ShardSent = Callable[[str], None]  # receives a shard's name once its tar and sidecar are stored
 
 
 class UploadError(LeRobotShardsError, RuntimeError):
@@ -135,31 +134,24 @@ def _already_there(dest: Destination, shard: LocalShard, remote_sizes: dict[str,
 class _Sender:
     """Sends shards (tar, then sidecar) from worker threads, feeding one byte progress bar."""
 
-    def __init__(self, dest: Destination, bar: tqdm) -> None:
+    def __init__(self, dest: Destination, bar: tqdm, on_sent: ShardSent | None) -> None:
         self.dest = dest
         self.bar = bar
         self.lock = threading.Lock()
-        self.sent_shards = 0
-        stall = os.environ.get(STALL_AFTER_ENV)
-        self.stall_after = int(stall) if stall else None
+        self.on_sent = on_sent
 
     def progress(self, n: int) -> None:
         with self.lock:
             self.bar.update(n)
 
     def send(self, shard: LocalShard) -> None:
-        with self.lock:
-            stall = self.stall_after is not None and self.sent_shards >= self.stall_after
-        if stall:
-            log.warning("%s is set: stalling before %s", STALL_AFTER_ENV, shard.name)
-            threading.Event().wait()
         check_local_shard(shard)
         self.dest.put_file(str(shard.tar), _rel(shard.name), progress=self.progress, parts_at_once=1)
         self.dest.write_bytes(_rel(shard.sidecar_name), shard.sidecar)
         self.progress(len(shard.sidecar))
-        with self.lock:
-            self.sent_shards += 1
         log.debug("sent %s (%d bytes) and its sidecar", shard.name, shard.size)
+        if self.on_sent is not None:
+            self.on_sent(shard.name)
 
 
 def upload_dataset(
@@ -170,11 +162,14 @@ def upload_dataset(
     storage_options: dict[str, Any] | None = None,
     overwrite: bool = False,
     progress: bool = True,
+    on_shard_sent: ShardSent | None = None,
 ) -> UploadSummary:
     """Upload the finished conversion at ``out`` to ``url`` (any fsspec URL); returns what was sent and skipped.
 
     Re-running resumes: shards already at ``url`` are skipped. ``url`` must be empty, hold this
     same conversion (its ``convert.json``), or ``overwrite`` must be given.
+    ``on_shard_sent(name)`` is called from the sending thread once a shard's tar and sidecar are
+    both stored (progress reporting; a test stops an upload at a known point through it).
     """
     start = time.monotonic()
     out = Path(out)
@@ -193,7 +188,9 @@ def upload_dataset(
     dest = Destination(url, storage_options=storage_options)
     try:
         with dest.lock(None):  # a local destination: no convert or upload writes there meanwhile
-            return _upload(out, dest, manifest_bytes, record, shards, workers, overwrite, progress, start)
+            return _upload(
+                out, dest, manifest_bytes, record, shards, workers, overwrite, progress, start, on_shard_sent
+            )
     except DestinationBusy as e:
         raise UploadError(str(e)) from None
 
@@ -208,6 +205,7 @@ def _upload(
     overwrite: bool,
     progress: bool,
     start: float,
+    on_shard_sent: ShardSent | None,
 ) -> UploadSummary:
     claim(dest, record, overwrite=overwrite)
     remote_sizes = dest.sizes(SHARDS_DIR)
@@ -236,7 +234,7 @@ def _upload(
     )
     if todo:
         dest.remove(MANIFEST_NAME)  # readers must not see the manifest while its shards change
-    _send(dest, todo, workers=workers, progress=progress)
+    _send(dest, todo, workers=workers, progress=progress, on_shard_sent=on_shard_sent)
     summary.uploaded_files += 2 * len(todo)
     summary.uploaded_bytes += sum(s.size + len(s.sidecar) for s in todo)
 
@@ -251,13 +249,15 @@ def _upload(
     return summary
 
 
-def _send(dest: Destination, todo: list[LocalShard], *, workers: int, progress: bool) -> None:
+def _send(
+    dest: Destination, todo: list[LocalShard], *, workers: int, progress: bool, on_shard_sent: ShardSent | None
+) -> None:
     """Send the shards in ``workers`` threads; on the first failure the rest are cancelled and it is raised."""
     total = sum(s.size + len(s.sidecar) for s in todo)
     bar = tqdm(
         total=total, unit="B", unit_scale=True, desc="upload", disable=not progress or not todo, dynamic_ncols=True
     )
-    sender = _Sender(dest, bar)
+    sender = _Sender(dest, bar, on_shard_sent)
     with logging_redirect_tqdm(), bar, ThreadPoolExecutor(max(1, workers), thread_name_prefix="upload") as pool:
         futures = [pool.submit(sender.send, s) for s in todo]
         wait(futures, return_when=FIRST_EXCEPTION)

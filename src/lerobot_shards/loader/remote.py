@@ -7,10 +7,21 @@ and source applies them); they are re-exported here for the loader.
 from __future__ import annotations
 
 import contextlib
+import errno
 from collections.abc import Iterator
 
 from ..redaction import redact
 from ..timeouts import BOTOCORE_RETRIES, CONNECT_TIMEOUT_S, READ_HINT, READ_TIMEOUT_S, with_timeouts
+
+# Errors of the local disk (the node cache): a hint about the storage server would mislead.
+LOCAL_HINTS = {
+    errno.ENOSPC: "the disk of cache_dir is full; free space, lower cache_max_bytes or choose another cache_dir",
+    errno.EDQUOT: "the disk quota of cache_dir is exceeded; free space or choose another cache_dir",
+    errno.EROFS: "cache_dir is on a read-only file system; choose a writable cache_dir",
+    errno.EISDIR: "a directory stands where the cache keeps a file; remove it from cache_dir",
+    errno.ENOTDIR: "a file stands where the cache keeps a folder; remove it from cache_dir",
+    errno.EACCES: "permission denied in cache_dir; fix its permissions or choose another cache_dir",
+}
 
 __all__ = ["BOTOCORE_RETRIES", "CONNECT_TIMEOUT_S", "READ_HINT", "READ_TIMEOUT_S", "reading", "with_timeouts"]
 
@@ -28,5 +39,10 @@ def reading(where: str) -> Iterator[None]:
         yield
     except (ValueError, LookupError, FileNotFoundError, PermissionError):
         raise
+    except OSError as e:
+        if e.errno in LOCAL_HINTS:  # the local disk's problem (the cache's), not the storage server's
+            path = f" ({e.filename})" if e.filename else ""
+            raise OSError(e.errno, redact(f"{where}: {e.strerror}{path}; {LOCAL_HINTS[e.errno]}")) from None
+        raise OSError(redact(f"{where}: cannot read it ({type(e).__name__}: {e}); {READ_HINT}")) from None
     except Exception as e:
         raise OSError(redact(f"{where}: cannot read it ({type(e).__name__}: {e}); {READ_HINT}")) from None

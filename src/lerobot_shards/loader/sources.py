@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 from .. import format as fmt
 from ..lerobot_v3 import IMAGE_DTYPE, VIDEO_DTYPE, LeRobotV3Source, SourceError, numpy_of, protocols
 from ..names import check_name
-from ..redaction import register_secrets
+from ..redaction import register_secrets, without_credentials
 from ..safe_io import check_local_file, read_small
 from ..shard_plan import plan_shards
 from ..timeouts import bounded
@@ -166,6 +166,7 @@ def open_source(
     """
     storage_options = with_timeouts(str(url), storage_options)
     register_secrets(storage_options)
+    without_credentials(str(url))  # registers a URL's password as a secret: never printed
     with reading(str(url)):
         return _open_source(
             str(url), storage_options, cache_dir, cache_max_bytes, shard_bytes, episodes_per_shard, episodes, metadata
