@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
@@ -117,14 +118,10 @@ class ReadOptions:
     def __post_init__(self) -> None:
         if self.storage_options is not None and not isinstance(self.storage_options, Mapping):
             raise ValueError(f"storage_options must be a dict or None, got {type(self.storage_options).__name__}")
-        if (
-            self.cache_dir is not None
-            and not isinstance(self.cache_dir, (str, bytes))
-            and not hasattr(self.cache_dir, "__fspath__")
-        ):
-            raise ValueError(f"cache_dir must be a path or None, got {self.cache_dir!r}")
         if self.cache_dir is not None:
-            object.__setattr__(self, "cache_dir", str(self.cache_dir))
+            if not isinstance(self.cache_dir, (str, os.PathLike)) or not isinstance(os.fspath(self.cache_dir), str):
+                raise ValueError(f"cache_dir must be a path or None, got {self.cache_dir!r}")
+            object.__setattr__(self, "cache_dir", os.fspath(self.cache_dir))
         _int("cache_max_bytes", self.cache_max_bytes, 1, none="half the cache disk's free space")
         _int(
             "prefetch_episodes",
