@@ -181,3 +181,23 @@ def test_repo_id_alone_resolves_lerobots_home() -> None:
     assert dataset_url(cfg) == str(Path(HF_LEROBOT_HOME) / "me/so101")
     cfg.dataset.root = "s3://bucket/shards"
     assert dataset_url(cfg) == "s3://bucket/shards"
+
+
+def test_resume_with_workers_across_an_epoch_end(written, tmp_path: Path) -> None:
+    """Raw source, 2 DataLoader workers, batch 8 (18 batches an epoch): resumed at step 12, the run crosses
+    into epoch 1 as the uninterrupted one did and ends with the same weights."""
+    import shutil
+
+    args = [*_args(str(written.raw), tmp_path / "a", ACT, steps=24, save_freq=12), "--batch_size=8", "--num_workers=2"]
+    run([*CLI, "train", *args], tmp_path / "a.txt", env(), TIMEOUT)
+    b = tmp_path / "b"  # the same run as it stood after its step-12 checkpoint
+    shutil.copytree(tmp_path / "a", b, symlinks=True)
+    shutil.rmtree(b / "checkpoints/000024")
+    (b / "checkpoints/last").unlink()
+    (b / "checkpoints/last").symlink_to("000012")
+    config = b / "checkpoints/000012/pretrained_model/train_config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "output_dir": str(b)}))
+    run([*CLI, "train", "--resume=true", f"--config_path={config}"], tmp_path / "b.txt", env(), TIMEOUT)
+    state = json.loads((b / "checkpoints/000024/training_state/lerobot_shards_data.json").read_text())
+    assert (state["epoch"], state["batches_consumed"], state["num_workers"]) == (1, 6, 2)
+    assert _weights_hash(b / "checkpoints/000024") == _weights_hash(tmp_path / "a/checkpoints/000024")

@@ -148,6 +148,8 @@ class LeRobotMeta:
         self.tasks = pd.DataFrame({"task_index": range(len(meta.tasks))}, index=pd.Index(meta.tasks, name="task"))
 
     def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):  # unpickling (spawned DataLoader workers) asks before _meta is set
+            raise AttributeError(name)
         return getattr(self._meta, name)
 
 
@@ -207,9 +209,10 @@ def _make_datasets(original: Any, run: type[_Run], argv: Sequence[str]) -> Any:
         from lerobot.datasets.factory import resolve_delta_timestamps
         from lerobot.utils.constants import IMAGENET_STATS
 
-        if _given(argv, "num_workers"):
+        if _given(argv, "num_workers") or cfg.resume:  # a resume keeps the saved run's workers: the same streams
             decode_threads = None
-            run.layout = f"num_workers={cfg.num_workers} (given), decode threads automatic"
+            why = "given" if _given(argv, "num_workers") else "the checkpoint's"
+            run.layout = f"num_workers={cfg.num_workers} ({why}), decode threads automatic"
         else:
             ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
             cfg.num_workers, decode_threads = choose_layout(usable_cpus(), ranks)
