@@ -16,7 +16,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from lerobot_shards.loader import EpisodePoolDataset
+from lerobot_shards.loader import DeviceFeeder, EpisodePoolDataset
 from lerobot_shards.loader.transport import SlabCollate, slab_loader
 from lerobot_shards.synth import read_identity
 
@@ -102,6 +102,19 @@ def test_a_resumed_epoch_through_slabs_equals_the_plain_resume(synth) -> None:
     plain_ds.set_epoch(1)
     again = list(DataLoader(plain_ds, batch_size=BATCH, num_workers=2))
     assert _compare(again, iter(loader)) == len(again)
+
+
+def test_spawned_workers_and_the_device_feeder(synth) -> None:
+    """CUDA decoding needs spawned workers; DeviceFeeder converts what the slabs carry (here on the CPU)."""
+    plain = list(DataLoader(_dataset(synth, image_dtype=torch.uint8), batch_size=BATCH, num_workers=2))
+    spawned = slab_loader(
+        _dataset(synth, image_dtype=torch.uint8), batch_size=BATCH, num_workers=2, multiprocessing_context="spawn"
+    )
+    assert _compare(plain, iter(spawned)) == len(plain)
+    assert spawned.collate_fn.stats()["workers"]["slab_batches"] == len(plain)
+    floats = list(DataLoader(_dataset(synth, image_dtype=torch.float32), batch_size=BATCH, num_workers=2))
+    feeder = DeviceFeeder(slab_loader(_dataset(synth, image_dtype=torch.uint8), batch_size=BATCH, num_workers=2), "cpu")
+    assert _compare(floats, iter(feeder)) == len(floats)
 
 
 def test_a_held_batch_keeps_its_values_while_later_batches_arrive(synth) -> None:

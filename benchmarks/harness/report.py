@@ -319,7 +319,7 @@ def _throughput_chart(rows: list[dict[str, Any]], path: Path) -> None:
     modes = [m for m in ("frame", "act", "long") if any(r["mode"] == m for r in rows)]
     layouts = [throughput_groups(rows, m) for m in modes]
     bars = max(sum(len(b) for _, b in groups) + 2 * len(groups) for groups in layouts)
-    fig, axes = plt.subplots(len(modes), 1, figsize=(max(8, 0.55 * bars + 2), 4.8 * len(modes)), squeeze=False)
+    fig, axes = plt.subplots(len(modes), 1, figsize=(max(8, 0.55 * bars + 2), 5.4 * len(modes)), squeeze=False)
     for ax, mode, groups in zip(axes[:, 0], modes, layouts):
         x, ticks, labels = 0.0, [], []
         # the DataLoader ceiling (no I/O, no decode) may dwarf every loader: it is cut at the top
@@ -339,7 +339,7 @@ def _throughput_chart(rows: list[dict[str, Any]], path: Path) -> None:
                 ticks.append(x)
                 labels.append(b["label"])
                 x += 1
-            ax.text((start + x - 1) / 2, -0.3, title, transform=ax.get_xaxis_transform(), ha="center", fontsize=8)
+            ax.text((start + x - 1) / 2, -0.5, title, transform=ax.get_xaxis_transform(), ha="center", fontsize=8)
             x += 1.2
         ax.set_xticks(ticks, labels, rotation=45, ha="right", fontsize=7)
         ax.set_ylim(0, top * 1.35)
@@ -347,7 +347,8 @@ def _throughput_chart(rows: list[dict[str, Any]], path: Path) -> None:
         ax.set_title(
             f"{mode}: samples/s per configuration; under each value its ratio to the newest LeRobot", fontsize=9
         )
-    legend = [Patch(facecolor=c, hatch=h, edgecolor="black", label=name) for name, (c, h) in STYLES.items()]
+    used = {b["style"] for groups in layouts for _, bs in groups for b in bs}
+    legend = [Patch(facecolor=c, hatch=h, edgecolor="black", label=n) for n, (c, h) in STYLES.items() if n in used]
     axes[0, 0].legend(handles=legend, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
     fig.tight_layout()
     fig.savefig(path, dpi=110)

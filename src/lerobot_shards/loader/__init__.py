@@ -1,5 +1,6 @@
 """The loader: ``EpisodePoolDataset`` streams converted shards (or a raw LeRobot v3.0 dataset);
-``DeviceFeeder`` hands its uint8 batches to the training device as float. Its options
+``DeviceFeeder`` hands its uint8 batches to the training device as float; ``SlabCollate`` (or
+``slab_loader``) carries worker batches to the main process in reused shared memory. Its options
 (``OrderOptions``, ``ReadOptions``, ``DecodeOptions``) and the errors it raises are exported here;
 every one of them is a ``LeRobotShardsError``."""
 
@@ -12,6 +13,7 @@ from .decode import DecodeError
 from .feeder import DeviceFeeder
 from .integrity import IntegrityError
 from .options import DecodeOptions, OrderOptions, ReadOptions
+from .transport import SlabCollate, slab_loader
 
 __all__ = [
     "DecodeError",
@@ -23,6 +25,8 @@ __all__ = [
     "LeRobotShardsError",
     "OrderOptions",
     "ReadOptions",
+    "SlabCollate",
     "SourceError",
     "UnsafeNameError",
+    "slab_loader",
 ]

@@ -1,10 +1,10 @@
 """Batches from DataLoader workers to the main process through reused shared-memory slabs.
 
 The stock DataLoader's default collate puts every batch of a worker into freshly allocated shared
-memory, one segment per key, which the main process then maps afresh: each batch's pages are
-first-touched twice (written in the worker, read in the main process), and on a virtual machine
-those page faults cost about as much as decoding the frames (benchmarks/README.md). ``SlabCollate``
-keeps a small ring of preallocated shared-memory slabs per worker instead:
+memory, one segment per key, which the main process then maps afresh: every batch's pages are
+faulted in anew in both processes, and on a virtual machine that cost several ms of CPU per sample
+beside ~12 ms of decoding two 480p cameras (benchmarks/README.md). ``SlabCollate`` keeps a small
+ring of preallocated shared-memory slabs per worker instead:
 
 - the worker's collate stacks every tensor of the batch straight into one free slab (one copy, as
   the default collate makes) and returns a ``SlabBatch``: a descriptor of the slab, its generation
@@ -31,6 +31,7 @@ That path has not run yet (no GPU on the development machine): see README.md.
 from __future__ import annotations
 
 import collections
+import math
 import multiprocessing
 import os
 import secrets
@@ -75,11 +76,8 @@ def _header(storage: torch.UntypedStorage) -> torch.Tensor:
 
 def _view(base: torch.Tensor, f: _Field) -> torch.Tensor:
     """Field ``f`` of a leased slab (``base``: the whole slab as uint8), sharing its memory."""
-    itemsize = torch.empty(0, dtype=f.dtype).element_size()
-    numel = 1
-    for n in f.shape:
-        numel *= n
-    return base[f.offset : f.offset + numel * itemsize].view(f.dtype).view(f.shape)
+    nbytes = math.prod(f.shape) * torch.empty(0, dtype=f.dtype).element_size()
+    return base[f.offset : f.offset + nbytes].view(f.dtype).view(f.shape)
 
 
 @dataclass(frozen=True)
@@ -94,10 +92,10 @@ class SlabCollate:
     """A DataLoader ``collate_fn`` whose worker batches travel in reused shared-memory slabs.
 
     Args:
-        slabs: slabs per worker. A worker has at most ``prefetch_factor`` batches in flight, the
-            loop holds one and the one it just dropped is noticed when the next arrives, so
-            ``prefetch_factor + 2`` slabs (``slab_loader``'s choice) avoid fallbacks in a loop
-            that keeps no batch; each slab holds one batch. Slabs are allocated when first needed.
+        slabs: slabs per worker, each holding one batch, allocated only when every existing one
+            is busy. A worker has at most ``prefetch_factor`` batches in flight (some may wait in
+            the DataLoader's reorder buffer) and the loop holds one, so ``prefetch_factor + 2``
+            slabs (``slab_loader``'s choice) avoid fallbacks in a loop that keeps no batch.
         pin_memory: page-lock each slab once in the main process on a CUDA host, so that the
             DataLoader's ``pin_memory=True`` copies nothing (untested without a GPU).
         collate: how to collate what is not a tensor of the same shape and dtype in every
@@ -139,18 +137,14 @@ class SlabCollate:
         return self._ring.pack(samples, self.collate, self.pin_memory)
 
     def stats(self) -> dict[str, Any]:
-        """Per-worker counters (batches and samples collated, batches through slabs, fallbacks, slabs
-        and bytes allocated, collate CPU seconds) summed over this DataLoader's workers, and the main process's side (batches
-        rebuilt, slabs mapped and released, CPU seconds spent rebuilding: process-wide)."""
+        """The workers' counters summed over this DataLoader's workers (batches and samples
+        collated, batches through slabs, fallbacks, slabs and bytes allocated, collate CPU seconds)
+        and the main process's (batches rebuilt, slabs mapped, dropped, held and leased now, CPU
+        seconds rebuilding; process-wide: every ``SlabCollate`` of this process together)."""
         n = len(WORKER_FIELDS)
         rows = [dict(zip(WORKER_FIELDS, self._counters[w * n : (w + 1) * n])) for w in range(MAX_WORKERS)]
         total = {f: sum(r[f] for r in rows) for f in WORKER_FIELDS}
         return {"workers": total, "main": _registry().stats()}
-
-    def reset_stats(self) -> None:
-        """Zero the worker counters (for example between a warm-up and a measurement)."""
-        for i in range(len(self._counters)):
-            self._counters[i] = 0.0
 
 
 def slab_loader(
