@@ -1,8 +1,8 @@
 """The loader: ``EpisodePoolDataset`` streams converted shards (or a raw LeRobot v3.0 dataset);
 ``DeviceFeeder`` hands its uint8 batches to the training device as float; ``SlabCollate`` (or
 ``slab_loader``) carries worker batches to the main process in reused shared memory. Its options
-(``OrderOptions``, ``ReadOptions``, ``DecodeOptions``) and the errors it raises are exported here;
-every one of them is a ``LeRobotShardsError``."""
+(``OrderOptions``, ``ReadOptions``, ``DecodeOptions``) and the errors it raises are exported here,
+each error a ``LeRobotShardsError``."""
 
 from ..exceptions import LeRobotShardsError
 from ..format import FormatError
