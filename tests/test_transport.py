@@ -107,9 +107,9 @@ def test_a_resumed_epoch_through_slabs_equals_the_plain_resume(synth) -> None:
 
 def test_spawned_workers_and_the_device_feeder(synth) -> None:
     """CUDA decoding needs spawned workers; DeviceFeeder converts what the slabs carry (here on the CPU)."""
-    plain = list(DataLoader(_dataset(synth, image_dtype=torch.uint8), batch_size=BATCH, num_workers=2))
-    spawned = slab_loader(
-        _dataset(synth, image_dtype=torch.uint8), batch_size=BATCH, num_workers=2, multiprocessing_context="spawn"
+    plain = list(DataLoader(_dataset(synth, image_dtype=torch.uint8), batch_size=BATCH, num_workers=1))
+    spawned = slab_loader(  # one worker: a spawned one imports torch afresh
+        _dataset(synth, image_dtype=torch.uint8), batch_size=BATCH, num_workers=1, multiprocessing_context="spawn"
     )
     assert _compare(plain, iter(spawned)) == len(plain)
     assert spawned.collate_fn.stats()["workers"]["slab_batches"] == len(plain)
