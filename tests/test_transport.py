@@ -7,6 +7,7 @@ is never overwritten by later ones, and slabs are reused (no growth over epochs)
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -106,9 +107,9 @@ def test_a_resumed_epoch_through_slabs_equals_the_plain_resume(synth) -> None:
 
 def test_spawned_workers_and_the_device_feeder(synth) -> None:
     """CUDA decoding needs spawned workers; DeviceFeeder converts what the slabs carry (here on the CPU)."""
-    plain = list(DataLoader(_dataset(synth, image_dtype=torch.uint8), batch_size=BATCH, num_workers=2))
-    spawned = slab_loader(
-        _dataset(synth, image_dtype=torch.uint8), batch_size=BATCH, num_workers=2, multiprocessing_context="spawn"
+    plain = list(DataLoader(_dataset(synth, image_dtype=torch.uint8), batch_size=BATCH, num_workers=1))
+    spawned = slab_loader(  # one worker: a spawned one imports torch afresh
+        _dataset(synth, image_dtype=torch.uint8), batch_size=BATCH, num_workers=1, multiprocessing_context="spawn"
     )
     assert _compare(plain, iter(spawned)) == len(plain)
     assert spawned.collate_fn.stats()["workers"]["slab_batches"] == len(plain)
@@ -142,6 +143,23 @@ def test_a_held_batch_keeps_its_values_while_later_batches_arrive(synth) -> None
     # slabs were reused (at most 2 per worker ever mapped) and none held by the loop was handed out
     assert len(ptrs) <= 4 and stats["workers"]["slabs_allocated"] <= 4
     assert stats["workers"]["slab_batches"] >= 8
+
+
+def test_a_forked_child_dropping_its_copy_of_a_batch_frees_nothing(synth) -> None:
+    loader = slab_loader(_dataset(synth, image_dtype=torch.uint8), batch_size=BATCH, num_workers=1, slabs=1)
+    it = iter(loader)
+    held = next(it)
+    reference = _copy(held)
+    pid = os.fork()
+    if pid == 0:  # the child's copy of the batch dies here; the parent's must stay untouched
+        del held
+        os._exit(0)
+    assert os.waitpid(pid, 0)[1] == 0
+    for _ in range(5):
+        batch = next(it)
+        del batch
+    _assert_same(reference, held)
+    assert loader.collate_fn.stats()["workers"]["fallback_batches"] >= 5  # the held slab stayed busy
 
 
 def test_batches_held_beyond_the_ring_fall_back_to_ordinary_collation(synth) -> None:

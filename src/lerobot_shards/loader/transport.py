@@ -330,6 +330,7 @@ class _Lease:
 
     def __init__(self, entry: _Mapped, generation: int, pending: collections.deque[tuple[_Mapped, int, Any]]) -> None:
         self.entry, self.generation, self.pending = entry, generation, pending
+        self.pid = os.getpid()
         nbytes = entry.storage.nbytes()
         self.__array_interface__ = {
             "data": (entry.storage.data_ptr(), False),
@@ -339,6 +340,10 @@ class _Lease:
         }
 
     def __del__(self) -> None:
+        if os.getpid() != self.pid:
+            # a forked child dropping its copy of a batch: the batch is still alive in the process
+            # that leased it, and the slab (a shared mapping, inherited by the child) stays busy
+            return
         if self.entry.pinned:
             event = torch.cuda.Event()
             event.record()
