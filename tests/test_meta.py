@@ -7,13 +7,16 @@ aggregated from episode stats as LeRobot aggregates them, ``buffer_size``, long 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from convert_helpers import reseal
 from lerobot_shards.convert.plan import ConvertOptions
 from lerobot_shards.convert.run import convert_dataset
+from lerobot_shards.format import SHARDS_DIR, FormatError
 from lerobot_shards.lerobot_v3 import LeRobotV3Source
 from lerobot_shards.loader import EpisodePoolDataset
 from lerobot_shards.loader.meta import aggregate_stats, episode_stats_rows
@@ -71,9 +74,64 @@ def test_meta_of_resized_shards_has_the_stored_shape(small_synth: Path, tmp_path
     ds = EpisodePoolDataset(str(out))
     for cam in CAMS:
         assert ds.meta.features[cam]["shape"] == (32, 48, 3)
-    assert ds.meta.stats_source == "stats.json"
-    with pytest.warns(UserWarning, match="no per-episode stats"):
-        assert EpisodePoolDataset(str(out), episodes=[0]).meta.episodes == (0,)
+    assert ds.meta.stats_source == "stats.json"  # the whole dataset: the source's meta/stats.json
+
+
+@pytest.fixture(scope="module")
+def converted_fixture(fixture_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("meta") / "shards"
+    convert_dataset(fixture_root, out, ConvertOptions(episodes_per_shard=2), progress=False)
+    return out
+
+
+def test_subset_stats_of_converted_shards_are_the_raw_sources(fixture_root: Path, converted_fixture: Path) -> None:
+    """The sidecars keep each episode's stats: a subset spanning shards aggregates exactly what the raw source does."""
+    for chosen in ([1, 3], [2]):
+        ours = EpisodePoolDataset(str(converted_fixture), episodes=chosen, cameras=[CAMS[1]]).meta
+        raw = EpisodePoolDataset(str(fixture_root), episodes=chosen, cameras=[CAMS[1]]).meta
+        assert ours.stats_source == raw.stats_source == "episodes" and ours.episodes == tuple(chosen)
+        assert sorted(ours.stats) == sorted(raw.stats) and CAMS[0] not in ours.stats
+        for key, stats in raw.stats.items():
+            assert sorted(ours.stats[key]) == sorted(stats), key
+            for name, want in stats.items():
+                got = ours.stats[key][name]
+                assert got.dtype == want.dtype and got.shape == want.shape, (key, name)
+                np.testing.assert_array_equal(got, want, err_msg=f"{key}/{name}")
+        assert (
+            int(ours.stats["action"]["count"][0]) == EpisodePoolDataset(str(fixture_root), episodes=chosen).num_frames
+        )
+
+
+def _edit_sidecars(out: Path, fn) -> None:
+    for side in (out / SHARDS_DIR).glob("*.idx.json"):
+        d = json.loads(side.read_text())
+        for entry in d["episodes"]:
+            fn(entry)
+        side.write_text(json.dumps(d, separators=(",", ":")))
+
+
+def test_a_conversion_without_episode_stats_still_loads_and_warns(converted_fixture: Path, tmp_path: Path) -> None:
+    """The previous layout (sidecars without stats): a subset falls back to meta/stats.json, with a warning."""
+    out = tmp_path / "old"
+    shutil.copytree(converted_fixture, out)
+    _edit_sidecars(out, lambda entry: entry.pop("stats"))
+    reseal(out)
+    with pytest.warns(UserWarning, match="no per-episode stats.*re-convert"):
+        meta = EpisodePoolDataset(str(out), episodes=[0, 3]).meta
+    assert meta.stats_source == "stats.json" and meta.stats["action"]["count"].tolist() == [1492]
+    assert next(iter(EpisodePoolDataset(str(out), episodes=[3])))["episode_index"] == 3
+
+
+def test_edited_episode_stats_are_refused(converted_fixture: Path, tmp_path: Path) -> None:
+    out = tmp_path / "edited"
+    shutil.copytree(converted_fixture, out)
+    _edit_sidecars(out, lambda entry: entry["stats"]["action"].update(mean=[0.0] * 6))
+    with pytest.raises(FormatError, match=r"shard-000000.idx.json: does not match the sha256"):
+        EpisodePoolDataset(str(out), episodes=[0]).meta  # noqa: B018
+    _edit_sidecars(out, lambda entry: entry["stats"]["action"].update(std=[0.0] * 5))
+    reseal(out)  # consistent digests, inconsistent stats: the sidecar's own check names the field
+    with pytest.raises(FormatError, match=r"episodes\[0\]\.stats\['action'\]: its stats have different shapes"):
+        EpisodePoolDataset(str(out), episodes=[0]).meta  # noqa: B018
 
 
 def test_buffer_size_is_accepted_ignored_and_deprecated(small_synth: Path) -> None:

@@ -14,6 +14,8 @@ shard record carries the sha256 and size of its sidecar file, and the manifest c
 so an edited manifest, sidecar or frame table is refused before it is used. Versions 1 and 2
 are still read, with the structural cross-checks only (``check_manifest``, ``check_sidecar``):
 an edit that keeps them consistent goes unnoticed there (run ``verify --source``, or re-convert).
+Sidecars may record each episode's stats (``EpisodeEntry.stats``, the source's per-episode
+stats; written since format 3's second layout, absent before): covered by the sidecar's sha256.
 
 Layout::
 
@@ -41,6 +43,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import numpy as np
 import xxhash
 
 from .exceptions import LeRobotShardsError
@@ -341,6 +344,10 @@ class EpisodeEntry:
     length: int
     members: dict[str, Member]  # by member name
     clips: dict[str, ClipInfo]  # by camera key
+    # The source's stats of this episode (its meta/episodes ``stats/<feature>/<stat>`` columns, as
+    # nested JSON lists: {feature: {stat: values}}), so stats over any episode subset can be
+    # aggregated as LeRobot aggregates them. None: the source had none, or an older converter.
+    stats: dict[str, dict[str, Any]] | None = None
 
     def span(self) -> tuple[int, int]:
         """(start, end) byte range covering all members: one ranged read fetches the episode."""
@@ -355,6 +362,7 @@ class EpisodeEntry:
             "length": self.length,
             "members": [asdict(m) for m in self.members.values()],
             "clips": {cam: c.to_dict() for cam, c in self.clips.items()},
+            **({"stats": self.stats} if self.stats is not None else {}),
         }
 
     @classmethod
@@ -389,7 +397,32 @@ class EpisodeEntry:
                 check_name(cam, f"{at}.clips key"): ClipInfo.from_dict(c, f"{at}.clips[{cam!r}]")
                 for cam, c in d["clips"].items()
             },
+            stats=episode_stats(d["stats"], f"{at}.stats") if "stats" in d else None,
         )
+
+
+def episode_stats(value: object, what: str) -> dict[str, dict[str, Any]]:
+    """An episode's stats as a sidecar holds them: {feature: {stat: a numeric array as nested lists}},
+    ``count`` one non-negative integer, every other stat of one feature the same shape."""
+    if not isinstance(value, dict):
+        raise FormatError(f"{what} is not a JSON object")
+    for feature, stats in value.items():
+        at = f"{what}[{feature!r}]"
+        if not isinstance(stats, dict) or not stats:
+            raise FormatError(f"{at} is not a non-empty object of stats")
+        shapes = set()
+        for name, values in stats.items():
+            array = np.array(values) if isinstance(values, list) else None
+            if array is None or array.dtype.kind not in "iuf" or array.ndim == 0 or array.size == 0:
+                raise FormatError(f"{at}[{name!r}] is not a non-empty array of numbers")
+            if name == "count":
+                if array.shape != (1,) or array.dtype.kind not in "iu" or array[0] < 0:
+                    raise FormatError(f"{at}['count'] = {values!r} is not one frame count")
+            else:
+                shapes.add(array.shape)
+        if len(shapes) > 1:
+            raise FormatError(f"{at}: its stats have different shapes {sorted(shapes)}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -699,6 +732,9 @@ def check_sidecar(sidecar: Sidecar, record: ShardRecord, manifest: Manifest) -> 
         for cam, clip in e.clips.items():
             if clip.num_frames != e.length:
                 raise FormatError(f"{at}: clip {cam} has {clip.num_frames} frames, the episode {e.length}")
+        unknown = sorted(set(e.stats or ()) - set(manifest.features))
+        if unknown:
+            raise FormatError(f"{at}: stats for {unknown}, which are not features of the dataset")
 
 
 def check_episode_header(header: EpisodeHeader, entry: EpisodeEntry, manifest: Manifest) -> None:

@@ -168,6 +168,16 @@ def _column(table: pa.Table, name: str, where: str) -> pa.ChunkedArray:
     return table.column(name)
 
 
+def nested_stats(row: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """A meta/episodes row's ``stats/<feature>/<stat>`` columns as {feature: {stat: value}} (null ones left out)."""
+    out: dict[str, dict[str, Any]] = {}
+    for column, value in row.items():
+        if column.startswith("stats/") and value is not None:
+            feature, _, name = column[len("stats/") :].rpartition("/")
+            out.setdefault(feature, {})[name] = value
+    return out
+
+
 class LeRobotV3Source:
     """A LeRobot v3.0 dataset: metadata in memory, data files read on demand.
 
@@ -418,6 +428,10 @@ class LeRobotV3Source:
         if len(rows) == 0:
             raise SourceError(f"{self.url}: no stats row for episode {episode_index}")
         return self.episode_stats.slice(int(rows[0]), 1).to_pylist()[0]
+
+    def nested_episode_stats(self, episode_index: int) -> dict[str, dict[str, Any]] | None:
+        """One episode's stats as {feature: {stat: values}} (plain lists, as the converter stores them); None without."""
+        return nested_stats(self.episode_stats_row(episode_index)) or None
 
     # -- rows -----------------------------------------------------------------------------------
 

@@ -231,7 +231,8 @@ def build_shard(
                     on_episode(0, 0)
                 continue
             members = {name: sink.add(name, data) for name, data in ep.payloads}
-            entries.append(EpisodeEntry(ep.key, ep.episode_index, ep.length, members, ep.clips))
+            stats = source.nested_episode_stats(episode_index)  # the loader aggregates them over any subset
+            entries.append(EpisodeEntry(ep.key, ep.episode_index, ep.length, members, ep.clips, stats))
             if on_episode is not None:
                 on_episode(ep.length, sum(payload_size(d) for _, d in ep.payloads))
         sha256 = sink.finish()

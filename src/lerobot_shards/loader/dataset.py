@@ -30,11 +30,11 @@ from .cache import default_cache_bytes
 from .checkpoint import EpochOrder, check_count, shards_digest
 from .control import SharedControl
 from .emission import SampleLayout, stream_samples
-from .meta import DatasetMeta, dataset_meta, episode_stats_rows
+from .meta import DatasetMeta, Stats, dataset_meta, episode_stats_rows
 from .options import DecodeOptions, OrderOptions, ReadOptions, group_options
 from .partition import ConsumerPlan, PlanOptions, ShardSpec, filter_shards
 from .remote import with_timeouts
-from .sources import EpisodeSource, SourceMetadata, open_source
+from .sources import EpisodeSource, ShardSource, SourceMetadata, open_source
 from .stats import SharedStats
 from .windows import delta_frame_offsets
 
@@ -185,17 +185,20 @@ class EpisodePoolDataset(IterableDataset):
     def meta(self) -> DatasetMeta:
         """``LeRobotDatasetMetadata``-shaped metadata of the chosen episodes and cameras (``loader.meta``).
 
-        Stats are aggregated from the chosen episodes' stats as LeRobot aggregates them (raw
-        sources); converted datasets carry the source's ``meta/stats.json``, over every episode.
+        Stats are aggregated from the chosen episodes' stats as LeRobot aggregates them: a raw
+        source's meta/episodes rows, or over a subset of a converted dataset the stats its sidecars
+        record (read then); a whole converted dataset has the source's ``meta/stats.json``.
         """
         info = self._source_info
         chosen = sorted(e for s in self.shards for e in s.episodes)
+        everything = sum(len(s.episodes) for s in info.shards)
         per_episode = None
         if info.episode_stats is not None:
             table = info.episode_stats
             mask = pa.compute.is_in(table.column("episode_index"), value_set=pa.array(chosen, pa.int64()))
             per_episode = episode_stats_rows(table.filter(mask).to_pylist())
-        everything = sum(len(s.episodes) for s in info.shards)
+        elif len(chosen) < everything:
+            per_episode = self._recorded_episode_stats(chosen)
         meta = dataset_meta(
             root=self.source_url,
             info=info.source_info,
@@ -212,10 +215,19 @@ class EpisodePoolDataset(IterableDataset):
         if meta.stats_source != "episodes" and len(chosen) < everything:
             warnings.warn(
                 f"{self.source_url}: no per-episode stats for the chosen episodes; meta.stats is the dataset's "
-                f"meta/stats.json, over all its episodes",
+                f"meta/stats.json, over all its episodes (a dataset converted before lerobot-shards recorded "
+                f"episode stats: re-convert it for stats of the subset)",
                 stacklevel=2,
             )
         return meta
+
+    def _recorded_episode_stats(self, episodes: Sequence[int]) -> dict[int, Stats] | None:
+        """A converted dataset's stats of ``episodes`` from its sidecars (None for a raw source)."""
+        source = self._open_source()
+        try:
+            return source.episode_stats(episodes) if isinstance(source, ShardSource) else None
+        finally:
+            source.close()
 
     def __getattr__(self, name: str) -> Any:
         """An option by its keyword name (``ds.seed``, ``ds.cache_dir``): the resolved value."""

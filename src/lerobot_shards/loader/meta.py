@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ..lerobot_v3 import IMAGE_DTYPE, VIDEO_DTYPE
+from ..lerobot_v3 import IMAGE_DTYPE, VIDEO_DTYPE, nested_stats
 
 Stats = dict[str, dict[str, np.ndarray]]
 # LeRobot's language annotation columns (lerobot.datasets.language.LANGUAGE_COLUMNS): the trainer
@@ -63,16 +63,7 @@ def aggregate_stats(stats_list: Sequence[Mapping[str, Mapping[str, np.ndarray]]]
 
 def episode_stats_rows(rows: Iterable[Mapping[str, Any]]) -> dict[int, Stats]:
     """Per-episode stats from ``meta/episodes`` rows (``episode_index`` and ``stats/<feature>/<stat>`` columns)."""
-    out: dict[int, Stats] = {}
-    for row in rows:
-        stats: Stats = {}
-        for column, value in row.items():
-            if not column.startswith("stats/") or value is None:
-                continue
-            feature, _, name = column[len("stats/") :].rpartition("/")
-            stats.setdefault(feature, {})[name] = np.atleast_1d(np.array(value))
-        out[int(row["episode_index"])] = stats
-    return out
+    return {int(row["episode_index"]): stats_to_numpy(nested_stats(dict(row))) for row in rows}
 
 
 @dataclass(frozen=True)

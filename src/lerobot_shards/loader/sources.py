@@ -35,6 +35,7 @@ from ..shard_plan import plan_shards
 from ..timeouts import bounded
 from .cache import CachedFile, IOCounters, LocalFile, Reader, RemoteFile, RemoteIO, close_when_open, ranged
 from .integrity import IntegrityError, check_episode_bytes
+from .meta import Stats, stats_to_numpy
 from .partition import ShardSpec
 from .remote import reading, with_timeouts
 
@@ -285,6 +286,18 @@ class ShardSource:
             for e in sc.episodes:
                 self._entries[e.episode_index] = (shard, e)
         return self._sidecars[shard]
+
+    def episode_stats(self, episodes: Sequence[int]) -> dict[int, Stats]:
+        """The stats the sidecars record for ``episodes`` (one sidecar read per shard holding one of
+        them, checked against the manifest's digest); episodes converted without stats are left out."""
+        wanted = set(episodes)
+        out: dict[int, Stats] = {}
+        for rec in self.manifest.shards:
+            if wanted.intersection(rec.episodes):
+                for e in self.sidecar(rec.index).episodes:
+                    if e.episode_index in wanted and e.stats:
+                        out[e.episode_index] = stats_to_numpy(e.stats)
+        return out
 
     def _episode_lengths(self, rec: fmt.ShardRecord) -> tuple[int, ...]:
         if len(rec.episode_lengths) == len(rec.episodes):  # in the manifest: no sidecar read to plan
