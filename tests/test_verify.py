@@ -134,3 +134,28 @@ def test_inspect(converted: Path, small_synth: Path) -> None:
 
     result = run_cli("inspect", converted / SHARDS_DIR)
     assert result.returncode == 1 and "neither a converted dataset" in result.stderr
+
+
+def test_episode_stats_are_checked(converted: Path, small_synth: Path) -> None:
+    """The stats a sidecar records: against the episode's own rows, and with --source against the source's."""
+    side_path = converted / SHARDS_DIR / "shard-000000.idx.json"
+    side = json.loads(side_path.read_text())
+    stats = side["episodes"][1]["stats"]
+    stats["action"]["min"][0] -= 0.5  # no longer the rows' minimum
+    stats["observation.state"]["mean"][0] += 0.5  # only the source can tell
+    side_path.write_text(json.dumps(side))
+    reseal(converted)
+    result = run_cli("verify", converted, "--no-progress")
+    assert result.returncode == 1
+    assert "episode 1: stats['action']['min'] is not the min of its e000001.parquet rows" in result.stdout
+    assert "differ from the source" not in result.stdout and result.stdout.count("stats[") == 1
+    result = run_cli("verify", converted, "--source", small_synth, "--no-progress")
+    assert result.returncode == 1 and "episode 1's stats differ from the source's" in result.stdout
+
+
+def test_the_real_fixtures_conversion_verifies(fixture_root: Path, tmp_path: Path) -> None:
+    """LeRobot computed the real recording's episode stats: they describe the converted rows."""
+    convert_dataset(fixture_root, tmp_path / "out", progress=False)
+    report = verify_dataset(tmp_path / "out", source=fixture_root, progress=False)
+    assert report.ok, report.problems
+    assert report.episodes == 4

@@ -104,13 +104,24 @@ def test_meta_equals_lerobots(which: str, source: str, request: pytest.FixtureRe
             np.testing.assert_allclose(ours.stats[key][name], want, rtol=2e-6, atol=1e-7, err_msg=f"{key}/{name}")
 
 
-def test_subset_stats_are_lerobots_aggregate(real: Dataset) -> None:
+def _close_stats(ours: dict[str, dict[str, np.ndarray]], want: dict[str, dict[str, np.ndarray]], rtol: float) -> None:
+    assert sorted(ours) == sorted(want)
+    for key, stats in want.items():
+        assert sorted(ours[key]) == sorted(stats), key
+        for name, value in stats.items():
+            np.testing.assert_allclose(ours[key][name], value, rtol=rtol, atol=1e-12, err_msg=f"{key}/{name}")
+
+
+@pytest.mark.parametrize("source", ["shards", "raw"])
+def test_subset_stats_are_lerobots_aggregate(real: Dataset, source: str) -> None:
+    """Over an episode subset, LeRobot's ``aggregate_stats`` of the episodes' meta/episodes stats, from
+    the raw source and from its converted shards (whose sidecars carry them)."""
     import pyarrow.parquet as pq
     from lerobot.datasets.compute_stats import aggregate_stats
 
     table = pq.read_table(next((real.raw / "meta/episodes").rglob("*.parquet")))
     rows = {r["episode_index"]: r for r in table.to_pylist()}
-    chosen = [0, 2]
+    chosen = [0, 2, 3]
     per_episode = []
     for e in chosen:
         stats: dict[str, dict[str, np.ndarray]] = {}
@@ -120,7 +131,29 @@ def test_subset_stats_are_lerobots_aggregate(real: Dataset) -> None:
                 stats.setdefault(feature, {})[name] = np.array(value)
         per_episode.append(stats)
     want = aggregate_stats(per_episode)
-    ours = EpisodePoolDataset(str(real.raw), episodes=chosen).meta.stats
-    for key, stats in want.items():
-        for name, value in stats.items():
-            np.testing.assert_allclose(ours[key][name], value, rtol=1e-12, err_msg=f"{key}/{name}")
+    url = str(real.shards if source == "shards" else real.raw)
+    meta = EpisodePoolDataset(url, episodes=chosen).meta
+    assert meta.stats_source == "episodes"
+    _close_stats(meta.stats, want, rtol=1e-12)
+
+
+@pytest.mark.parametrize("source", ["shards", "raw"])
+def test_subset_stats_equal_lerobots_own_subset(written: Dataset, source: str, tmp_path) -> None:
+    """LeRobot's own subset: ``delete_episodes`` writes a dataset of the kept episodes, whose
+    ``LeRobotDatasetMetadata.stats`` LeRobot aggregated; ours over the same episodes equal them."""
+    from lerobot.datasets.dataset_metadata import LeRobotDatasetMetadata
+    from lerobot.datasets.dataset_tools import delete_episodes
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+    kept = [0, 2]
+    delete_episodes(
+        LeRobotDataset(written.repo_id, root=written.raw), [1], output_dir=tmp_path / "kept", repo_id="local/kept"
+    )
+    theirs = LeRobotDatasetMetadata("local/kept", root=tmp_path / "kept")
+    assert theirs.total_episodes == len(kept)
+    url = str(written.shards if source == "shards" else written.raw)
+    ds = EpisodePoolDataset(url, episodes=kept)
+    ours = ds.meta
+    assert ours.stats_source == "episodes"
+    assert theirs.stats["action"]["count"].tolist() == [ds.num_frames] == [40 + 54]  # the kept episodes only
+    _close_stats(ours.stats, theirs.stats, rtol=2e-6)  # theirs went through stats.json: float32 rounding allowed

@@ -87,7 +87,7 @@ class VerifyReport:
         lines = [
             f"verify {self.dest}: {'OK' if self.ok else f'FAILED ({len(self.problems)} problems)'}",
             f"  shards {self.shards}, episodes {self.episodes}, frames {self.frames}, {self.bytes / 1e6:.1f} MB "
-            "checked (sha256, tar members against sidecar offsets, frame counts, episode coverage)",
+            "checked (sha256, tar members against sidecar offsets, frame counts, episode stats, episode coverage)",
         ]
         if self.frames_decoded:
             lines.append(
@@ -265,6 +265,8 @@ class _Verifier:
                 self.report.problem(
                     f"{where}: episode {entry.episode_index} has {entry.length} frames, the source's {ep.length}"
                 )
+            if entry.stats is not None and entry.stats != self.source.nested_episode_stats(entry.episode_index):
+                self.report.problem(f"{where}: episode {entry.episode_index}'s stats differ from the source's")
 
     def _finish_episodes(self, where: str, entries: dict[str, EpisodeEntry], seen: dict[str, dict[str, bytes]]) -> None:
         for key, payloads in seen.items():
@@ -300,6 +302,8 @@ class _Verifier:
             for name, spec in self.manifest.features.items():
                 if spec["dtype"] != "video" and name not in columns:
                     self.report.problem(f"{at}: {table_member(entry.key)} has no column for feature {name!r}")
+            for problem in stats_against_table(entry, table):
+                self.report.problem(f"{at}: {problem}")
         except KeyError as e:
             self.report.problem(f"{at}: member or field {e} missing")
             return
@@ -418,6 +422,28 @@ class _Verifier:
                         f"against source frame {clip.source_first_frame + i} of {ref.path} "
                         f"(threshold {PSNR_THRESHOLD_DB:.0f} dB)"
                     )
+
+
+def stats_against_table(entry: EpisodeEntry, table: pa.Table) -> list[str]:
+    """The stats a sidecar records for an episode describe its own rows: for each numeric column,
+    ``count`` is the episode's length and min/max are its rows' (within float32 rounding)."""
+    if table.num_rows != entry.length:
+        return []  # reported as a table of the wrong length
+    problems = []
+    for name, stats in sorted((entry.stats or {}).items()):
+        if name not in table.column_names:
+            continue  # a camera's stats: its frames are checked by decoding
+        try:
+            values = np.array(table.column(name).to_pylist(), dtype=np.float64).reshape(table.num_rows, -1)
+        except (TypeError, ValueError):
+            continue  # not numeric: LeRobot computes no stats of it
+        if stats.get("count") != [entry.length]:
+            problems.append(f"stats[{name!r}]['count'] = {stats.get('count')}, the episode has {entry.length} rows")
+        for stat, want in (("min", values.min(axis=0)), ("max", values.max(axis=0))):
+            got = np.ravel(np.array(stats.get(stat, np.nan), dtype=np.float64))
+            if got.shape != want.shape or not np.allclose(got, want, rtol=1e-6, atol=0.0):
+                problems.append(f"stats[{name!r}][{stat!r}] is not the {stat} of its {table_member(entry.key)} rows")
+    return problems
 
 
 def verify_dataset(
