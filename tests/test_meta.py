@@ -102,6 +102,21 @@ def test_subset_stats_of_converted_shards_are_the_raw_sources(fixture_root: Path
         )
 
 
+def test_subset_stats_from_a_bucket(converted_fixture: Path, s3_server) -> None:
+    """From a bucket the sidecars holding the chosen episodes are fetched (and checked) for ``meta``."""
+    fs = s3_server.filesystem()
+    fs.mkdir("meta-stats")
+    fs.put(str(converted_fixture), "meta-stats/", recursive=True)
+    url = f"s3://meta-stats/{converted_fixture.name}"
+    remote = EpisodePoolDataset(url, episodes=[3], storage_options=s3_server.storage_options).meta
+    local = EpisodePoolDataset(str(converted_fixture), episodes=[3]).meta
+    assert remote.stats_source == "episodes"
+    _close(remote.stats, local.stats)
+    shards = f"meta-stats/{converted_fixture.name}/shards"
+    assert s3_server.requests("GET", f"{shards}/shard-000001.idx.json") >= 1
+    assert s3_server.requests("GET", f"{shards}/shard-000000.idx.json") == 0  # holds no chosen episode
+
+
 def _edit_sidecars(out: Path, fn) -> None:
     for side in (out / SHARDS_DIR).glob("*.idx.json"):
         d = json.loads(side.read_text())

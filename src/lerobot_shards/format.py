@@ -15,7 +15,8 @@ so an edited manifest, sidecar or frame table is refused before it is used. Vers
 are still read, with the structural cross-checks only (``check_manifest``, ``check_sidecar``):
 an edit that keeps them consistent goes unnoticed there (run ``verify --source``, or re-convert).
 Sidecars may record each episode's stats (``EpisodeEntry.stats``, the source's per-episode
-stats; written since format 3's second layout, absent before): covered by the sidecar's sha256.
+stats), covered by the sidecar's sha256; sidecars of earlier format 3 conversions have none and
+load as before (stats over an episode subset then fall back to ``meta/stats.json``).
 
 Layout::
 
