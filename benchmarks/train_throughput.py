@@ -208,6 +208,7 @@ def main() -> None:
         mine = [r for r in runs if r["trainer"] == trainer]
         summary[trainer] = {
             "samples_per_s": statistics.median(r["samples_per_s"] for r in mine),
+            "samples_per_s_runs": [round(r["samples_per_s"], 2) for r in mine],
             "steps_per_s": statistics.median(r["steps_per_s"] for r in mine),
             "cpu_s_per_sample": statistics.median(r["cpu_s_per_sample"] for r in mine),
             "lerobot_data_s": statistics.median(r["lerobot_data_s"] for r in mine),
