@@ -92,7 +92,7 @@ class MixtureDataset(IterableDataset):
             try:
                 ds.set_delta_timestamps(mine, tolerance_s)
             except ValueError as e:
-                raise MixtureError(f"mixture source {keys.name!r} ({ds.fps} fps): {e}") from None
+                raise MixtureError(f"mixture source {keys.name!r} ({ds.fps:g} fps): {e}") from None
         try:
             counts = source_counts(self.mixture, [ds.num_frames for ds in self.sources])
         except ValueError as e:
