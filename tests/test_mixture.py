@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from torch.utils.data import DataLoader
 
+from convert_helpers import run_cli
 from lerobot_shards.convert.plan import ConvertOptions
 from lerobot_shards.convert.run import convert_dataset
 from lerobot_shards.loader.meta import aggregate_stats
@@ -452,3 +453,21 @@ def test_bad_mixture_files_give_one_line_naming_file_and_key(tmp_path: Path, tex
     with pytest.raises(MixtureFileError, match=message) as caught:
         load_mixture(tmp_path / "mix.yaml")
     assert "\n" not in str(caught.value)
+
+
+def test_inspect_shows_a_mixture_files_sources_and_shares(tables: dict[int, Path], tmp_path: Path) -> None:
+    (tmp_path / "mix.yaml").write_text(
+        f"samples_per_epoch: 100\nsources:\n"
+        f"  - {{source: {tables[10]}, name: ten, weight: 3, key_map: {{observation.effort: timestamp}}}}\n"
+        f"  - {{source: {tables[15]}, name: fifteen, choose: 10}}\n"
+    )
+    shown = run_cli("inspect", tmp_path / "mix.yaml")
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert lines[0].startswith(f"Mixture {tmp_path / 'mix.yaml'}: sources 2, samples per epoch 100")
+    assert lines[2].split()[:3] + lines[2].split()[-2:] == ["ten", str(tables[10]), "weight", "90", "90.0%"]
+    assert lines[3].split()[:3] + lines[3].split()[-2:] == ["fifteen", str(tables[15]), "choose", "10", "10.0%"]
+    assert "observation.effort: missing in fifteen (zeros, observation.effort_is_missing)" in lines
+    (tmp_path / "bad.yaml").write_text("sources: [{source: x, wieght: 1}]\n")
+    bad = run_cli("inspect", tmp_path / "bad.yaml")
+    assert bad.returncode == 1 and "bad.yaml: unknown key sources[0].wieght" in bad.stderr

@@ -254,8 +254,10 @@ def _open(
     read: ReadOptions,
     decode: DecodeOptions,
 ) -> EpisodePoolDataset:
-    """One source's dataset: the mixture's options, its storage options over them, resize names translated."""
-    storage = {**(read.storage_options or {}), **(spec.storage_options or {})} or None
+    """One source's dataset: the mixture's options (their storage options for remote sources only), its
+    own storage options over them, resize's camera names translated."""
+    remote = "://" in spec.source and not spec.source.startswith("file://")
+    storage = {**((remote and read.storage_options) or {}), **(spec.storage_options or {})} or None
     if decode.resize:
         resize = {spec.key_map.get(k, k): v for k, v in decode.resize_per_camera.items()}
         decode = dataclasses.replace(decode, resize=resize)
