@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -223,16 +224,18 @@ class MixtureDataset(IterableDataset):
         worker, num_workers = (0, 0) if info is None else (info.id, info.num_workers)
         stats = self._stats.slot(worker)
         self._control.saw_workers(num_workers)
-        start = self.plan(worker, num_workers)
+        began = time.perf_counter()
+        start = self.plan(worker, num_workers)  # fast-forwards every source's sampler
         stats.reset()
         stats.add("fast_forward_samples", sum(p.skip for p in start.parts))
+        stats.add("fast_forward_seconds", time.perf_counter() - began)
         return self._interleave(start, stats)
 
     def _interleave(self, start: MixStart, stats: StatSlot) -> Iterator[dict[str, Any]]:
         # Each source's stream opens its source (and reader thread) when first asked for a sample.
         streams = [ds.stream(p.plan, p.sampler, p.skip, stats) for ds, p in zip(self.sources, start.parts)]
         try:
-            for d in start.schedule.tolist():
+            for d in start.schedule:  # numpy ints: a list of Python ints would cost 5x the memory
                 item = next(streams[d], None)
                 if item is not None:  # None: on_error="skip" dropped it
                     yield self.layout.sample(d, item)

@@ -59,9 +59,8 @@ class SourceKeys:
 def _emitted_shape(feature: Mapping[str, Any]) -> tuple[int, ...]:
     """The shape of one frame's value as samples hold it: CHW frames, scalars for shape [1]."""
     shape = tuple(int(n) for n in feature["shape"])
-    if feature["dtype"] in VISUAL:
-        names = feature.get("names") or []
-        return (shape[2], shape[0], shape[1]) if list(names)[-1:] == ["channels"] or len(names) == 0 else shape
+    if feature["dtype"] in VISUAL and len(shape) == 3 and shape[-1] in (1, 3, 4):  # LeRobot's (h, w, c)
+        return (shape[2], shape[0], shape[1])
     return () if shape == (1,) else shape
 
 

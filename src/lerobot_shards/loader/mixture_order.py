@@ -48,7 +48,7 @@ ELASTIC_FLAG = 1 << 32  # added to the worker in keys of an elastic-resumed epoc
 
 def interleave(shares: Sequence[int], rng: np.random.Generator) -> np.ndarray:
     """Source indices, ``shares[d]`` of each d, in a jittered stratified order (see the module)."""
-    labels = np.repeat(np.arange(len(shares), dtype=np.int64), shares)
+    labels = np.repeat(np.arange(len(shares), dtype=np.int32), shares)
     keys = [(np.arange(n) + rng.random(n)) / n for n in shares if n]
     if not keys:
         return labels
