@@ -7,6 +7,7 @@ workers, the local S3-protocol server. The resume and partition tests leave vide
 from __future__ import annotations
 
 import collections
+import datetime
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -14,6 +15,9 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 from torch.utils.data import DataLoader
 
 from convert_helpers import run_cli
@@ -28,6 +32,7 @@ from lerobot_shards.loader.mixture import (
     MixtureSource,
     load_mixture,
 )
+from lerobot_shards.loader.mixture_layout import mix_stats
 from lerobot_shards.loader.mixture_order import interleave
 from lerobot_shards.loader.mixture_spec import MixtureFileError, source_counts
 from lerobot_shards.loader.sampling import keyed_rng
@@ -301,6 +306,33 @@ def test_stats_combine_by_the_sources_shares(tables: dict[int, Path]) -> None:
     np.testing.assert_allclose(equal.meta.stats["action"]["std"], both["action"]["std"], rtol=1e-6)
 
 
+def test_mix_stats_of_padded_vectors_weigh_each_dimension_by_its_sources() -> None:
+    a = {
+        "v": {
+            "mean": np.array([1.0, 10.0]),
+            "std": np.array([1.0, 2.0]),
+            "min": np.array([0.0, 8.0]),
+            "max": np.array([2.0, 12.0]),
+            "count": np.array([10]),
+        }
+    }
+    b = {
+        "v": {
+            "mean": np.array([3.0]),
+            "std": np.array([1.0]),
+            "min": np.array([-1.0]),
+            "max": np.array([5.0]),
+            "count": np.array([30]),
+        }
+    }
+    got = mix_stats([a, b], [0.25, 0.75])["v"]
+    np.testing.assert_allclose(got["mean"], [0.25 * 1 + 0.75 * 3, 10.0])  # dim 1: only a has it
+    np.testing.assert_allclose(got["std"], [np.sqrt(0.25 * (1 + 1.5**2) + 0.75 * (1 + 0.5**2)), 2.0])
+    np.testing.assert_allclose(got["min"], [-1.0, 8.0])
+    np.testing.assert_allclose(got["max"], [5.0, 12.0])
+    assert got["count"].tolist() == [40]
+
+
 # -- partition and resume -------------------------------------------------------------------------
 
 
@@ -322,6 +354,42 @@ def test_equal_count_mode_gives_ranks_equal_batches(tables: dict[int, Path]) -> 
         for r in range(2)
     ]
     assert counts[0] == counts[1] > 0  # equal_samples_per_rank is on for 2 ranks
+
+
+def _run_rank(rank: int, roots: list[str], init_file: str, out_dir: str) -> None:
+    timeout = datetime.timedelta(seconds=60)  # a hang (unequal batch counts) fails instead of stalling
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2, timeout=timeout)
+    try:
+        mix = Mixture([MixtureSource(r, name=f"s{i}", weight=w) for i, (r, w) in enumerate(zip(roots, (3, 2, 1)))], 90)
+        ds = MixtureDataset(mix, seed=2, episodes_per_shard=1)  # rank and world size from torch.distributed
+        assert (ds.rank, ds.world_size) == (rank, 2)
+        batches = []
+        for batch in DataLoader(ds, batch_size=BATCH, num_workers=2):
+            dist.all_reduce(torch.ones(1))  # as DDP does each step
+            batches.append(_keys(batch))
+        gathered: list = [None] * 2
+        dist.all_gather_object(gathered, batches)
+        if rank == 0:
+            Path(out_dir, "result.json").write_text(json.dumps(gathered))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_two_gloo_ranks_read_disjoint_parts_of_every_source_in_equal_batches(
+    tables: dict[int, Path], tmp_path: Path
+) -> None:
+    roots = [str(tables[fps]) for fps in FPS]
+    mp.start_processes(
+        _run_rank, args=(roots, str(tmp_path / "init"), str(tmp_path)), nprocs=2, start_method="spawn", join=True
+    )
+    per_rank = json.loads((tmp_path / "result.json").read_text())
+    assert len(per_rank[0]) == len(per_rank[1])  # equal counts per rank (the default for 2 ranks)
+    seen = [collections.Counter(tuple(k) for b in batches for k in b) for batches in per_rank]
+    assert not set(seen[0]) & set(seen[1])
+    both = seen[0] + seen[1]
+    per_source = collections.Counter(k[0] for k in both.elements())
+    assert per_source == {"s0": 44, "s1": 28, "s2": 12}  # 45/30/15 each split over 4 consumers, floored
 
 
 def _resume_kwargs() -> dict[str, Any]:
