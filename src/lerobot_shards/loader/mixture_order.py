@@ -252,6 +252,11 @@ class MixtureOrder:
             else:
                 plan = order.plan(epoch, first.rank, stream, num_workers)
                 sampler = self.sampler(d, plan, shares[d], epoch, elastic=True)
+            if shares[d] and not plan.lengths:
+                raise ValueError(
+                    f"elastic resume in equal-count mode: mixture source {d} owes this consumer {shares[d]} samples "
+                    f"but none of its remaining frames; resume with fewer ranks or workers"
+                )
             sampler.skip(int(skipped[d]))
             parts.append(Part(plan, sampler, int(skipped[d])))
         return MixStart(schedule[skip:], tuple(parts))
