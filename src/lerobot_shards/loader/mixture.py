@@ -98,7 +98,7 @@ class MixtureDataset(IterableDataset):
             counts = source_counts(self.mixture, [ds.num_frames for ds in self.sources])
         except ValueError as e:
             raise MixtureError(f"mixture: {e}") from None
-        self._order = MixtureOrder(tuple(ds.epoch_order for ds in self.sources), counts)
+        self._order = MixtureOrder(tuple(ds.epoch_order for ds in self.sources), counts, self.names)
         first = self._order.first
         self.rank, self.world_size = first.rank, first.world_size
         self.digest = self.mixture.digest(counts, [o.key.digest() for o in self._order.orders])

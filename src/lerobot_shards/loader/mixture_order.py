@@ -93,6 +93,7 @@ class MixtureOrder:
 
     orders: tuple[EpochOrder, ...]
     counts: tuple[int, ...]
+    names: tuple[str, ...] = ()  # for errors
 
     @property
     def first(self) -> EpochOrder:
@@ -254,7 +255,8 @@ class MixtureOrder:
                 sampler = self.sampler(d, plan, shares[d], epoch, elastic=True)
             if shares[d] and not plan.lengths:
                 raise ValueError(
-                    f"elastic resume in equal-count mode: mixture source {d} owes this consumer {shares[d]} samples "
+                    f"elastic resume in equal-count mode: mixture source {self.names[d] if self.names else d!r} owes "
+                    f"this consumer {shares[d]} samples "
                     f"but none of its remaining frames; resume with fewer ranks or workers"
                 )
             sampler.skip(int(skipped[d]))
