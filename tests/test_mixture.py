@@ -249,6 +249,34 @@ def test_key_map_missing_keys_and_padded_vectors(video: dict[int, Path]) -> None
     assert seen == {"a", "b", "c"}
 
 
+def test_windows_of_missing_and_padded_keys(video: dict[int, Path]) -> None:
+    mix = Mixture(
+        [
+            MixtureSource(str(video[10]), name="a", repeat=1, key_map={"observation.effort": "action"}),
+            MixtureSource(str(video[15]), name="b", repeat=1, key_map={"observation.effort": "timestamp"}),
+        ]
+    )
+    ds = MixtureDataset(mix, delta_timestamps={"observation.effort": [0.0, 0.2], "action": [0.0, 0.2]}, seed=4)
+    lengths = {
+        (n, e): k for n, src in zip(ds.names, ds.sources) for s in src.shards for e, k in zip(s.episodes, s.lengths)
+    }
+    for batch in DataLoader(ds, batch_size=8):
+        assert batch["observation.effort"].shape[1:] == (2, 6) and batch["action"].shape[1:] == (2, 6)
+        for i, (name, e, f) in enumerate(_keys(batch)):
+            fps = ds.source(name).fps
+            frames = np.minimum([f, f + round(0.2 * fps)], lengths[name, e] - 1)
+            pad = [False, f + round(0.2 * fps) > lengths[name, e] - 1]
+            assert batch["observation.effort_is_pad"][i].tolist() == pad
+            if name == "a":  # effort is its action; it lacks "action": zeros, every step padded
+                np.testing.assert_allclose(batch["observation.effort"][i], identity_vector(e, frames) + 0.5, atol=1e-3)
+                assert not batch["action"][i].any() and batch["action_is_pad"][i].all()
+            else:  # effort is its timestamp, padded with zeros to 6
+                np.testing.assert_allclose(batch["observation.effort"][i][:, 0], frames / 15, atol=1e-4)
+                assert not batch["observation.effort"][i][:, 1:].any()
+                assert batch["observation.effort_mask"][i].tolist() == [True] + [False] * 5
+                assert batch["action_is_pad"][i].tolist() == pad
+
+
 def test_key_map_errors_name_the_source(video: dict[int, Path]) -> None:
     clash = Mixture([MixtureSource(str(video[10]), name="a", repeat=1, key_map={"observation.state": "action"})])
     with pytest.raises(

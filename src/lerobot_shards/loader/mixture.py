@@ -88,8 +88,8 @@ class MixtureDataset(IterableDataset):
             decode.image_dtype,
         )
         for ds, keys in zip(self.sources, self.layout.sources):
-            have = {keys.source_key(k) for k in windows if k not in keys.missing}
-            mine = {keys.source_key(k): v for k, v in (delta_timestamps or {}).items() if keys.source_key(k) in have}
+            # In the source's own names, for the keys it has (the layout pads the others' windows).
+            mine = {keys.source_key(k): v for k, v in (delta_timestamps or {}).items() if k not in keys.missing}
             try:
                 ds.set_delta_timestamps(mine, tolerance_s)
             except ValueError as e:
