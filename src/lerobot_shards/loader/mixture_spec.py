@@ -218,7 +218,7 @@ def load_mixture(path: str | os.PathLike[str]) -> Mixture:
         values = dict(entry)
         location = values["source"]
         if isinstance(location, str) and "://" not in location and not os.path.isabs(location):
-            values["source"] = str(file.parent / location)
+            values["source"] = os.path.normpath(file.parent / location)
         try:
             sources.append(MixtureSource(**values))
         except ValueError as e:
