@@ -249,6 +249,8 @@ class ShardSource:
         self._current: int | None = None
         self._next: int | None = None
         self._opening: ThreadPoolExecutor | None = None
+        self._sidecar_fetches: dict[int, Future[fmt.Sidecar]] = {}  # the next shard's, read ahead
+        self._sidecar_pool: ThreadPoolExecutor | None = None
         self.info = SourceInfo(
             fps=m.fps,
             features=m.features,
@@ -263,28 +265,42 @@ class ShardSource:
         return posixpath.join(self.root, fmt.SHARDS_DIR, check_name(name, f"{self.url}: shard name"))
 
     def sidecar(self, shard: int) -> fmt.Sidecar:
-        """The shard's index (member offsets, clip frame tables), read once and kept."""
+        """The shard's index (member offsets, clip frame tables), read once and kept (from its
+        background fetch when one was started)."""
         if shard not in self._sidecars:
-            rec = self._records[shard]
-            path = self._shard_path(rec.sidecar)
-            where = f"{self.url}/{fmt.SHARDS_DIR}/{rec.sidecar}"
-            data = read_small(
-                self.fs, path, rec.sidecar_bytes or fmt.MAX_SIDECAR_BYTES, root=self._local_root, where=where
-            )
-            if rec.sidecar_sha256 is not None and fmt.sidecar_digest(data) != rec.sidecar_sha256:
-                raise fmt.FormatError(
-                    f"{where}: does not match the sha256 the manifest records for it ({rec.sidecar_sha256[:16]}...): "
-                    "the sidecar was edited or damaged after conversion; restore it or re-convert the dataset"
-                )
-            sc = fmt.Sidecar.from_json(data, where=where)
-            try:
-                fmt.check_sidecar(sc, rec, self.manifest)
-            except fmt.FormatError as problem:
-                raise fmt.FormatError(f"{where}: {problem}") from None
+            fetching = self._sidecar_fetches.pop(shard, None)
+            sc = fetching.result() if fetching is not None else self._read_sidecar(shard)
             self._sidecars[shard] = sc
             for e in sc.episodes:
                 self._entries[e.episode_index] = (shard, e)
         return self._sidecars[shard]
+
+    def _read_sidecar(self, shard: int) -> fmt.Sidecar:
+        """Fetch and check the shard's sidecar (no shared state: may run on a background thread)."""
+        rec = self._records[shard]
+        path = self._shard_path(rec.sidecar)
+        where = f"{self.url}/{fmt.SHARDS_DIR}/{rec.sidecar}"
+        data = read_small(self.fs, path, rec.sidecar_bytes or fmt.MAX_SIDECAR_BYTES, root=self._local_root, where=where)
+        if rec.sidecar_sha256 is not None and fmt.sidecar_digest(data) != rec.sidecar_sha256:
+            raise fmt.FormatError(
+                f"{where}: does not match the sha256 the manifest records for it ({rec.sidecar_sha256[:16]}...): "
+                "the sidecar was edited or damaged after conversion; restore it or re-convert the dataset"
+            )
+        sc = fmt.Sidecar.from_json(data, where=where)
+        try:
+            fmt.check_sidecar(sc, rec, self.manifest)
+        except fmt.FormatError as problem:
+            raise fmt.FormatError(f"{where}: {problem}") from None
+        return sc
+
+    def _sidecar_async(self, shard: int) -> None:
+        """Start fetching the shard's sidecar: one small request, so its round trip overlaps the
+        current shard's reads instead of stalling the reader when it enters the shard."""
+        if self.remote is None or shard in self._sidecars or shard in self._sidecar_fetches:
+            return
+        if self._sidecar_pool is None:
+            self._sidecar_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shard-sidecar")
+        self._sidecar_fetches[shard] = self._sidecar_pool.submit(self._read_sidecar, shard)
 
     def _episode_lengths(self, rec: fmt.ShardRecord) -> tuple[int, ...]:
         if len(rec.episode_lengths) == len(rec.episodes):  # in the manifest: no sidecar read to plan
@@ -335,8 +351,11 @@ class ShardSource:
     def prefetch(self, shard: int) -> None:
         """Read ``shard`` in the background (its download into the cache, or its first chunks) once
         the first episode of the shard being entered has been served (the reader names the next
-        shard first): until then its bytes would share the bandwidth with the ones awaited."""
+        shard first): until then its bytes would share the bandwidth with the ones awaited. Its
+        sidecar, a few kilobytes, is fetched at once: the round trip no longer stalls the reader
+        when it enters the shard."""
         self._next = shard
+        self._sidecar_async(shard)
 
     def io_stats(self) -> dict[str, int]:
         return self.counters.snapshot()
@@ -346,9 +365,11 @@ class ShardSource:
         for fut in self._readers.values():
             close_when_open(fut)
         self._readers.clear()
-        if self._opening is not None:
-            self._opening.shutdown(wait=False, cancel_futures=True)
-            self._opening = None
+        for pool in (self._opening, self._sidecar_pool):
+            if pool is not None:
+                pool.shutdown(wait=False, cancel_futures=True)
+        self._opening = self._sidecar_pool = None
+        self._sidecar_fetches.clear()
         if self.remote is not None:
             self.remote.close()
 
