@@ -256,18 +256,20 @@ def test_open_source_gives_every_caller_the_remote_timeouts(s3_server, data) -> 
         source.close()
 
 
-def _read_ahead(url: str, s3_server) -> Any:
-    """The converted source at ``url`` having entered shard 0 with shard 1 named next, once shard 1's
-    sidecar and first bytes have landed (waited on through the source's own futures)."""
+def _read_ahead(url: str, s3_server, ahead: tuple[int, ...] = (1,)) -> Any:
+    """The converted source at ``url`` having entered shard 0 with ``ahead`` named next (as the reader
+    names them), once their sidecars and first bytes have landed (waited on through the source's
+    own futures)."""
     from lerobot_shards.loader.sources import ShardSource, open_source
 
     source = open_source(url, storage_options=s3_server.storage_options)
     assert isinstance(source, ShardSource)
-    source.prefetch(1)
+    for shard in ahead:
+        source.prefetch(shard)
     assert read_identity(_frame(source.read_episode(0, 0), 0)) == (0, 0)
-    source._sidecar_fetches[1].exception()  # the sidecar fetched ahead (or its failure, kept for the read)
-    reader = source._readers[1].result()
-    reader._parts[0].result()  # type: ignore[attr-defined]  # the shard's first (here: only) chunk
+    for shard in ahead:
+        source._sidecar_fetches[shard].exception()  # fetched ahead (or its failure, kept for the read)
+        source._readers[shard].result()._parts[0].result()  # type: ignore[attr-defined]  # its first chunk
     return source
 
 
@@ -313,5 +315,22 @@ def test_a_damaged_sidecar_read_ahead_fails_the_read_of_its_shard(data, s3_serve
     try:
         with pytest.raises(FormatError, match=r"shards/shard-000001\.idx\.json: does not match the sha256"):
             source.read_episode(1, 1)
+    finally:
+        source.close()
+
+
+def test_small_shards_are_read_ahead_several_at_a_time(data, s3_server) -> None:
+    """Shards far smaller than a ranged request: every shard the reader names within the read-ahead
+    budget is fetched once the current shard's first episode is served, not one round trip per
+    shard as the reader reaches it; here they are all gone from the bucket before they are read."""
+    _, converted = data
+    url = _upload(s3_server, converted, "storage-ahead-many")
+    source = _read_ahead(url, s3_server, ahead=(1, 2, 3))
+    try:
+        names = [f"shard-00000{i}.{kind}" for i in (1, 2, 3) for kind in ("tar", "idx.json")]
+        s3_server.filesystem().rm([f"storage-ahead-many/ds/shards/{name}" for name in names])
+        for shard in (1, 2, 3):
+            episode = source.read_episode(shard, shard)
+            assert read_identity(_frame(episode, episode.length - 1)) == (shard, episode.length - 1)
     finally:
         source.close()

@@ -33,12 +33,25 @@ from ..redaction import register_secrets, without_credentials
 from ..safe_io import check_local_file, read_small
 from ..shard_plan import plan_shards
 from ..timeouts import bounded
-from .cache import CachedFile, IOCounters, LocalFile, Reader, RemoteFile, RemoteIO, close_when_open, ranged
+from .cache import (
+    CHUNK_BYTES,
+    CachedFile,
+    IOCounters,
+    LocalFile,
+    Reader,
+    RemoteFile,
+    RemoteIO,
+    close_when_open,
+    ranged,
+)
 from .integrity import IntegrityError, check_episode_bytes
 from .partition import ShardSpec
 from .remote import reading, with_timeouts
 
 log = logging.getLogger(__name__)
+# Shards opened ahead of the reader, by size: the next one, and more while they fit in this many
+# bytes. Each shard costs a round trip before its first byte, which small shards do not amortise.
+READ_AHEAD_BYTES = CHUNK_BYTES
 # pyarrow.compute is imported above, in the process that builds the dataset, on purpose: list
 # columns' flatten() and casts import it lazily, and that first import inside forked DataLoader
 # workers stalled each worker's first episode by ~2.3 s (measured: first batch from the bucket
@@ -132,7 +145,11 @@ class EpisodeSource(Protocol):
         ...
 
     def prefetch(self, shard: int) -> None:
-        """Hint that ``shard`` is read next: start fetching it in the background (may do nothing)."""
+        """Hint that ``shard`` is read soon: start fetching it in the background (may do nothing).
+
+        On entering a shard the reader names the shards it reads after it, in order (a few): the
+        first named is read next; a source may fetch the later ones too, or ignore them.
+        """
         ...
 
     def io_stats(self) -> dict[str, int]:
@@ -247,10 +264,10 @@ class ShardSource:
         self.remote = RemoteIO(self.url, cache_dir, cache_max_bytes, self.counters) if remote else None
         self._readers: dict[int, Future[Reader]] = {}  # the shard being read and the prefetched next one
         self._current: int | None = None
-        self._next: int | None = None
+        self._upcoming: list[int] = []  # the shards the reader named on entering the current one, in order
+        self._named = False  # a read happened since: the next hint starts a new list
         self._opening: ThreadPoolExecutor | None = None
-        self._sidecar_fetches: dict[int, Future[fmt.Sidecar]] = {}  # the next shard's, read ahead
-        self._sidecar_pool: ThreadPoolExecutor | None = None
+        self._sidecar_fetches: dict[int, Future[fmt.Sidecar]] = {}  # those of the shards read ahead
         self.info = SourceInfo(
             fps=m.fps,
             features=m.features,
@@ -298,9 +315,7 @@ class ShardSource:
         current shard's reads instead of stalling the reader when it enters the shard."""
         if self.remote is None or shard in self._sidecars or shard in self._sidecar_fetches:
             return
-        if self._sidecar_pool is None:
-            self._sidecar_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shard-sidecar")
-        self._sidecar_fetches[shard] = self._sidecar_pool.submit(self._read_sidecar, shard)
+        self._sidecar_fetches[shard] = self.remote.pool.submit(self._read_sidecar, shard)
 
     def _episode_lengths(self, rec: fmt.ShardRecord) -> tuple[int, ...]:
         if len(rec.episode_lengths) == len(rec.episodes):  # in the manifest: no sidecar read to plan
@@ -333,9 +348,10 @@ class ShardSource:
 
     def _reader(self, shard: int) -> Reader:
         self._open_async(shard)
-        if shard != self._current:  # left a shard: release every other one but the prefetched next
+        if shard != self._current:  # left a shard: release every other one but those read ahead
             self._current = shard
-            for other in [k for k in self._readers if k not in (shard, self._next)]:
+            keep = {shard, *self._ahead()}
+            for other in [k for k in self._readers if k not in keep]:
                 close_when_open(self._readers.pop(other))
         return self._readers[shard].result()
 
@@ -349,13 +365,28 @@ class ShardSource:
             self._readers[shard] = self._opener().submit(self._open_reader, shard)
 
     def prefetch(self, shard: int) -> None:
-        """Read ``shard`` in the background (its download into the cache, or its first chunks) once
-        the first episode of the shard being entered has been served (the reader names the next
-        shard first): until then its bytes would share the bandwidth with the ones awaited. Its
-        sidecar, a few kilobytes, is fetched at once: the round trip no longer stalls the reader
-        when it enters the shard."""
-        self._next = shard
-        self._sidecar_async(shard)
+        """Read ``shard`` in the background (its download into the cache, or its first chunks) if it
+        is among the shards read ahead (``_ahead``), once the first episode of the shard being
+        entered has been served (the reader names the following shards first): until then their
+        bytes would share the bandwidth with the ones awaited. Its sidecar, a few kilobytes, is
+        fetched at once: the round trip no longer stalls the reader when it enters the shard."""
+        if self._named:  # the first hint since a read: the reader entered a shard
+            self._upcoming, self._named = [], False
+        if shard not in self._upcoming:
+            self._upcoming.append(shard)
+        if shard in self._ahead():
+            self._sidecar_async(shard)
+
+    def _ahead(self) -> list[int]:
+        """The named shards read ahead: the first, and the next ones while within ``READ_AHEAD_BYTES``."""
+        out: list[int] = []
+        total = 0
+        for shard in self._upcoming:
+            total += self._records[shard].bytes
+            if out and total > READ_AHEAD_BYTES:
+                break
+            out.append(shard)
+        return out
 
     def io_stats(self) -> dict[str, int]:
         return self.counters.snapshot()
@@ -365,10 +396,9 @@ class ShardSource:
         for fut in self._readers.values():
             close_when_open(fut)
         self._readers.clear()
-        for pool in (self._opening, self._sidecar_pool):
-            if pool is not None:
-                pool.shutdown(wait=False, cancel_futures=True)
-        self._opening = self._sidecar_pool = None
+        if self._opening is not None:
+            self._opening.shutdown(wait=False, cancel_futures=True)
+            self._opening = None
         self._sidecar_fetches.clear()
         if self.remote is not None:
             self.remote.close()
@@ -388,8 +418,9 @@ class ShardSource:
         """The episode's bytes, checked against the sidecar's member checksums."""
         start, end = entry.span()
         blob = self._reader(shard).read(start, end)
-        if self._next is not None:  # what was awaited has landed: the next shard may start now
-            self._open_async(self._next)
+        self._named = True
+        for ahead in self._ahead():  # what was awaited has landed: the next shards may start now
+            self._open_async(ahead)
         if len(blob) != end - start:
             raise IntegrityError(f"{where}: shard is truncated (wanted bytes {start}..{end}, got {len(blob)})")
         check_episode_bytes(entry, blob, start, where)
@@ -543,8 +574,10 @@ class RawSource:
 
     def prefetch(self, shard: int) -> None:
         """Download the mp4s of the virtual shard ``shard`` in the background, queued after those of
-        the episode read next (the reader asks for the next shard first); nothing without a cache."""
-        self._next = shard
+        the episode read next, if it is the first shard named since the last read (the one read
+        next; later ones would hold more mp4s in the cache); nothing without a cache."""
+        if self._next is None:
+            self._next = shard
 
     def _start_prefetch(self) -> None:
         if self._next is None:
