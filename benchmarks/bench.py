@@ -207,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     data_dir = args.data_dir.resolve()
     raw = data.raw_dataset(data_dir, args.size, seed=args.seed)
-    convert_opts = {**data.CONVERT_DEFAULTS[args.size], **_options(args.convert_opt)}
+    convert_opts = data.convert_options(args.size, _options(args.convert_opt))
     converted = data.converted_dataset(raw, convert_opts)
     if args.prepare_only:
         print(f"[bench] datasets ready: {raw} and {converted}")

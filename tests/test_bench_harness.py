@@ -174,7 +174,8 @@ def test_throughput_chart_has_one_labelled_bar_per_configuration_grouped_by_sour
     ]
     bars = {b["label"]: b for _, bs in groups for b in bs}
     assert bars["w2 slab"]["ratio"] == 140.0 / 80.0  # the newest LeRobot at its best worker count
-    assert bars["0.4.4 map w2"]["ratio"] == 60.0 / 80.0 and bars["decode w2"]["style"] == "limit"
+    assert bars["0.4.4 map w2"]["ratio"] == 60.0 / 80.0 and bars["decode w2"]["style"] == "decode limit"
+    assert bars["ceiling slab w2"]["style"] == "DataLoader ceiling"
     assert {b["style"] for _, bs in groups[:2] for b in bs} == {"ours w0", "ours workers", "ours workers slab"}
     assert {b["style"] for b in groups[2][1]} == {"LeRobot"}
 

@@ -7,6 +7,7 @@ import multiprocessing
 import os
 import threading
 from pathlib import Path
+from typing import Any
 
 import fsspec
 import pytest
@@ -15,7 +16,7 @@ from torch.utils.data import DataLoader
 
 from lerobot_shards.convert.plan import ConvertOptions
 from lerobot_shards.convert.run import convert_dataset
-from lerobot_shards.format import Manifest
+from lerobot_shards.format import FormatError, Manifest
 from lerobot_shards.loader import EpisodePoolDataset
 from lerobot_shards.loader.cache import scan
 from lerobot_shards.synth import read_identity, synth_dataset
@@ -251,5 +252,85 @@ def test_open_source_gives_every_caller_the_remote_timeouts(s3_server, data) -> 
     try:
         config = source.fs.config_kwargs  # type: ignore[attr-defined]
         assert (config["connect_timeout"], config["read_timeout"]) == (CONNECT_TIMEOUT_S, READ_TIMEOUT_S)
+    finally:
+        source.close()
+
+
+def _read_ahead(url: str, s3_server, ahead: tuple[int, ...] = (1,)) -> Any:
+    """The converted source at ``url`` having entered shard 0 with ``ahead`` named next (as the reader
+    names them), once their sidecars and first bytes have landed (waited on through the source's
+    own futures)."""
+    from lerobot_shards.loader.sources import ShardSource, open_source
+
+    source = open_source(url, storage_options=s3_server.storage_options)
+    assert isinstance(source, ShardSource)
+    for shard in ahead:
+        source.prefetch(shard)
+    assert read_identity(_frame(source.read_episode(0, 0), 0)) == (0, 0)
+    for shard in ahead:
+        source._sidecar_fetches[shard].exception()  # fetched ahead (or its failure, kept for the read)
+        source._readers[shard].result()._parts[0].result()  # type: ignore[attr-defined]  # its first chunk
+    return source
+
+
+def _frame(episode: Any, frame: int) -> torch.Tensor:
+    from lerobot_shards.loader.decode import DecoderCache
+
+    cache = DecoderCache(1)
+    try:
+        return cache.frames(episode.clips[CAM], [frame])[0]
+    finally:
+        cache.close()
+
+
+def test_the_next_shards_sidecar_and_bytes_are_read_ahead(data, s3_server) -> None:
+    """Entering a shard names the next one: its sidecar is fetched at once, its bytes once the entered
+    shard's first episode is served, so the reader finds both in hand when it gets there (here they
+    are deleted from the bucket before that read), each once, and the frames are the ones asked for."""
+    _, converted = data
+    url = _upload(s3_server, converted, "storage-ahead")
+    source = _read_ahead(url, s3_server)
+    try:
+        fs = s3_server.filesystem()
+        keys = [f"storage-ahead/ds/shards/{name}" for name in ("shard-000001.tar", "shard-000001.idx.json")]
+        fs.rm(keys)
+        episode = source.read_episode(1, 1)
+        assert [read_identity(_frame(episode, f)) for f in (0, episode.length - 1)] == [(1, 0), (1, episode.length - 1)]
+        assert [s3_server.requests("GET", key) for key in keys] == [1, 1]
+    finally:
+        source.close()
+
+
+def test_a_damaged_sidecar_read_ahead_fails_the_read_of_its_shard(data, s3_server) -> None:
+    """A sidecar fetched in the background is checked against the manifest's sha256 all the same: the
+    error comes when its shard is read, naming the sidecar; the shard before it reads normally."""
+    _, converted = data
+    url = _upload(s3_server, converted, "storage-ahead-bad")
+    key = "storage-ahead-bad/ds/shards/shard-000001.idx.json"
+    fs = s3_server.filesystem()
+    damaged = bytearray(fs.cat_file(key))
+    damaged[len(damaged) // 2] ^= 0x01  # one flipped bit, same size
+    fs.pipe_file(key, bytes(damaged))
+    source = _read_ahead(url, s3_server)
+    try:
+        with pytest.raises(FormatError, match=r"shards/shard-000001\.idx\.json: does not match the sha256"):
+            source.read_episode(1, 1)
+    finally:
+        source.close()
+
+
+def test_small_shards_are_read_ahead_several_at_a_time(data, s3_server) -> None:
+    """Shards far smaller than a ranged request: every shard the reader names within the read-ahead
+    budget is fetched once the current shard's first episode is served, not one round trip per
+    shard as the reader reaches it; here they are all gone from the bucket before they are read."""
+    _, converted = data
+    url = _upload(s3_server, converted, "storage-ahead-many")
+    source = _read_ahead(url, s3_server, ahead=(1, 2, 3))
+    try:
+        names = [f"shard-00000{i}.{kind}" for i in (1, 2, 3) for kind in ("tar", "idx.json")]
+        s3_server.filesystem().rm([f"storage-ahead-many/ds/shards/{name}" for name in names])
+        for shard in (1, 2, 3):
+            episode = source.read_episode(shard, shard)
+            assert read_identity(_frame(episode, episode.length - 1)) == (shard, episode.length - 1)
     finally:
         source.close()

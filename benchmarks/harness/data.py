@@ -21,6 +21,9 @@ CAMERAS = ("observation.images.front", "observation.images.top")
 SIZES: dict[str, dict[str, Any]] = {
     # the end-to-end test: seconds to build; several mp4s per camera, as large datasets have
     "tiny": dict(num_episodes=6, height=96, width=128, length_range=(30, 50), episodes_per_file=3),
+    # small frames behind a bucket: request latency, not decoding, bounds the loader (issue 21's
+    # converted-from-bucket against raw-from-bucket case); one mp4 per camera
+    "small": dict(num_episodes=40, height=96, width=128, length_range=(100, 200), episodes_per_file=40),
     # `make bench`: ~150 MB, 24 episodes of 3-7 s at 30 fps, two cameras; one mp4 per camera, as
     # LeRobot writes a dataset this small (it starts a new file at 500 MB of video, 100 MB of data)
     "quick": dict(num_episodes=24, height=480, width=640, length_range=(100, 200), episodes_per_file=24),
@@ -30,9 +33,20 @@ SIZES: dict[str, dict[str, Any]] = {
 # shards small enough that every worker owns several (the default 512 MB suits TB-scale datasets)
 CONVERT_DEFAULTS: dict[str, dict[str, Any]] = {
     "tiny": {"episodes_per_shard": 1},
+    "small": {"shard_bytes": "2MB"},
     "quick": {"shard_bytes": "16MB"},
     "full": {"shard_bytes": "128MB"},
 }
+
+
+def convert_options(size: str, given: dict[str, Any]) -> dict[str, Any]:
+    """The size's default conversion with ``given`` on top; a shard size or an episode count per
+    shard given replaces the default's other way of sizing shards (the converter takes one)."""
+    defaults = dict(CONVERT_DEFAULTS[size])
+    if {"shard_bytes", "episodes_per_shard"} & set(given):
+        defaults.pop("shard_bytes", None)
+        defaults.pop("episodes_per_shard", None)
+    return {**defaults, **given}
 
 
 def _key(obj: Any) -> str:

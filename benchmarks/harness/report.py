@@ -252,14 +252,16 @@ STYLES = {  # bar colour (and hatch) per kind of configuration; the legend expla
     "ours workers": ("#9ecae1", ""),
     "ours workers slab": ("#2ca02c", ""),
     "LeRobot": ("#8c8c8c", ""),
-    "limit": ("#ffffff", "//"),
+    "decode limit": ("#ffffff", "xx"),
+    "DataLoader ceiling": ("#ffffff", "//"),
 }
+LIMITS = {"pure-decode": "decode limit", "ceiling": "DataLoader ceiling"}
 
 
 def _style(r: dict[str, Any]) -> str:
     if r["loader"].startswith("ours"):
         return "ours w0" if not r["workers"] else "ours workers slab" if " slab" in r["loader"] else "ours workers"
-    return "limit" if r["loader"].split(" ")[0] in ("pure-decode", "ceiling") else "LeRobot"
+    return LIMITS.get(r["loader"].split(" ")[0], "LeRobot")
 
 
 def throughput_groups(rows: list[dict[str, Any]], mode: str) -> list[tuple[str, list[dict[str, Any]]]]:
@@ -304,7 +306,8 @@ def throughput_groups(rows: list[dict[str, Any]], mode: str) -> list[tuple[str, 
             ("LeRobot (raw-local)", [bar(r, r["loader"].replace("lerobot-", "").replace(":", " ")) for r in lerobot])
         )
     limits = sorted(
-        (r for r in ok if _style(r) == "limit"), key=lambda r: (r["loader"].split(" ")[0] != "pure-decode", *key(r))
+        (r for r in ok if _style(r) in LIMITS.values()),
+        key=lambda r: (r["loader"].split(" ")[0] != "pure-decode", *key(r)),
     )
     if limits:
         names = {"pure-decode": "decode", "ceiling": "ceiling"}
@@ -339,14 +342,16 @@ def _throughput_chart(rows: list[dict[str, Any]], path: Path) -> None:
                 ticks.append(x)
                 labels.append(b["label"])
                 x += 1
-            ax.text((start + x - 1) / 2, -0.5, title, transform=ax.get_xaxis_transform(), ha="center", fontsize=8)
+            ax.text(
+                (start + x - 1) / 2, 0.97, title, transform=ax.get_xaxis_transform(), ha="center", va="top", fontsize=8
+            )
             x += 1.2
         ax.set_xticks(ticks, labels, rotation=45, ha="right", fontsize=7)
         ax.set_ylim(0, top * 1.35)
         ax.set_ylabel("samples/s (after warm-up)")
-        ax.set_title(
-            f"{mode}: samples/s per configuration; under each value its ratio to the newest LeRobot", fontsize=9
-        )
+        ratios = any(b["ratio"] is not None for _, bs in groups for b in bs)
+        under = "under each value its ratio to the newest LeRobot" if ratios else "no LeRobot results: no ratios"
+        ax.set_title(f"{mode}: samples/s per configuration; {under}", fontsize=9)
     used = {b["style"] for groups in layouts for _, bs in groups for b in bs}
     legend = [Patch(facecolor=c, hatch=h, edgecolor="black", label=n) for n, (c, h) in STYLES.items() if n in used]
     axes[0, 0].legend(handles=legend, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))

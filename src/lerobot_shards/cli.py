@@ -444,16 +444,23 @@ def upload(out: str, url: str, workers: int, overwrite: bool, progress: bool, st
 @click.argument("path")
 @_STORAGE_OPTIONS
 def inspect_cmd(path: str, storage_options: str | None) -> None:
-    """Summarise PATH, a LeRobot v3.0 dataset or a converted one: episodes, frames, cameras, codecs, shards."""
-    from .convert.inspect import inspect_path
+    """Summarise PATH, a LeRobot v3.0 dataset or a converted one: episodes, frames, cameras, codecs, shards.
+
+    A mixture file (.yaml, .yml, .json): its sources, shares, samples per epoch and shared keys.
+    """
+    from .convert.inspect import inspect_mixture, inspect_path
     from .format import FormatError
     from .lerobot_v3 import SourceError
+    from .loader.mixture_spec import is_mixture_file
 
     _locations(path)
     options = _storage_options(storage_options)
     try:
-        click.echo(inspect_path(path, storage_options=_remote(path, options)))
-    except (SourceError, FormatError) as e:
+        if is_mixture_file(path):
+            click.echo(inspect_mixture(path, storage_options=options))
+        else:
+            click.echo(inspect_path(path, storage_options=_remote(path, options)))
+    except (SourceError, FormatError, ValueError) as e:
         raise click.ClickException(str(e)) from None
 
 

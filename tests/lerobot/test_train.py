@@ -201,3 +201,20 @@ def test_resume_with_workers_across_an_epoch_end(written, tmp_path: Path) -> Non
     state = json.loads((b / "checkpoints/000024/training_state/lerobot_shards_data.json").read_text())
     assert (state["epoch"], state["batches_consumed"], state["num_workers"]) == (1, 6, 2)
     assert _weights_hash(b / "checkpoints/000024") == _weights_hash(tmp_path / "a/checkpoints/000024")
+
+
+def test_act_trains_on_a_mixture_file(written, tmp_path: Path) -> None:
+    """``--dataset.root mix.yaml``: a converted source and a raw one, weighted; the data state records the mixture."""
+    mix = tmp_path / "mix.yaml"
+    mix.write_text(
+        f"samples_per_epoch: 40\nsources:\n"
+        f"  - {{source: {written.shards}, name: shards, weight: 3}}\n"
+        f"  - {{source: {written.raw}, name: raw, weight: 1, episodes: [0, 2]}}\n"
+    )
+    out = tmp_path / "run"
+    log = run([*CLI, "train", *_args(str(mix), out, ACT, steps=4, save_freq=4)], tmp_path / "log.txt", env(), TIMEOUT)
+    assert f"lerobot-shards train: {mix}: 5 episodes," in log
+    assert "End of training" in log
+    state = json.loads((out / "checkpoints/000004/training_state/lerobot_shards_data.json").read_text())
+    assert (state["epoch"], state["batches_consumed"]) == (0, 4)
+    assert state["mixture_counts"] == {"shards": 30, "raw": 10} and len(state["mixture_digest"]) == 16

@@ -143,3 +143,42 @@ def inspect_path(path: str | Path, *, storage_options: dict[str, Any] | None = N
     if dest.exists("meta/info.json"):
         return inspect_source(LeRobotV3Source(str(path), storage_options=storage_options))
     raise SourceError(f"{path}: neither a converted dataset ({MANIFEST_NAME}) nor a LeRobot dataset (meta/info.json)")
+
+
+def inspect_mixture(path: str | Path, *, storage_options: dict[str, Any] | None = None) -> str:
+    """Summary of a mixture file: its sources, their shares and samples per epoch, and the shared keys
+    some sources lack or pad (from metadata alone: each source's manifest or tables)."""
+    from ..loader.mixture import MixtureDataset
+    from ..redaction import without_credentials
+
+    ds = MixtureDataset(path, storage_options=storage_options or None)
+    rows = []
+    for spec, src, count in zip(ds.mixture.sources, ds.sources, ds.counts.values()):
+        share = next(
+            f"{k} {getattr(spec, k):g}" for k in ("weight", "repeat", "choose") if getattr(spec, k) is not None
+        )
+        rows.append(
+            [
+                str(spec.name),
+                without_credentials(spec.source),
+                share,
+                src.num_episodes,
+                src.num_frames,
+                round(float(src.fps), 3),
+                count,
+                f"{count / max(1, ds.samples_per_epoch):.1%}",
+            ]
+        )
+    headers = ["source", "location", "share", "episodes", "frames", "fps", "samples/epoch", "of epoch"]
+    lines = [
+        f"Mixture {path}: sources {len(rows)}, samples per epoch {ds.samples_per_epoch}, frames {ds.num_frames}",
+        table(headers, rows),
+    ]
+    layout = ds.layout
+    for key in layout.flagged:
+        lacking = [s.name for s in layout.sources if key in s.missing]
+        lines.append(f"{key}: missing in {', '.join(lacking)} (zeros, {key}_is_missing)")
+    for key, size in layout.padded.items():
+        sizes = ", ".join(f"{s.name} {s.sizes[key]}" for s in layout.sources if key in s.sizes)
+        lines.append(f"{key}: padded to {size} ({sizes}; {key}_mask)")
+    return "\n".join(lines)

@@ -6,7 +6,7 @@ runs LeRobot's ``train()`` with four seams patched, nothing copied from its loop
 
 1. ``make_train_eval_datasets``: when ``--dataset.root`` (or ``$HF_LEROBOT_HOME/<repo_id>``)
    is a converted dataset or a raw LeRobot v3.0 dataset, local or a URL, the trainer gets an
-   ``EpisodePoolDataset`` (uint8 frames, the policy's ``delta_timestamps`` resolved by LeRobot's
+   ``EpisodePoolDataset`` (a mixture file, ``.yaml``/``.yml``/``.json``: a ``MixtureDataset``) (uint8 frames, the policy's ``delta_timestamps`` resolved by LeRobot's
    own ``resolve_delta_timestamps``, ``meta`` with LeRobot's stats and ImageNet stats as LeRobot
    sets them). ``cfg.dataset.streaming`` is set so the trainer builds a plain DataLoader over an
    iterable dataset. Anything else goes to LeRobot's own factory.
@@ -45,7 +45,9 @@ import torch
 from torch.utils.data import DataLoader
 
 from ..exceptions import LeRobotShardsError
-from ..loader import EpisodePoolDataset
+from ..loader import EpisodePoolDataset, MixtureDataset
+from ..loader.mixture import open_dataset
+from ..loader.mixture_spec import is_mixture_file
 from ..video import usable_cpus
 
 log = logging.getLogger(__name__)
@@ -111,8 +113,11 @@ def _storage_options() -> dict[str, Any] | None:
 
 
 def _is_our_source(url: str, storage_options: dict[str, Any] | None) -> bool:
-    """A converted dataset (manifest.json) or a raw LeRobot v3.0 dataset (meta/info.json) at ``url``."""
+    """A converted dataset (manifest.json), a raw LeRobot v3.0 dataset (meta/info.json) or a mixture file at ``url``."""
     import posixpath
+
+    if is_mixture_file(url):
+        return True
 
     import fsspec
 
@@ -162,7 +167,7 @@ class PositionedLoader:
 
     def __init__(self, loader: DataLoader, epoch: int = 0, batches: int = 0) -> None:
         self.loader = loader
-        self.dataset: EpisodePoolDataset = loader.dataset  # type: ignore[assignment]
+        self.dataset: EpisodePoolDataset | MixtureDataset = loader.dataset  # type: ignore[assignment]
         self.epoch, self.batches = epoch, batches
 
     def __iter__(self) -> Iterator[Any]:
@@ -222,14 +227,21 @@ def _make_datasets(original: Any, run: type[_Run], argv: Sequence[str]) -> Any:
             )
         cfg.dataset.streaming = True  # the trainer then builds a plain DataLoader (no sampler) over our iterable
         common: dict[str, Any] = dict(
-            episodes=cfg.dataset.episodes,
             storage_options=options,
             cache_dir=os.environ.get("LEROBOT_SHARDS_CACHE_DIR") or None,
         )
-        probe = EpisodePoolDataset(url, **common)
+        if is_mixture_file(url):
+            if cfg.dataset.episodes:
+                raise ValueError(
+                    "lerobot-shards train: --dataset.episodes does not apply to a mixture file (give "
+                    "each source's episodes in the file)"
+                )
+        else:
+            common["episodes"] = cfg.dataset.episodes
+        probe = open_dataset(url, **common)
         delta_timestamps = resolve_delta_timestamps(cfg.trainable_config, probe.meta)
         pool = int(os.environ.get("LEROBOT_SHARDS_EPISODE_POOL_SIZE", "16"))
-        dataset = EpisodePoolDataset(
+        dataset = open_dataset(
             url,
             delta_timestamps=delta_timestamps,
             seed=cfg.seed if cfg.seed is not None else 0,
@@ -274,7 +286,9 @@ def _accelerator_class(base: type, run: type[_Run]) -> type:
         """Accelerate's Accelerator that leaves our DataLoader to us (each rank reads its own share)."""
 
         def prepare(self, *args: Any, device_placement: Any = None) -> Any:
-            ours = [isinstance(a, DataLoader) and isinstance(a.dataset, EpisodePoolDataset) for a in args]
+            ours = [
+                isinstance(a, DataLoader) and isinstance(a.dataset, (EpisodePoolDataset, MixtureDataset)) for a in args
+            ]
             rest = [a for a, mine in zip(args, ours) if not mine]
             prepared: Any = super().prepare(*rest, device_placement=device_placement) if rest else ()
             if len(rest) == 1:

@@ -1,4 +1,5 @@
 """The loader: ``EpisodePoolDataset`` streams converted shards (or a raw LeRobot v3.0 dataset);
+``MixtureDataset`` mixes several by weight;
 ``DeviceFeeder`` hands its uint8 batches to the training device as float; ``SlabCollate`` (or
 ``slab_loader``) carries worker batches to the main process in reused shared memory. Its options
 (``OrderOptions``, ``ReadOptions``, ``DecodeOptions``) and the errors it raises are exported here,
@@ -12,6 +13,8 @@ from .dataset import EpisodePoolDataset
 from .decode import DecodeError
 from .feeder import DeviceFeeder
 from .integrity import IntegrityError
+from .mixture import Mixture, MixtureDataset, MixtureError, MixtureResumeError, MixtureSource, load_mixture
+from .mixture_spec import MixtureFileError
 from .options import DecodeOptions, OrderOptions, ReadOptions
 from .transport import SlabCollate, slab_loader
 
@@ -23,10 +26,17 @@ __all__ = [
     "FormatError",
     "IntegrityError",
     "LeRobotShardsError",
+    "Mixture",
+    "MixtureDataset",
+    "MixtureError",
+    "MixtureFileError",
+    "MixtureResumeError",
+    "MixtureSource",
     "OrderOptions",
     "ReadOptions",
     "SlabCollate",
     "SourceError",
     "UnsafeNameError",
+    "load_mixture",
     "slab_loader",
 ]

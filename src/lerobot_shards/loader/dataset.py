@@ -29,13 +29,15 @@ from ..resize import camera_sizes, resized_features
 from .cache import default_cache_bytes
 from .checkpoint import EpochOrder, check_count, shards_digest
 from .control import SharedControl
+from .elastic import SubsetSampler
 from .emission import SampleLayout, stream_samples
 from .meta import DatasetMeta, Stats, dataset_meta, episode_stats_rows
 from .options import DecodeOptions, OrderOptions, ReadOptions, group_options
 from .partition import ConsumerPlan, PlanOptions, ShardSpec, filter_shards
 from .remote import with_timeouts
+from .sampling import PoolSampler
 from .sources import EpisodeSource, ShardSource, SourceMetadata, open_source
-from .stats import SharedStats
+from .stats import SharedStats, StatSlot
 from .windows import delta_frame_offsets
 
 
@@ -141,8 +143,6 @@ class EpisodePoolDataset(IterableDataset):
         self.resize_sizes = camera_sizes(decode.resize_per_camera, self.cameras)
         self.features = resized_features(info.features, self.resize_sizes)
         self.image_keys = tuple(k for k, v in self.features.items() if v["dtype"] == IMAGE_DTYPE)
-        known = [k for k, v in self.features.items() if v["dtype"] != "video"] + list(self.cameras)
-        self.delta_offsets = delta_frame_offsets(delta_timestamps or {}, self.fps, tolerance_s, known_keys=known)
         self.shards = self._select_shards(info.shards, episodes)
         assert order.equal_samples_per_rank is not None
         self._order = EpochOrder(
@@ -156,6 +156,18 @@ class EpisodePoolDataset(IterableDataset):
             rank=self.rank,
             world_size=self.world_size,
         )
+        self.set_delta_timestamps(delta_timestamps, tolerance_s)
+        self._control = SharedControl()  # epoch and resume state, read by (persistent) workers
+        self._stats = SharedStats()
+        self._source_info = info  # for ``meta``, built when first asked for
+
+    def set_delta_timestamps(self, delta_timestamps: Mapping[str, Sequence[float]] | None, tolerance_s: float) -> None:
+        """Set the windows (``delta_timestamps`` at this source's fps), before any iteration.
+
+        A mixture (``loader.mixture``) sets them once it knows each source's keys.
+        """
+        known = [k for k, v in self.features.items() if v["dtype"] != "video"] + list(self.cameras)
+        self.delta_offsets = delta_frame_offsets(delta_timestamps or {}, self.fps, tolerance_s, known_keys=known)
         self._layout = SampleLayout(
             source_url=self.source_url,
             tasks=tuple(self.tasks),
@@ -163,11 +175,13 @@ class EpisodePoolDataset(IterableDataset):
             image_keys=self.image_keys,
             delta_offsets=self.delta_offsets,
             resize_sizes=self.resize_sizes,
-            image_dtype=decode.image_dtype,
+            image_dtype=self.decode.image_dtype,
         )
-        self._control = SharedControl()  # epoch and resume state, read by (persistent) workers
-        self._stats = SharedStats()
-        self._source_info = info  # for ``meta``, built when first asked for
+
+    @property
+    def epoch_order(self) -> EpochOrder:
+        """What fixes this rank's order (a mixture, ``loader.mixture``, schedules its sources by it)."""
+        return self._order
 
     # -- LeRobot-shaped metadata -----------------------------------------------------------------
 
@@ -337,6 +351,12 @@ class EpisodePoolDataset(IterableDataset):
         sampler.skip(skip)
         stats.add("fast_forward_samples", skip)
         stats.add("fast_forward_seconds", time.perf_counter() - start)
+        return self.stream(plan, sampler, skip, stats)
+
+    def stream(
+        self, plan: ConsumerPlan, sampler: PoolSampler | SubsetSampler, skip: int, stats: StatSlot
+    ) -> Iterator[dict[str, Any]]:
+        """The samples of ``sampler`` (fast-forwarded over ``skip``) on ``plan``'s episodes, read and decoded."""
         return stream_samples(
             self._open_source,
             plan,

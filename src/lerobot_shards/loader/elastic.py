@@ -15,7 +15,7 @@ All of it is a pure function of metadata, seed, epoch and the two layouts.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,6 +43,12 @@ class ElasticPlan:
 
     plan: ConsumerPlan  # lengths are the remaining frames of each episode
     frames: tuple[Sequence[int], ...]  # the remaining frame indices of each episode, ascending
+    loads: tuple[int, ...] = ()  # remaining frames of every new consumer (rank-major)
+
+
+# An interrupted consumer's sampler, fast-forwarded to the cut, and the samples it skipped: for a
+# reader whose consumers draw other counts than their plans' (a mixture's sources, ``loader.mixture``).
+Replay = Callable[[Consumer, ConsumerPlan], tuple[PoolSampler, int]]
 
 
 def emitted_frames(
@@ -54,9 +60,11 @@ def emitted_frames(
     pool_size: int,
     origin: Origin,
     drop_last: bool,
+    replay: Replay | None = None,
 ) -> dict[int, np.ndarray | None]:
     """Episode -> frames the interrupted run emitted this epoch (``None``: all of them), by
-    replaying its consumers; episodes it did not reach are absent."""
+    replaying its consumers (``replay``: how; default the dataset's own samplers and counts);
+    episodes it did not reach are absent."""
     emitted: dict[int, np.ndarray | None] = {}
     workers = max(1, origin.num_workers)
     for rank in range(origin.world_size):
@@ -68,15 +76,18 @@ def emitted_frames(
         ]
         counts = plans[0].rank_samples
         for w, plan in enumerate(plans):
-            skip = samples_to_skip(origin.batches_consumed, origin.batch_size, counts, w, drop_last)
-            sampler = PoolSampler(
-                plan.lengths,
-                pool_size,
-                consumer_rng(seed, epoch, rank, w),
-                shuffle=options.shuffle,
-                num_samples=plan.num_samples,
-            )
-            sampler.skip(skip)
+            if replay is None:
+                skip = samples_to_skip(origin.batches_consumed, origin.batch_size, counts, w, drop_last)
+                sampler = PoolSampler(
+                    plan.lengths,
+                    pool_size,
+                    consumer_rng(seed, epoch, rank, w),
+                    shuffle=options.shuffle,
+                    num_samples=plan.num_samples,
+                )
+                sampler.skip(skip)
+            else:
+                sampler, skip = replay(plan.consumer, plan)
             if skip >= sum(plan.lengths):  # a whole pass (equal-count mode repeats frames after it)
                 emitted.update((e, None) for _, e in plan.episodes)
                 continue
@@ -96,10 +107,18 @@ def plan_elastic(
     origin: Origin,
     drop_last: bool,
     consumer: Consumer,
+    replay: Replay | None = None,
 ) -> ElasticPlan:
     """``consumer``'s remaining episodes, frames and sample count for the rest of ``epoch``."""
     emitted = emitted_frames(
-        shards, seed=seed, epoch=epoch, options=options, pool_size=pool_size, origin=origin, drop_last=drop_last
+        shards,
+        seed=seed,
+        epoch=epoch,
+        options=options,
+        pool_size=pool_size,
+        origin=origin,
+        drop_last=drop_last,
+        replay=replay,
     )
     frames: dict[int, Sequence[int]] = {}
     remaining: list[ShardSpec] = []
@@ -121,7 +140,7 @@ def plan_elastic(
     units = split_shards(remaining, consumer.count, seed=seed, epoch=epoch, shuffle=options.shuffle)
     loads = [sum(s.frames for s in mine) for mine in units]
     counts = [sum(loads) // len(loads)] * len(loads) if options.equal_samples_per_rank else loads
-    if options.equal_samples_per_rank and counts[0] and not all(loads):
+    if replay is None and options.equal_samples_per_rank and counts[0] and not all(loads):
         raise ValueError(
             f"elastic resume in equal-count mode needs remaining frames on every consumer, but only "
             f"{sum(1 for n in loads if n)} of {len(loads)} have some; resume with fewer ranks or workers"
@@ -136,7 +155,7 @@ def plan_elastic(
         rank_samples=tuple(counts[first : first + consumer.num_workers]),
         warnings=(),
     )
-    return ElasticPlan(plan, tuple(frames[e] for _, e in plan.episodes))
+    return ElasticPlan(plan, tuple(frames[e] for _, e in plan.episodes), tuple(loads))
 
 
 def elastic_rng_key(seed: int, epoch: int, rank: int, worker: int) -> tuple[int, ...]:

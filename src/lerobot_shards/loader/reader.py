@@ -8,6 +8,7 @@ and ``prefetch`` while it runs; it does not own the source (whoever opened it cl
 
 from __future__ import annotations
 
+import collections
 import logging
 import queue
 import threading
@@ -28,7 +29,8 @@ class EpisodeReader:
         source: where episodes come from; used only by this reader's thread until ``close``.
         episodes: the consumer's (shard, episode) list in reading order.
         order: (pass, position) keys in admission order (``PoolSampler.admission_order``).
-        depth: episodes read ahead at most.
+        depth: episodes read ahead at most; on entering a shard the source is told the following
+            shards that hold the next ``depth`` episodes (at least the next shard), to fetch ahead.
         skip_bad: an episode whose bytes fail their checksum (``IntegrityError``) is handed over
             as None (logged) instead of ending the stream with the error.
     """
@@ -47,6 +49,7 @@ class EpisodeReader:
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=max(1, depth))
         self._skip_bad = skip_bad
         self._stop = threading.Event()
+        self._depth = max(1, depth)
         self._thread = threading.Thread(target=self._run, args=(source, episodes, order), daemon=True)
         self._thread.start()
 
@@ -64,14 +67,17 @@ class EpisodeReader:
     ) -> None:
         try:
             shard_order = list(dict.fromkeys(shard for shard, _ in episodes))
+            sizes = collections.Counter(shard for shard, _ in episodes)
             current = None
             for key in order:
                 shard, episode_index = episodes[key[1]]
-                if shard != current:  # entering a shard: fetch the next one in the background
+                if shard != current:  # entering a shard: the following ones may be fetched in the background
                     current = shard
-                    following = shard_order.index(shard) + 1
-                    if following < len(shard_order):
+                    following, ahead = shard_order.index(shard) + 1, 0
+                    while following < len(shard_order) and ahead < self._depth:
                         source.prefetch(shard_order[following])
+                        ahead += sizes[shard_order[following]]
+                        following += 1
                 if not self._put((key, self._read(source, shard, episode_index))):
                     return
             self._put(self._END)

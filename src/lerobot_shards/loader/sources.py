@@ -33,13 +33,26 @@ from ..redaction import register_secrets, without_credentials
 from ..safe_io import check_local_file, read_small
 from ..shard_plan import plan_shards
 from ..timeouts import bounded
-from .cache import CachedFile, IOCounters, LocalFile, Reader, RemoteFile, RemoteIO, close_when_open, ranged
+from .cache import (
+    CHUNK_BYTES,
+    CachedFile,
+    IOCounters,
+    LocalFile,
+    Reader,
+    RemoteFile,
+    RemoteIO,
+    close_when_open,
+    ranged,
+)
 from .integrity import IntegrityError, check_episode_bytes
 from .meta import Stats, stats_to_numpy
 from .partition import ShardSpec
 from .remote import reading, with_timeouts
 
 log = logging.getLogger(__name__)
+# Shards opened ahead of the reader, by size: the next one, and more while they fit in this many
+# bytes. Each shard costs a round trip before its first byte, which small shards do not amortise.
+READ_AHEAD_BYTES = CHUNK_BYTES
 # pyarrow.compute is imported above, in the process that builds the dataset, on purpose: list
 # columns' flatten() and casts import it lazily, and that first import inside forked DataLoader
 # workers stalled each worker's first episode by ~2.3 s (measured: first batch from the bucket
@@ -133,7 +146,11 @@ class EpisodeSource(Protocol):
         ...
 
     def prefetch(self, shard: int) -> None:
-        """Hint that ``shard`` is read next: start fetching it in the background (may do nothing)."""
+        """Hint that ``shard`` is read soon: start fetching it in the background (may do nothing).
+
+        On entering a shard the reader names the shards it reads after it, in order (a few): the
+        first named is read next; a source may fetch the later ones too, or ignore them.
+        """
         ...
 
     def io_stats(self) -> dict[str, int]:
@@ -248,8 +265,10 @@ class ShardSource:
         self.remote = RemoteIO(self.url, cache_dir, cache_max_bytes, self.counters) if remote else None
         self._readers: dict[int, Future[Reader]] = {}  # the shard being read and the prefetched next one
         self._current: int | None = None
-        self._next: int | None = None
+        self._upcoming: list[int] = []  # the shards the reader named on entering the current one, in order
+        self._named = False  # a read happened since: the next hint starts a new list
         self._opening: ThreadPoolExecutor | None = None
+        self._sidecar_fetches: dict[int, Future[fmt.Sidecar]] = {}  # those of the shards read ahead
         self.info = SourceInfo(
             fps=m.fps,
             features=m.features,
@@ -264,28 +283,40 @@ class ShardSource:
         return posixpath.join(self.root, fmt.SHARDS_DIR, check_name(name, f"{self.url}: shard name"))
 
     def sidecar(self, shard: int) -> fmt.Sidecar:
-        """The shard's index (member offsets, clip frame tables), read once and kept."""
+        """The shard's index (member offsets, clip frame tables), read once and kept (from its
+        background fetch when one was started)."""
         if shard not in self._sidecars:
-            rec = self._records[shard]
-            path = self._shard_path(rec.sidecar)
-            where = f"{self.url}/{fmt.SHARDS_DIR}/{rec.sidecar}"
-            data = read_small(
-                self.fs, path, rec.sidecar_bytes or fmt.MAX_SIDECAR_BYTES, root=self._local_root, where=where
-            )
-            if rec.sidecar_sha256 is not None and fmt.sidecar_digest(data) != rec.sidecar_sha256:
-                raise fmt.FormatError(
-                    f"{where}: does not match the sha256 the manifest records for it ({rec.sidecar_sha256[:16]}...): "
-                    "the sidecar was edited or damaged after conversion; restore it or re-convert the dataset"
-                )
-            sc = fmt.Sidecar.from_json(data, where=where)
-            try:
-                fmt.check_sidecar(sc, rec, self.manifest)
-            except fmt.FormatError as problem:
-                raise fmt.FormatError(f"{where}: {problem}") from None
+            fetching = self._sidecar_fetches.pop(shard, None)
+            sc = fetching.result() if fetching is not None else self._read_sidecar(shard)
             self._sidecars[shard] = sc
             for e in sc.episodes:
                 self._entries[e.episode_index] = (shard, e)
         return self._sidecars[shard]
+
+    def _read_sidecar(self, shard: int) -> fmt.Sidecar:
+        """Fetch and check the shard's sidecar (no shared state: may run on a background thread)."""
+        rec = self._records[shard]
+        path = self._shard_path(rec.sidecar)
+        where = f"{self.url}/{fmt.SHARDS_DIR}/{rec.sidecar}"
+        data = read_small(self.fs, path, rec.sidecar_bytes or fmt.MAX_SIDECAR_BYTES, root=self._local_root, where=where)
+        if rec.sidecar_sha256 is not None and fmt.sidecar_digest(data) != rec.sidecar_sha256:
+            raise fmt.FormatError(
+                f"{where}: does not match the sha256 the manifest records for it ({rec.sidecar_sha256[:16]}...): "
+                "the sidecar was edited or damaged after conversion; restore it or re-convert the dataset"
+            )
+        sc = fmt.Sidecar.from_json(data, where=where)
+        try:
+            fmt.check_sidecar(sc, rec, self.manifest)
+        except fmt.FormatError as problem:
+            raise fmt.FormatError(f"{where}: {problem}") from None
+        return sc
+
+    def _sidecar_async(self, shard: int) -> None:
+        """Start fetching the shard's sidecar: one small request, so its round trip overlaps the
+        current shard's reads instead of stalling the reader when it enters the shard."""
+        if self.remote is None or shard in self._sidecars or shard in self._sidecar_fetches:
+            return
+        self._sidecar_fetches[shard] = self.remote.pool.submit(self._read_sidecar, shard)
 
     def episode_stats(self, episodes: Sequence[int]) -> dict[int, Stats]:
         """The stats the sidecars record for ``episodes`` (one sidecar read per shard holding one of
@@ -330,9 +361,10 @@ class ShardSource:
 
     def _reader(self, shard: int) -> Reader:
         self._open_async(shard)
-        if shard != self._current:  # left a shard: release every other one but the prefetched next
+        if shard != self._current:  # left a shard: release every other one but those read ahead
             self._current = shard
-            for other in [k for k in self._readers if k not in (shard, self._next)]:
+            keep = {shard, *self._ahead()}
+            for other in [k for k in self._readers if k not in keep]:
                 close_when_open(self._readers.pop(other))
         return self._readers[shard].result()
 
@@ -346,10 +378,28 @@ class ShardSource:
             self._readers[shard] = self._opener().submit(self._open_reader, shard)
 
     def prefetch(self, shard: int) -> None:
-        """Read ``shard`` in the background (its download into the cache, or its first chunks) once
-        the first episode of the shard being entered has been served (the reader names the next
-        shard first): until then its bytes would share the bandwidth with the ones awaited."""
-        self._next = shard
+        """Read ``shard`` in the background (its download into the cache, or its first chunks) if it
+        is among the shards read ahead (``_ahead``), once the first episode of the shard being
+        entered has been served (the reader names the following shards first): until then their
+        bytes would share the bandwidth with the ones awaited. Its sidecar, a few kilobytes, is
+        fetched at once: the round trip no longer stalls the reader when it enters the shard."""
+        if self._named:  # the first hint since a read: the reader entered a shard
+            self._upcoming, self._named = [], False
+        if shard not in self._upcoming:
+            self._upcoming.append(shard)
+        if shard in self._ahead():
+            self._sidecar_async(shard)
+
+    def _ahead(self) -> list[int]:
+        """The named shards read ahead: the first, and the next ones while within ``READ_AHEAD_BYTES``."""
+        out: list[int] = []
+        total = 0
+        for shard in self._upcoming:
+            total += self._records[shard].bytes
+            if out and total > READ_AHEAD_BYTES:
+                break
+            out.append(shard)
+        return out
 
     def io_stats(self) -> dict[str, int]:
         return self.counters.snapshot()
@@ -362,6 +412,7 @@ class ShardSource:
         if self._opening is not None:
             self._opening.shutdown(wait=False, cancel_futures=True)
             self._opening = None
+        self._sidecar_fetches.clear()
         if self.remote is not None:
             self.remote.close()
 
@@ -380,8 +431,9 @@ class ShardSource:
         """The episode's bytes, checked against the sidecar's member checksums."""
         start, end = entry.span()
         blob = self._reader(shard).read(start, end)
-        if self._next is not None:  # what was awaited has landed: the next shard may start now
-            self._open_async(self._next)
+        self._named = True
+        for ahead in self._ahead():  # what was awaited has landed: the next shards may start now
+            self._open_async(ahead)
         if len(blob) != end - start:
             raise IntegrityError(f"{where}: shard is truncated (wanted bytes {start}..{end}, got {len(blob)})")
         check_episode_bytes(entry, blob, start, where)
@@ -535,8 +587,10 @@ class RawSource:
 
     def prefetch(self, shard: int) -> None:
         """Download the mp4s of the virtual shard ``shard`` in the background, queued after those of
-        the episode read next (the reader asks for the next shard first); nothing without a cache."""
-        self._next = shard
+        the episode read next, if it is the first shard named since the last read (the one read
+        next; later ones would hold more mp4s in the cache); nothing without a cache."""
+        if self._next is None:
+            self._next = shard
 
     def _start_prefetch(self) -> None:
         if self._next is None:

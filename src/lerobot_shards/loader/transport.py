@@ -31,6 +31,7 @@ That path has not run yet (no GPU on the development machine): see README.md.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import math
 import multiprocessing
 import os
@@ -168,27 +169,23 @@ def slab_loader(
     )
 
 
+@dataclass(frozen=True)
 class SlabBatch:
     """What crosses the DataLoader queue: a slab (pickled by torch as a file descriptor) and its layout.
 
     Unpickled in the main process it becomes the batch itself (``_rebuild``), a ``dict``.
     """
 
-    def __init__(
-        self,
-        storage: torch.UntypedStorage,
-        slab: tuple[int, int, int],
-        generation: int,
-        fields: tuple[_Field, ...],
-        others: dict[str, Any],
-        order: tuple[str, ...],
-        pin: bool,
-    ) -> None:
-        self.storage, self.slab, self.generation = storage, slab, generation
-        self.fields, self.others, self.order, self.pin = fields, others, order, pin
+    storage: torch.UntypedStorage
+    slab: tuple[int, int, int]  # (worker pid, transport token, slab index)
+    generation: int
+    fields: tuple[_Field, ...]
+    others: dict[str, Any]
+    order: tuple[str, ...]
+    pin: bool
 
     def __reduce__(self) -> tuple[Callable[..., dict[str, Any]], tuple[Any, ...]]:
-        return _rebuild, (self.storage, self.slab, self.generation, self.fields, self.others, self.order, self.pin)
+        return _rebuild, tuple(getattr(self, f.name) for f in dataclasses.fields(self))
 
 
 @dataclass
@@ -286,17 +283,9 @@ class _Ring:
         return _Slab(storage, header, nbytes)
 
 
-def _rebuild(
-    storage: torch.UntypedStorage,
-    slab: tuple[int, int, int],
-    generation: int,
-    fields: tuple[_Field, ...],
-    others: dict[str, Any],
-    order: tuple[str, ...],
-    pin: bool,
-) -> dict[str, Any]:
+def _rebuild(*parts: Any) -> dict[str, Any]:
     """The batch, as views of the slab (runs where the ``SlabBatch`` is unpickled: the main process)."""
-    return _registry().adopt(storage, slab, generation, fields, others, order, pin)
+    return _registry().adopt(SlabBatch(*parts))
 
 
 class _Mapped:
@@ -361,17 +350,10 @@ class _Registry:
         self._pending: collections.deque[tuple[_Mapped, int, Any]] = collections.deque()  # pinned, copies in flight
         self._counts = {"rebuilt": 0.0, "mapped": 0.0, "dropped": 0.0, "rebuild_cpu_s": 0.0}
 
-    def adopt(
-        self,
-        storage: torch.UntypedStorage,
-        slab: tuple[int, int, int],
-        generation: int,
-        fields: tuple[_Field, ...],
-        others: dict[str, Any],
-        order: tuple[str, ...],
-        pin: bool,
-    ) -> dict[str, Any]:
+    def adopt(self, wire: SlabBatch) -> dict[str, Any]:
+        """Map (once) and lease the batch's slab and return the batch as views of it."""
         start = time.thread_time()
+        storage, slab, generation = wire.storage, wire.slab, wire.generation
         with self._lock:
             while self._pending and self._pending[0][2].query():
                 done, generation_done, _ = self._pending.popleft()
@@ -382,7 +364,7 @@ class _Registry:
                     self._drop(slab)
                 elif not any(key[:2] == slab[:2] for key in self._slabs):  # a new worker: forget exited ones
                     self._prune()
-                entry = self._slabs[slab] = _Mapped(storage, slab[0], pin and _pin(storage))
+                entry = self._slabs[slab] = _Mapped(storage, slab[0], wire.pin and _pin(storage))
                 self._counts["mapped"] += 1
             header = _header(entry.storage)
             state, written = int(header[0]), int(header[1])
@@ -394,10 +376,10 @@ class _Registry:
                 )
             base = entry.lease(generation, self._pending)
             batch: dict[str, Any] = {}
-            views = {f.key: _view(base, f) for f in fields}
+            views = {f.key: _view(base, f) for f in wire.fields}
             del base
-            for key in order:
-                batch[key] = views[key] if key in views else others[key]
+            for key in wire.order:
+                batch[key] = views[key] if key in views else wire.others[key]
             self._counts["rebuilt"] += 1
             self._counts["rebuild_cpu_s"] += time.thread_time() - start
         return batch

@@ -1,0 +1,296 @@
+"""``MixtureDataset``: one resumable stream over several robot datasets, mixed by weight, repeat or count.
+
+Each source is an ``EpisodePoolDataset`` of its own (its episode pool, partition over ranks and
+workers, windows at its own fps, storage options and episode subset); the mixture only decides,
+per sample, which source's stream gives it (``mixture_order``: a pure schedule of (mixture, seed,
+epoch, rank, worker)), and renames, zero-fills and pads the sources' keys into one sample shape
+(``mixture_layout``). Resume follows from the schedule: a consumer's position gives each source's
+position, and each source fast-forwards its own sampler; an epoch resumed under another layout
+lays out what remains of each source again (``elastic.py``, per source). A resume state records
+the mixture's identity (``mixture_digest``: sources, shares, subsets, key maps, epoch length and
+each source's order) and a state of another mixture is refused in one line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from torch.utils.data import IterableDataset, get_worker_info
+
+from ..exceptions import LeRobotShardsError
+from .checkpoint import check_count
+from .control import SharedControl
+from .dataset import EpisodePoolDataset
+from .meta import DatasetMeta
+from .mixture_layout import MixtureError, MixtureLayout, build_layout, mix_stats, rename_stats
+from .mixture_order import MixStart, MixtureOrder
+from .mixture_spec import Mixture, MixtureSource, is_mixture_file, load_mixture, source_counts
+from .options import DecodeOptions, OrderOptions, ReadOptions, group_options
+from .stats import SharedStats, StatSlot
+
+MIXTURE_DIGEST = "mixture_digest"
+MIXTURE_COUNTS = "mixture_counts"
+
+__all__ = ["Mixture", "MixtureDataset", "MixtureError", "MixtureResumeError", "MixtureSource", "load_mixture"]
+
+
+class MixtureResumeError(LeRobotShardsError, ValueError):
+    """A resume state saved by another mixture (or by a single dataset); the message says what differs."""
+
+
+class MixtureDataset(IterableDataset):
+    """A PyTorch IterableDataset over a ``Mixture`` (or a mixture file: YAML or JSON, ``load_mixture``).
+
+    Keywords as ``EpisodePoolDataset``'s (``delta_timestamps`` in seconds and in shared names, each
+    source turning them into frames at its own fps; the ``order``/``read``/``decode`` groups or
+    their flat keywords, for every source; a source's ``storage_options`` are laid over
+    ``read``'s). Each sample is its source's sample under the shared keys, with
+    ``dataset_index`` and ``dataset_name`` (``mixture_layout``: missing keys, padded vectors).
+
+    ``meta`` is the mixture's ``DatasetMeta``: shared features, and stats combined by the
+    sources' shares of the epoch (``mixture_layout.mix_stats``); ``source_meta(name)`` is one
+    source's own. ``samples_per_epoch`` counts the epoch's samples over every rank.
+    """
+
+    def __init__(
+        self,
+        mixture: Mixture | str | os.PathLike[str],
+        *,
+        delta_timestamps: Mapping[str, Sequence[float]] | None = None,
+        tolerance_s: float = 1e-4,
+        rank: int | None = None,
+        world_size: int | None = None,
+        order: OrderOptions | None = None,
+        read: ReadOptions | None = None,
+        decode: DecodeOptions | None = None,
+        **options: Any,
+    ) -> None:
+        super().__init__()
+        self.mixture_file = None if isinstance(mixture, Mixture) else os.fspath(mixture)
+        self.mixture = mixture if isinstance(mixture, Mixture) else load_mixture(mixture)
+        order, read, decode = group_options(order, read, decode, options, caller="MixtureDataset()")
+        self.sources = tuple(
+            _open(spec, rank=rank, world_size=world_size, order=order, read=read, decode=decode)
+            for spec in self.mixture.sources
+        )
+        self.names = self.mixture.names
+        windows = {k: len(v) for k, v in (delta_timestamps or {}).items() if hasattr(v, "__len__")}
+        self.layout: MixtureLayout = build_layout(
+            self.names,
+            [ds.features for ds in self.sources],
+            [spec.key_map for spec in self.mixture.sources],
+            windows,
+            decode.image_dtype,
+        )
+        for ds, keys in zip(self.sources, self.layout.sources):
+            # In the source's own names, for the keys it has (the layout pads the others' windows).
+            mine = {keys.source_key(k): v for k, v in (delta_timestamps or {}).items() if k not in keys.missing}
+            try:
+                ds.set_delta_timestamps(mine, tolerance_s)
+            except ValueError as e:
+                raise MixtureError(f"mixture source {keys.name!r} ({ds.fps:g} fps): {e}") from None
+        try:
+            counts = source_counts(self.mixture, [ds.num_frames for ds in self.sources])
+        except ValueError as e:
+            raise MixtureError(f"mixture: {e}") from None
+        self._order = MixtureOrder(tuple(ds.epoch_order for ds in self.sources), counts, self.names)
+        first = self._order.first
+        self.rank, self.world_size = first.rank, first.world_size
+        self.digest = self.mixture.digest(counts, [o.key.digest() for o in self._order.orders])
+        # The state's position and order fields, as a single dataset's (``checkpoint``), with the
+        # mixture's identity standing for the shard plan.
+        self._state_order = dataclasses.replace(first, shards=(), source_shards_digest=self.digest)
+        self._control = SharedControl()
+        self._stats = SharedStats()
+
+    # -- what it holds --------------------------------------------------------------------------
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """Samples of each source per epoch (over every rank)."""
+        return dict(zip(self.names, self._order.counts))
+
+    @property
+    def samples_per_epoch(self) -> int:
+        return sum(self._order.counts)
+
+    @property
+    def num_frames(self) -> int:
+        """Frames of the sources' chosen episodes, all together."""
+        return sum(ds.num_frames for ds in self.sources)
+
+    @property
+    def num_episodes(self) -> int:
+        return sum(ds.num_episodes for ds in self.sources)
+
+    @property
+    def fps(self) -> float:
+        """The first source's fps (each source's windows are at its own: ``source(name).fps``)."""
+        return self.sources[0].fps
+
+    def source(self, name: str) -> EpisodePoolDataset:
+        """One source's dataset, by its name."""
+        if name not in self.names:
+            raise KeyError(f"no mixture source named {name!r}; the sources are {list(self.names)}")
+        return self.sources[self.names.index(name)]
+
+    def source_meta(self, name: str) -> DatasetMeta:
+        """One source's own metadata and stats (its own key names)."""
+        return self.source(name).meta
+
+    @property
+    def weights(self) -> tuple[float, ...]:
+        """Each source's share of the epoch's samples: what ``meta.stats`` weights the sources by."""
+        total = self.samples_per_epoch
+        return tuple(n / total if total else 0.0 for n in self._order.counts)
+
+    @functools.cached_property
+    def meta(self) -> DatasetMeta:
+        """The mixture's metadata: shared features, stats by ``mix_stats`` (weights: ``weights``)."""
+        metas = [ds.meta for ds in self.sources]
+        stats = mix_stats(
+            [rename_stats(m.stats, keys.rename) for m, keys in zip(metas, self.layout.sources)], self.weights
+        )
+        tasks = tuple(dict.fromkeys(t for m in metas for t in m.tasks))
+        root = self.mixture_file or "mixture"
+        return DatasetMeta(
+            repo_id=os.path.splitext(os.path.basename(root))[0],
+            root=root,
+            info={"fps": self.fps, "mixture": self.counts, "features": self.layout.features},
+            features=self.layout.features,
+            stats={k: v for k, v in stats.items() if k in self.layout.features},
+            tasks=tasks,
+            episodes=(),
+            total_episodes=sum(m.total_episodes for m in metas),
+            total_frames=sum(m.total_frames for m in metas),
+            fps=metas[0].fps,
+            stats_source="mixture",
+        )
+
+    # -- epoch and resume -----------------------------------------------------------------------
+
+    @property
+    def epoch(self) -> int:
+        return self._control.epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """As ``EpisodePoolDataset.set_epoch``: reschedule and reshuffle every source for ``epoch``."""
+        self._control.epoch = check_count("epoch", epoch, 0)
+
+    def state_dict(self, batches_consumed: int, batch_size: int) -> dict[str, Any]:
+        """As ``EpisodePoolDataset.state_dict``, plus the mixture's identity and each source's count."""
+        state = self._state_order.state_dict(
+            self.epoch, batches_consumed, batch_size, self._control.seen_workers, self._control.resume
+        )
+        return {**state, MIXTURE_DIGEST: self.digest, MIXTURE_COUNTS: self.counts}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """As ``EpisodePoolDataset.load_state_dict``; a state of another mixture raises ``MixtureResumeError``."""
+        if not isinstance(state, Mapping):
+            raise ValueError(f"resume state must be a dict, got {type(state).__name__}")
+        saved = state.get(MIXTURE_DIGEST)
+        if saved is None:
+            raise MixtureResumeError(
+                f"resume state has no {MIXTURE_DIGEST}: it was saved by a single dataset, not by this mixture"
+            )
+        if saved != self.digest:
+            raise MixtureResumeError(
+                f"resume state was saved by another mixture ({MIXTURE_DIGEST} {saved}, this one {self.digest}"
+                f"{_differences(state.get(MIXTURE_COUNTS), self.counts)}): the samples would differ; resume "
+                f"with the mixture that saved it, or start a new epoch without the state"
+            )
+        rest = {k: v for k, v in state.items() if k not in (MIXTURE_DIGEST, MIXTURE_COUNTS)}
+        resume = self._state_order.load(rest)
+        self._control.epoch = resume.epoch
+        self._control.resume = resume
+
+    def epoch_samples(self, num_workers: int) -> int:
+        """Samples this rank yields this epoch with ``num_workers`` DataLoader workers."""
+        return sum(self._order.rank_counts(self.epoch, self.rank, self.world_size, num_workers))
+
+    def plan(self, worker: int, num_workers: int) -> MixStart:
+        """This rank's worker's schedule and per-source samplers for the current epoch (pure; no I/O)."""
+        return self._order.start(self.epoch, self._control.resume, worker, num_workers)
+
+    # -- iteration ------------------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        info = get_worker_info()
+        worker, num_workers = (0, 0) if info is None else (info.id, info.num_workers)
+        stats = self._stats.slot(worker)
+        self._control.saw_workers(num_workers)
+        began = time.perf_counter()
+        start = self.plan(worker, num_workers)  # fast-forwards every source's sampler
+        stats.reset()
+        stats.add("fast_forward_samples", sum(p.skip for p in start.parts))
+        stats.add("fast_forward_seconds", time.perf_counter() - began)
+        return self._interleave(start, stats)
+
+    def _interleave(self, start: MixStart, stats: StatSlot) -> Iterator[dict[str, Any]]:
+        # Each source's stream opens its source (and reader thread) when first asked for a sample.
+        streams = [ds.stream(p.plan, p.sampler, p.skip, stats) for ds, p in zip(self.sources, start.parts)]
+        try:
+            for d in start.schedule:  # numpy ints: a list of Python ints would cost 5x the memory
+                item = next(streams[d], None)
+                if item is not None:  # None: on_error="skip" dropped it
+                    yield self.layout.sample(d, item)
+        finally:
+            for stream in streams:
+                stream.close()  # type: ignore[attr-defined]
+
+    def stats(self) -> dict[str, Any]:
+        """Per-worker and total counters of the last iteration (every source's together)."""
+        return {"rank": self.rank, **self._stats.summary()}
+
+
+def _open(
+    spec: MixtureSource,
+    *,
+    rank: int | None,
+    world_size: int | None,
+    order: OrderOptions,
+    read: ReadOptions,
+    decode: DecodeOptions,
+) -> EpisodePoolDataset:
+    """One source's dataset: the mixture's options (their storage options for remote sources only), its
+    own storage options over them, resize's camera names translated."""
+    remote = "://" in spec.source and not spec.source.startswith("file://")
+    storage = {**((remote and read.storage_options) or {}), **(spec.storage_options or {})} or None
+    if decode.resize:
+        resize = {spec.key_map.get(k, k): v for k, v in decode.resize_per_camera.items()}
+        decode = dataclasses.replace(decode, resize=resize)
+    try:
+        return EpisodePoolDataset(
+            spec.source,
+            episodes=spec.episodes,
+            rank=rank,
+            world_size=world_size,
+            order=order,
+            read=dataclasses.replace(read, storage_options=storage),
+            decode=decode,
+        )
+    except LeRobotShardsError:
+        raise  # names its file already
+    except ValueError as e:
+        raise MixtureError(f"mixture source {spec.name!r}: {e}") from None
+
+
+def _differences(saved: Any, current: Mapping[str, int]) -> str:
+    """What changed between the saved sources' counts and these, for the error's one line."""
+    if not isinstance(saved, Mapping):
+        return ""
+    changes = [f"{k}: {saved.get(k, 'absent')} -> {current.get(k, 'absent')}" for k in {**saved, **current}]
+    changed = [c for c, k in zip(changes, {**saved, **current}) if saved.get(k) != current.get(k)]
+    return f"; samples per epoch {', '.join(changed)}" if changed else "; same counts, other sources or settings"
+
+
+def open_dataset(source: str | os.PathLike[str], **kwargs: Any) -> EpisodePoolDataset | MixtureDataset:
+    """A ``MixtureDataset`` for a mixture file (``.yaml``, ``.yml``, ``.json``), else an ``EpisodePoolDataset``."""
+    if is_mixture_file(source):
+        return MixtureDataset(source, **kwargs)
+    return EpisodePoolDataset(os.fspath(source), **kwargs)

@@ -1,0 +1,264 @@
+"""The order of a mixture's epoch: which source each sample comes from, and where each source stands.
+
+Pure functions of (the sources' plans, counts, seed, epoch, rank, worker), like the single-dataset
+order (``checkpoint.EpochOrder``), which each source keeps:
+
+- **Shares.** Source d gives ``counts[d]`` samples per epoch (``mixture_spec.source_counts``),
+  split over the (rank x worker) consumers by the frames each consumer holds of that source
+  (``partition.work_units``, the source's own partition: ranks and workers read disjoint parts of
+  every source). The split telescopes, so the shares add up to ``counts[d]`` exactly; in
+  equal-count mode every consumer gets ``counts[d] // consumers`` instead, so every rank yields
+  the same number of samples (DDP) at the price of at most ``consumers - 1`` samples per source.
+- **Schedule.** A consumer's sequence of source indices is a jittered stratified interleave: the
+  k-th of source d's n samples sits at a uniform random point of ``[k/n, (k+1)/n)`` and the
+  points are sorted. Every prefix then holds each source within about one sample of its share
+  (far closer than independent draws), and the counts are exact.
+- **Per-source streams.** Each source is read by its own sampler (``PoolSampler``: the episode
+  pool, uniform frames, each frame once per pass, further passes with fresh order when the share
+  exceeds the frames) over the source's own consumer plan, with its own random stream.
+- **Resume.** A consumer fast-forwarded over its first s samples stands, in source d, at the
+  count of d in the schedule's first s entries: each source skips that many (``PoolSampler.skip``).
+  An epoch resumed under another layout (``elastic.py``) replays the interrupted consumers'
+  schedules to learn how far each got in each source, then lays out each source's remaining
+  frames over the new consumers (``plan_elastic``) and splits its remaining count over them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+
+from .checkpoint import EpochOrder, elastic_origin
+from .control import ResumeState
+from .elastic import ElasticPlan, Origin, SubsetSampler, plan_elastic
+from .partition import Consumer, ConsumerPlan, ShardSpec, work_units
+from .resume import resume_point, samples_to_skip
+from .sampling import PoolSampler, keyed_rng
+
+MIX_SCHEDULE = 0x4D49_5853  # "MIXS": the schedule's random stream
+MIX_SAMPLER = 0x4D49_5850  # "MIXP": a source's sampler in a mixture
+MIX_SOURCE_SEED = 0x4D49_5845  # "MIXE": a source's seed for its elastic sampler
+ELASTIC_FLAG = 1 << 32  # added to the worker in keys of an elastic-resumed epoch's streams
+
+
+def interleave(shares: Sequence[int], rng: np.random.Generator) -> np.ndarray:
+    """Source indices, ``shares[d]`` of each d, in a jittered stratified order (see the module)."""
+    labels = np.repeat(np.arange(len(shares), dtype=np.int32), shares)
+    keys = [(np.arange(n) + rng.random(n)) / n for n in shares if n]
+    if not keys:
+        return labels
+    return labels[np.argsort(np.concatenate(keys), kind="stable")]
+
+
+def apportion(total: int, loads: Sequence[int], index: int, equal: bool) -> int:
+    """Consumer ``index``'s part of ``total`` samples: by its ``loads`` (telescoping floors), or equal."""
+    if equal:
+        return total // len(loads)
+    frames = sum(loads)
+    if frames == 0:
+        return 0
+    before = sum(loads[:index])
+    return total * (before + loads[index]) // frames - total * before // frames
+
+
+@functools.lru_cache(maxsize=256)
+def _loads(shards: tuple[ShardSpec, ...], consumers: int, seed: int, epoch: int, shuffle: bool) -> tuple[int, ...]:
+    units = work_units(shards, consumers, seed=seed, epoch=epoch, shuffle=shuffle)
+    return tuple(sum(s.frames for s in mine) for mine in units)
+
+
+class Part(NamedTuple):
+    """One source's stream in one consumer: its plan, its sampler and the samples it skipped."""
+
+    plan: ConsumerPlan
+    sampler: PoolSampler | SubsetSampler
+    skip: int
+
+
+class MixStart(NamedTuple):
+    """Where one iterator of a mixture starts: the rest of its schedule and each source's part."""
+
+    schedule: np.ndarray
+    parts: tuple[Part, ...]
+
+
+@dataclass(frozen=True)
+class MixtureOrder:
+    """Every source's order (``EpochOrder``, this rank's) and its samples per epoch."""
+
+    orders: tuple[EpochOrder, ...]
+    counts: tuple[int, ...]
+    names: tuple[str, ...] = ()  # for errors
+
+    @property
+    def first(self) -> EpochOrder:
+        return self.orders[0]  # the settings every source shares (seed, pool, layout)
+
+    def source_seed(self, d: int) -> int:
+        """Source d's own seed for its samplers' random streams, apart from every other source's."""
+        return int(keyed_rng(MIX_SOURCE_SEED, self.first.seed, d).integers(2**63))
+
+    def shares(self, epoch: int, consumer: Consumer) -> tuple[int, ...]:
+        """Samples of each source that ``consumer`` yields in ``epoch`` (see the module)."""
+        return tuple(
+            apportion(
+                n,
+                _loads(o.shards, consumer.count, o.seed, epoch, o.shuffle),
+                consumer.index,
+                o.equal_samples_per_rank,
+            )
+            for o, n in zip(self.orders, self.counts)
+        )
+
+    def schedule(self, epoch: int, consumer: Consumer, shares: Sequence[int], elastic: bool = False) -> np.ndarray:
+        """The consumer's source indices in ``epoch`` (an elastic epoch's on their own stream)."""
+        worker = consumer.worker + (ELASTIC_FLAG if elastic else 0)
+        return interleave(shares, keyed_rng(MIX_SCHEDULE, self.first.seed, epoch, consumer.rank, worker))
+
+    def sampler(self, d: int, plan: ConsumerPlan, num_samples: int, epoch: int, elastic: bool = False) -> PoolSampler:
+        """Source d's sampler on ``plan`` for ``num_samples`` samples (its own random stream)."""
+        c = plan.consumer
+        worker = c.worker + (ELASTIC_FLAG if elastic else 0)
+        rng = keyed_rng(MIX_SAMPLER, self.first.seed, epoch, c.rank, worker, d)
+        o = self.orders[d]
+        return PoolSampler(plan.lengths, o.pool_size, rng, shuffle=o.shuffle, num_samples=num_samples)
+
+    def rank_counts(self, epoch: int, rank: int, world_size: int, num_workers: int) -> list[int]:
+        """Samples of every worker's stream on ``rank`` (what ``resume_point`` needs)."""
+        workers = max(1, num_workers)
+        return [sum(self.shares(epoch, Consumer(rank, world_size, w, workers))) for w in range(workers)]
+
+    def start(self, epoch: int, resume: ResumeState | None, worker: int, num_workers: int) -> MixStart:
+        """The schedule and per-source samplers of DataLoader worker ``worker`` (as ``EpochOrder.start``)."""
+        first = self.first
+        stream, skip = worker, 0
+        if resume is not None and resume.epoch == epoch:
+            origin, batches = elastic_origin(resume, first.world_size, num_workers)
+            if origin is not None:
+                return self._start_elastic(epoch, origin, batches, resume.batch_size, worker, num_workers)
+            counts = self.rank_counts(epoch, first.rank, first.world_size, num_workers)
+            stream, skip = resume_point(batches, resume.batch_size, counts, worker, first.drop_last)
+        consumer = Consumer(first.rank, first.world_size, stream, max(1, num_workers))
+        shares = self.shares(epoch, consumer)
+        schedule = self.schedule(epoch, consumer, shares)
+        done = np.bincount(schedule[:skip], minlength=len(self.orders))
+        parts = []
+        for d, order in enumerate(self.orders):
+            plan = order.plan(epoch, first.rank, stream, num_workers)
+            sampler = self.sampler(d, plan, shares[d], epoch)
+            sampler.skip(int(done[d]))
+            parts.append(Part(plan, sampler, int(done[d])))
+        return MixStart(schedule[skip:], tuple(parts))
+
+    # -- elastic resume -------------------------------------------------------------------------
+
+    def consumed(self, epoch: int, origin: Origin) -> dict[tuple[int, int], np.ndarray]:
+        """(rank, worker) of the interrupted run -> samples it had consumed of each source."""
+        workers = max(1, origin.num_workers)
+        out = {}
+        for rank in range(origin.world_size):
+            counts = self.rank_counts(epoch, rank, origin.world_size, origin.num_workers)
+            for w in range(workers):
+                consumer = Consumer(rank, origin.world_size, w, workers)
+                skip = samples_to_skip(origin.batches_consumed, origin.batch_size, counts, w, self.first.drop_last)
+                schedule = self.schedule(epoch, consumer, self.shares(epoch, consumer))
+                out[rank, w] = np.bincount(schedule[:skip], minlength=len(self.orders))
+        return out
+
+    def _elastic_source(
+        self, d: int, epoch: int, origin: Origin, done: dict[tuple[int, int], np.ndarray], consumer: Consumer
+    ) -> tuple[ElasticPlan, int]:
+        """Source d's remaining frames for ``consumer`` and the samples of it the rest of the epoch owes."""
+        order = self.orders[d]
+
+        def replay(old: Consumer, plan: ConsumerPlan) -> tuple[PoolSampler, int]:
+            sampler = self.sampler(d, plan, self.shares(epoch, old)[d], epoch)
+            skip = int(done[old.rank, old.worker][d])
+            sampler.skip(skip)
+            return sampler, skip
+
+        elastic = plan_elastic(
+            order.shards,
+            seed=order.seed,
+            epoch=epoch,
+            options=order.plan_options,
+            pool_size=order.pool_size,
+            origin=origin,
+            drop_last=order.drop_last,
+            consumer=consumer,
+            replay=replay,
+        )
+        workers = max(1, origin.num_workers)
+        owed = sum(
+            self.shares(epoch, Consumer(r, origin.world_size, w, workers))[d] - int(done[r, w][d])
+            for r in range(origin.world_size)
+            for w in range(workers)
+        )
+        return elastic, owed
+
+    def _start_elastic(
+        self, epoch: int, origin: Origin, batches: int, batch_size: int, worker: int, num_workers: int
+    ) -> MixStart:
+        """The rest of an epoch interrupted under ``origin``, for this rank's DataLoader worker ``worker``.
+
+        Each source's remaining frames (the interrupted run's pass, ``plan_elastic``) are laid out
+        over the new consumers, each of which owes its part of the source's remaining samples; a
+        source whose remaining count outlasts its remaining frames (``repeat`` > 1) reads further
+        passes over those frames, and one with none left (its pass was complete) a fresh pass.
+        """
+        first = self.first
+        workers = max(1, num_workers)
+        done = self.consumed(epoch, origin)
+
+        def layout(stream: int) -> tuple[list[tuple[ElasticPlan, int]], tuple[int, ...]]:
+            consumer = Consumer(first.rank, first.world_size, stream, workers)
+            sources = [self._elastic_source(d, epoch, origin, done, consumer) for d in range(len(self.orders))]
+            shares = []
+            for (elastic, owed), order in zip(sources, self.orders):
+                loads = (
+                    elastic.loads
+                    if sum(elastic.loads)
+                    else _loads(order.shards, consumer.count, order.seed, epoch, order.shuffle)
+                )
+                shares.append(apportion(owed, loads, consumer.index, order.equal_samples_per_rank))
+            return sources, tuple(shares)
+
+        sources, shares = layout(worker)
+        stream, skip = worker, 0
+        if batches:
+            counts = [sum(layout(w)[1]) if w != worker else sum(shares) for w in range(workers)]
+            stream, skip = resume_point(batches, batch_size, counts, worker, first.drop_last)
+            if stream != worker:
+                sources, shares = layout(stream)
+        consumer = Consumer(first.rank, first.world_size, stream, workers)
+        schedule = self.schedule(epoch, consumer, shares, elastic=True)
+        skipped = np.bincount(schedule[:skip], minlength=len(self.orders))
+        parts = []
+        for d, ((elastic, _), order) in enumerate(zip(sources, self.orders)):
+            sampler: PoolSampler | SubsetSampler
+            if sum(elastic.loads):
+                plan = dataclasses.replace(elastic.plan, num_samples=shares[d])
+                sampler = SubsetSampler(
+                    ElasticPlan(plan, elastic.frames),
+                    order.pool_size,
+                    seed=self.source_seed(d),
+                    epoch=epoch,
+                    shuffle=order.shuffle,
+                )
+            else:
+                plan = order.plan(epoch, first.rank, stream, num_workers)
+                sampler = self.sampler(d, plan, shares[d], epoch, elastic=True)
+            if shares[d] and not plan.lengths:
+                raise ValueError(
+                    f"elastic resume in equal-count mode: mixture source {self.names[d] if self.names else d!r} owes "
+                    f"this consumer {shares[d]} samples "
+                    f"but none of its remaining frames; resume with fewer ranks or workers"
+                )
+            sampler.skip(int(skipped[d]))
+            parts.append(Part(plan, sampler, int(skipped[d])))
+        return MixStart(schedule[skip:], tuple(parts))
