@@ -4,6 +4,7 @@ skips, corrupt local shards, and no credentials or endpoints in what it writes o
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import signal
 import subprocess
@@ -14,7 +15,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from convert_helpers import output_files, run_cli
+from convert_helpers import output_files, reseal, run_cli
 from lerobot_shards.convert.destination import LOCK_NAME, Destination, TransferError
 from lerobot_shards.convert.plan import ConvertOptions
 from lerobot_shards.convert.run import convert_dataset
@@ -207,3 +208,49 @@ def test_remote_writes_retry_transient_errors_a_bounded_number_of_times(s3_serve
     with pytest.raises(FileNotFoundError):
         dest.retrying("s3://upload-retry/ds/x", missing)
     assert len(calls) == 1  # permanent: not retried
+
+
+def _tamper_sidecar(out: Path) -> None:
+    side = out / "shards/shard-000001.idx.json"
+    d = json.loads(side.read_text())
+    d["episodes"][0]["clips"][CAM]["frames"]["pts"][1] += 1  # still increasing: only a digest tells
+    side.write_text(json.dumps(d, separators=(",", ":")))
+
+
+def _tamper_manifest(out: Path) -> None:
+    m = json.loads((out / "manifest.json").read_text())
+    m["tasks"][0] = "another task"
+    (out / "manifest.json").write_text(json.dumps(m, indent=1))
+
+
+def _sidecar_of_other_shard(out: Path) -> None:
+    """The attacker recomputes the digests: the sidecar then vouches for a shard the manifest does not list."""
+    side = out / "shards/shard-000001.idx.json"
+    d = json.loads(side.read_text())
+    d["sha256"] = "0" * 64
+    side.write_text(json.dumps(d, separators=(",", ":")))
+    reseal(out)
+
+
+@pytest.mark.parametrize(
+    ("tamper", "message"),
+    [
+        (_tamper_sidecar, r"shard-000001\.idx\.json: does not match the sha256 the manifest records for it"),
+        (_tamper_manifest, r"manifest\.json: content does not match its manifest_sha256"),
+        (_sidecar_of_other_shard, r"shard-000001\.idx\.json: describes shard-000001\.tar .* the manifest"),
+    ],
+    ids=["sidecar edited", "manifest edited", "sidecar edited, digests recomputed"],
+)
+def test_tampered_local_metadata_is_refused_before_anything_is_sent(
+    tamper, message: str, converted: Path, s3_server, tmp_path: Path
+) -> None:
+    bucket = f"upload-tamper-{tmp_path.name[-12:].lower().replace('_', '-')}"
+    fs = _bucket(s3_server, bucket)
+    out = tmp_path / "converted"
+    shutil.copytree(converted, out)
+    tamper(out)
+    result = run_cli("upload", out, f"s3://{bucket}/ds", "--storage-options", json.dumps(_options(s3_server)))
+    assert result.returncode == 1 and re.search(message, result.stderr), result.stderr
+    assert "nothing was uploaded" in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    fs.invalidate_cache()
+    assert fs.find(bucket) == []  # not even convert.json: refused before the destination is touched

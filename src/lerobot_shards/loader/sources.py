@@ -30,7 +30,7 @@ from .. import format as fmt
 from ..lerobot_v3 import IMAGE_DTYPE, VIDEO_DTYPE, LeRobotV3Source, SourceError, numpy_of, protocols
 from ..names import check_name
 from ..redaction import register_secrets, without_credentials
-from ..safe_io import check_local_file, read_small
+from ..safe_io import check_local_file, read_sidecar, read_small
 from ..shard_plan import plan_shards
 from ..timeouts import bounded
 from .cache import CachedFile, IOCounters, LocalFile, Reader, RemoteFile, RemoteIO, close_when_open, ranged
@@ -268,19 +268,7 @@ class ShardSource:
             rec = self._records[shard]
             path = self._shard_path(rec.sidecar)
             where = f"{self.url}/{fmt.SHARDS_DIR}/{rec.sidecar}"
-            data = read_small(
-                self.fs, path, rec.sidecar_bytes or fmt.MAX_SIDECAR_BYTES, root=self._local_root, where=where
-            )
-            if rec.sidecar_sha256 is not None and fmt.sidecar_digest(data) != rec.sidecar_sha256:
-                raise fmt.FormatError(
-                    f"{where}: does not match the sha256 the manifest records for it ({rec.sidecar_sha256[:16]}...): "
-                    "the sidecar was edited or damaged after conversion; restore it or re-convert the dataset"
-                )
-            sc = fmt.Sidecar.from_json(data, where=where)
-            try:
-                fmt.check_sidecar(sc, rec, self.manifest)
-            except fmt.FormatError as problem:
-                raise fmt.FormatError(f"{where}: {problem}") from None
+            sc, _ = read_sidecar(self.fs, path, rec, self.manifest, root=self._local_root, where=where)
             self._sidecars[shard] = sc
             for e in sc.episodes:
                 self._entries[e.episode_index] = (shard, e)
