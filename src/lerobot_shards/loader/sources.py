@@ -34,6 +34,7 @@ from ..safe_io import check_local_file, read_sidecar, read_small
 from ..shard_plan import plan_shards
 from ..timeouts import bounded
 from .cache import CachedFile, IOCounters, LocalFile, Reader, RemoteFile, RemoteIO, close_when_open, ranged
+from .episode_checks import check_episode_columns
 from .integrity import IntegrityError, check_episode_bytes
 from .partition import ShardSpec
 from .remote import reading, with_timeouts
@@ -44,6 +45,8 @@ log = logging.getLogger(__name__)
 # workers stalled each worker's first episode by ~2.3 s (measured: first batch from the bucket
 # with 2 workers 3.1 s -> 0.96 s).
 
+
+MISSING = "missing, though manifest.json lists it: the dataset is incomplete; restore the file or re-convert"
 
 # What an open source read of its metadata, handed to ``open_source(metadata=...)`` to open the
 # same source again without fetching it: a converted dataset's manifest, a raw dataset's tables.
@@ -95,7 +98,7 @@ def table_to_columns(table: pa.Table, features: dict[str, dict[str, Any]], where
         if spec["dtype"] == VIDEO_DTYPE:
             continue
         if name not in table.column_names:
-            raise ValueError(f"{where}: feature {name!r} has no column (has {', '.join(table.column_names)})")
+            raise fmt.FormatError(f"{where}: feature {name!r} has no column (has {', '.join(table.column_names)})")
         col = table.column(name).combine_chunks()
         if spec["dtype"] == IMAGE_DTYPE:
             out[name] = np.array([v["bytes"] if isinstance(v, dict) else v for v in col.to_pylist()], dtype=object)
@@ -268,7 +271,10 @@ class ShardSource:
             rec = self._records[shard]
             path = self._shard_path(rec.sidecar)
             where = f"{self.url}/{fmt.SHARDS_DIR}/{rec.sidecar}"
-            sc, _ = read_sidecar(self.fs, path, rec, self.manifest, root=self._local_root, where=where)
+            try:
+                sc, _ = read_sidecar(self.fs, path, rec, self.manifest, root=self._local_root, where=where)
+            except FileNotFoundError:
+                raise fmt.FormatError(f"{where}: {MISSING}") from None
             self._sidecars[shard] = sc
             for e in sc.episodes:
                 self._entries[e.episode_index] = (shard, e)
@@ -284,9 +290,12 @@ class ShardSource:
         """The shard's bytes: the local file, the node cache (downloading it), or ranged reads."""
         rec = self._records[shard]
         path = self._shard_path(rec.name)
-        if self.remote is None:  # a shard symlinked out of the dataset is refused, as a FIFO would be
-            return LocalFile(check_local_file(path, root=self.root, where=f"{self.url}/{fmt.SHARDS_DIR}/{rec.name}"))
         where = f"{self.url}/{fmt.SHARDS_DIR}/{rec.name}"
+        if self.remote is None:  # a shard symlinked out of the dataset is refused, as a FIFO would be
+            try:
+                return LocalFile(check_local_file(path, root=self.root, where=where))
+            except FileNotFoundError:
+                raise fmt.FormatError(f"{where}: {MISSING}") from None
         fetch = ranged(self.fs, path, where)
         if self.remote.cache is not None:
             cached = self.remote.cache.acquire(
@@ -402,6 +411,17 @@ class ShardSource:
                 f"{where}: member {fmt.table_member(entry.key)} is not readable parquet ({e})"
             ) from None
         columns = table_to_columns(table, self.info.features, where)
+        check_episode_columns(
+            table,
+            columns,
+            episode_index=episode_index,
+            length=entry.length,
+            features=self.info.features,
+            tasks=self.info.tasks,
+            where=where,
+            error=fmt.FormatError,
+            episode_tasks=header.tasks,
+        )
         clips = {
             cam: ClipRef(
                 cache_key=f"{self.url}#{entry.key}.{cam}",
@@ -567,6 +587,16 @@ class RawSource:
             with reading(where):
                 table = self.src.read_episode_table(ep)
             columns = table_to_columns(table, self.info.features, where)
+            check_episode_columns(
+                table,
+                columns,
+                episode_index=episode_index,
+                length=ep.length,
+                features=self.info.features,
+                tasks=self.info.tasks,
+                where=where,
+                error=SourceError,
+            )
         except BaseException:
             self._release(files)
             raise
