@@ -590,7 +590,10 @@ class Manifest:
                 shards=tuple(
                     ShardRecord.from_dict(s, f"shards[{i}]", digests=version >= 3) for i, s in enumerate(d["shards"])
                 ),
-                skipped_episodes={int(k): v for k, v in d.get("skipped_episodes", {}).items()},
+                skipped_episodes={
+                    _int(int(k) if isinstance(k, str) and k.isdigit() else k, f"skipped_episodes key {k!r}"): v
+                    for k, v in d.get("skipped_episodes", {}).items()
+                },
                 converter=d.get("converter", {}),
                 format_version=int(version),
                 transforms={c: FrameTransform.from_dict(t) for c, t in d.get("transforms", {}).items()},

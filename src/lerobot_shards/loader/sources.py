@@ -27,6 +27,7 @@ import pyarrow.compute  # noqa: F401  (see below)
 import pyarrow.parquet as pq
 
 from .. import format as fmt
+from ..episode_table import check_episode_table
 from ..lerobot_v3 import IMAGE_DTYPE, VIDEO_DTYPE, LeRobotV3Source, SourceError, numpy_of, protocols
 from ..names import check_name
 from ..redaction import register_secrets, without_credentials
@@ -34,7 +35,6 @@ from ..safe_io import check_local_file, read_sidecar, read_small
 from ..shard_plan import plan_shards
 from ..timeouts import bounded
 from .cache import CachedFile, IOCounters, LocalFile, Reader, RemoteFile, RemoteIO, close_when_open, ranged
-from .episode_checks import check_episode_columns
 from .integrity import IntegrityError, check_episode_bytes
 from .partition import ShardSpec
 from .remote import reading, with_timeouts
@@ -410,10 +410,8 @@ class ShardSource:
             raise IntegrityError(
                 f"{where}: member {fmt.table_member(entry.key)} is not readable parquet ({e})"
             ) from None
-        columns = table_to_columns(table, self.info.features, where)
-        check_episode_columns(
+        check_episode_table(
             table,
-            columns,
             episode_index=episode_index,
             length=entry.length,
             features=self.info.features,
@@ -422,6 +420,7 @@ class ShardSource:
             error=fmt.FormatError,
             episode_tasks=header.tasks,
         )
+        columns = table_to_columns(table, self.info.features, where)
         clips = {
             cam: ClipRef(
                 cache_key=f"{self.url}#{entry.key}.{cam}",
@@ -586,10 +585,8 @@ class RawSource:
             local = self._local_videos(held, episode_index)
             with reading(where):
                 table = self.src.read_episode_table(ep)
-            columns = table_to_columns(table, self.info.features, where)
-            check_episode_columns(
+            check_episode_table(
                 table,
-                columns,
                 episode_index=episode_index,
                 length=ep.length,
                 features=self.info.features,
@@ -597,6 +594,7 @@ class RawSource:
                 where=where,
                 error=SourceError,
             )
+            columns = table_to_columns(table, self.info.features, where)
         except BaseException:
             self._release(files)
             raise
