@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import fsspec
@@ -53,6 +54,25 @@ def own_server(tmp_path: Path):
         proc.wait(timeout=10)
 
 
+def _outcome_within_guard(work: Callable[[], object]) -> BaseException | str:
+    """What ``work`` raised (or "finished") when run in a thread, failing the test instead of hanging
+    when it gives nothing within ``HANG_GUARD_S``."""
+    outcome: list[BaseException | str] = []
+
+    def run() -> None:
+        try:
+            work()
+            outcome.append("finished")
+        except BaseException as e:
+            outcome.append(e)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(HANG_GUARD_S)
+    assert outcome, f"no error within {HANG_GUARD_S} s: reads against a paused server hang"
+    return outcome[0]
+
+
 def test_timeout_defaults_are_seconds_and_overridable() -> None:
     opts = with_timeouts("s3://b/ds", {"config_kwargs": {"read_timeout": 60}})
     assert opts["config_kwargs"]["read_timeout"] == 60  # the user's value wins
@@ -79,20 +99,7 @@ def test_paused_bucket_fails_naming_the_shard(own_server, synth_factory, tmp_pat
         source.read_episode(0, 0)
     source.close()
     # a new epoch: a new iterator over the paused bucket
-    outcome: list[BaseException | str] = []
-
-    def consume() -> None:
-        try:
-            list(ds)
-            outcome.append("finished")
-        except BaseException as e:
-            outcome.append(e)
-
-    thread = threading.Thread(target=consume, daemon=True)
-    thread.start()
-    thread.join(HANG_GUARD_S)
-    assert outcome, f"no error within {HANG_GUARD_S} s: reads against a paused server hang"
-    error = outcome[0]
+    error = _outcome_within_guard(lambda: list(ds))
     assert isinstance(error, OSError), error
     # The iterator reuses the dataset's manifest (no fetch): its first read names the shard and episode.
     assert re.match(r"s3://paused/ds/shards/shard-\d+\.tar: episode \d+: cannot read it \(", str(error)), str(error)
@@ -170,20 +177,7 @@ def test_paused_server_raw_bucket_fails_naming_the_file(cached: bool, own_server
     samples = iter(ds)
     next(samples)
     os.kill(proc.pid, signal.SIGSTOP)
-    outcome: list[BaseException | str] = []
-
-    def consume() -> None:
-        try:
-            sum(1 for _ in samples)
-            outcome.append("finished")
-        except BaseException as e:
-            outcome.append(e)
-
-    thread = threading.Thread(target=consume, daemon=True)
-    thread.start()
-    thread.join(HANG_GUARD_S)
-    assert outcome, f"no error within {HANG_GUARD_S} s"
-    error = outcome[0]
+    error = _outcome_within_guard(lambda: sum(1 for _ in samples))
     assert isinstance(error, OSError | DecodeError), error
     assert "check that the storage server is up" in str(error), str(error)
     assert re.search(r"s3://paused/raw/(videos|data)/[\w./-]+\.(mp4|parquet)", str(error)), str(error)
