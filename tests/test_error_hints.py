@@ -77,3 +77,21 @@ def test_a_source_frame_rate_that_is_none(fps, synth_factory, tmp_path: Path) ->
 def test_synth_refuses_fps_0(tmp_path: Path) -> None:
     result = run_cli("synth", tmp_path / "ds", "--fps", "0")
     assert result.returncode == 2 and "--fps" in result.stderr and "Traceback" not in result.stderr, result.stderr
+
+
+def test_only_transport_errors_get_the_storage_hint() -> None:
+    """``reading`` blames the storage server for what a transport library raised, never for our own
+    errors, a bug or memory running out (each passes unchanged)."""
+    from botocore.exceptions import ReadTimeoutError
+
+    from lerobot_shards.loader.remote import reading
+
+    for own in (MemoryError(), TypeError("'<=' not supported"), AttributeError("x"), SourceError("bad field")):
+        with pytest.raises(type(own)) as raised, reading("s3://b/ds/shards/shard-000000.tar: episode 0"):
+            raise own
+        assert raised.value is own and STORAGE_HINT not in str(raised.value)
+    with pytest.raises(
+        OSError, match=rf"shard-000000\.tar: episode 0: cannot read it \(ReadTimeoutError.*{STORAGE_HINT}"
+    ):
+        with reading("s3://b/ds/shards/shard-000000.tar: episode 0"):
+            raise ReadTimeoutError(endpoint_url="http://host:9000")

@@ -4,6 +4,7 @@ skips, corrupt local shards, and no credentials or endpoints in what it writes o
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import signal
@@ -254,3 +255,39 @@ def test_tampered_local_metadata_is_refused_before_anything_is_sent(
     assert "nothing was uploaded" in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
     fs.invalidate_cache()
     assert fs.find(bucket) == []  # not even convert.json: refused before the destination is touched
+
+
+def _tar_symlinked_out(out: Path) -> None:
+    tar = out / "shards/shard-000001.tar"
+    outside = out.parent / "elsewhere.tar"
+    shutil.move(tar, outside)
+    tar.symlink_to(outside)
+
+
+def _tar_a_fifo(out: Path) -> None:
+    tar = out / "shards/shard-000001.tar"
+    tar.unlink()
+    os.mkfifo(tar)  # hashing it would block forever
+
+
+@pytest.mark.parametrize(
+    ("tamper", "message"),
+    [
+        (_tar_symlinked_out, r"shard-000001\.tar: is a symlink to .*, outside the dataset"),
+        (_tar_a_fifo, r"shard-000001\.tar: not a regular file"),
+    ],
+    ids=["symlinked out of OUT", "a FIFO"],
+)
+def test_a_shard_that_is_no_file_of_the_conversion_is_not_sent(
+    tamper, message: str, converted: Path, s3_server, tmp_path: Path
+) -> None:
+    bucket = f"upload-nofile-{tmp_path.name[-12:].lower().replace('_', '-')}"
+    fs = _bucket(s3_server, bucket)
+    out = tmp_path / "converted"
+    shutil.copytree(converted, out)
+    tamper(out)
+    with pytest.raises(UploadError, match=message):
+        upload_dataset(out, f"s3://{bucket}/ds", workers=1, storage_options=_options(s3_server), progress=False)
+    fs.invalidate_cache()
+    remote = sorted(p.rsplit("/", 1)[1] for p in fs.find(bucket))
+    assert "shard-000001.tar" not in remote and "manifest.json" not in remote, remote

@@ -44,7 +44,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 from ..exceptions import LeRobotShardsError
 from ..format import MANIFEST_NAME, MAX_MANIFEST_BYTES, SHARDS_DIR, FormatError, Manifest
-from ..safe_io import read_sidecar, read_small
+from ..safe_io import check_local_file, read_sidecar, read_small
 from .destination import HASH_CHUNK, RUN_RECORD, Destination, DestinationBusy
 from .run import claim
 
@@ -69,6 +69,7 @@ class LocalShard:
     size: int
     sha256: str
     sidecar: bytes  # the sidecar file's bytes, sent as they are
+    out: Path  # the conversion it belongs to: the tar must lie inside it
 
 
 @dataclass
@@ -105,13 +106,22 @@ def local_shards(out: Path, manifest: Manifest) -> list[LocalShard]:
         except FormatError as e:
             raise UploadError(f"{e}; nothing was uploaded") from None
         shards.append(
-            LocalShard(record.name, record.sidecar, out / SHARDS_DIR / record.name, sidecar.size, sidecar.sha256, data)
+            LocalShard(
+                record.name, record.sidecar, out / SHARDS_DIR / record.name, sidecar.size, sidecar.sha256, data, out
+            )
         )
     return shards
 
 
 def check_local_shard(shard: LocalShard) -> None:
-    """Hash the local tar: an UploadError naming it unless size and sha256 match its sidecar."""
+    """Hash the local tar: an UploadError naming it unless it is a regular file inside the conversion (a
+    FIFO would block, a symlink out of it send another file) whose size and sha256 match its sidecar."""
+    try:
+        check_local_file(str(shard.tar), root=str(shard.out))
+    except FileNotFoundError:
+        raise UploadError(f"{shard.tar}: missing; {shard.out} is not a complete conversion") from None
+    except FormatError as e:
+        raise UploadError(f"{e}; nothing of it was uploaded") from None
     h = hashlib.sha256()
     size = 0
     with open(shard.tar, "rb") as f:

@@ -112,6 +112,29 @@ def table_to_columns(table: pa.Table, features: dict[str, dict[str, Any]], where
     return out
 
 
+def checked_columns(
+    table: pa.Table,
+    info: SourceInfo,
+    episode_index: int,
+    length: int,
+    where: str,
+    error: type[Exception],
+    episode_tasks: Sequence[str] = (),
+) -> dict[str, np.ndarray]:
+    """``table_to_columns`` of an episode's rows once they agree with the metadata (``check_episode_table``)."""
+    check_episode_table(
+        table,
+        episode_index=episode_index,
+        length=length,
+        features=info.features,
+        tasks=info.tasks,
+        where=where,
+        error=error,
+        episode_tasks=episode_tasks,
+    )
+    return table_to_columns(table, info.features, where)
+
+
 class EpisodeSource(Protocol):
     """The interface the loader reads episodes through (compare Grain's data sources).
 
@@ -410,17 +433,7 @@ class ShardSource:
             raise IntegrityError(
                 f"{where}: member {fmt.table_member(entry.key)} is not readable parquet ({e})"
             ) from None
-        check_episode_table(
-            table,
-            episode_index=episode_index,
-            length=entry.length,
-            features=self.info.features,
-            tasks=self.info.tasks,
-            where=where,
-            error=fmt.FormatError,
-            episode_tasks=header.tasks,
-        )
-        columns = table_to_columns(table, self.info.features, where)
+        columns = checked_columns(table, self.info, episode_index, entry.length, where, fmt.FormatError, header.tasks)
         clips = {
             cam: ClipRef(
                 cache_key=f"{self.url}#{entry.key}.{cam}",
@@ -585,16 +598,7 @@ class RawSource:
             local = self._local_videos(held, episode_index)
             with reading(where):
                 table = self.src.read_episode_table(ep)
-            check_episode_table(
-                table,
-                episode_index=episode_index,
-                length=ep.length,
-                features=self.info.features,
-                tasks=self.info.tasks,
-                where=where,
-                error=SourceError,
-            )
-            columns = table_to_columns(table, self.info.features, where)
+            columns = checked_columns(table, self.info, episode_index, ep.length, where, SourceError)
         except BaseException:
             self._release(files)
             raise
