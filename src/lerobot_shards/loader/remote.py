@@ -21,6 +21,7 @@ LOCAL_HINTS = {
     errno.EROFS: "cache_dir is on a read-only file system; choose a writable cache_dir",
     errno.EISDIR: "a directory stands where the cache keeps a file; remove it from cache_dir",
     errno.ENOTDIR: "a file stands where the cache keeps a folder; remove it from cache_dir",
+    errno.EEXIST: "a file stands where the cache keeps a folder; remove it from cache_dir",
     errno.EACCES: "permission denied in cache_dir; fix its permissions or choose another cache_dir",
 }
 
