@@ -215,11 +215,15 @@ def test_a_parquet_read_timeout_is_a_storage_error_without_the_endpoint_not_a_ba
 
     register_secrets({"endpoint_url": "http://10.31.32.33:49000"})
 
-    class TimingOut:
+    class TimingOut:  # object storage (a local path is first checked to be a regular file)
+        protocol = ("s3", "s3a")
+
         def cat_file(self, path: str) -> bytes:
             raise TimeoutError(f"Read timeout on endpoint URL: http://10.31.32.33:49000/{path}")
 
     class Garbled:
+        protocol = ("s3", "s3a")
+
         def cat_file(self, path: str) -> bytes:
             return b"PAR1 not really parquet"
 

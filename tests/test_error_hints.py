@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from lerobot_shards.convert.run import convert_dataset
 from lerobot_shards.lerobot_v3 import LeRobotV3Source, SourceError
 from lerobot_shards.loader import EpisodePoolDataset
 from lerobot_shards.loader import cache as cache_module
+from lerobot_shards.safe_io import UnsafePathError
 
 STORAGE_HINT = "check that the storage server is up"
 
@@ -77,3 +79,59 @@ def test_a_source_frame_rate_that_is_none(fps, synth_factory, tmp_path: Path) ->
 def test_synth_refuses_fps_0(tmp_path: Path) -> None:
     result = run_cli("synth", tmp_path / "ds", "--fps", "0")
     assert result.returncode == 2 and "--fps" in result.stderr and "Traceback" not in result.stderr, result.stderr
+
+
+def test_only_transport_errors_get_the_storage_hint() -> None:
+    """``reading`` blames the storage server for what a transport library raised, never for our own
+    errors, a bug or memory running out (each passes unchanged)."""
+    from botocore.exceptions import ReadTimeoutError
+
+    from lerobot_shards.loader.remote import reading
+
+    for own in (MemoryError(), TypeError("'<=' not supported"), AttributeError("x"), SourceError("bad field")):
+        with pytest.raises(type(own)) as raised, reading("s3://b/ds/shards/shard-000000.tar: episode 0"):
+            raise own
+        assert raised.value is own and STORAGE_HINT not in str(raised.value)
+    with pytest.raises(
+        OSError, match=rf"shard-000000\.tar: episode 0: cannot read it \(ReadTimeoutError.*{STORAGE_HINT}"
+    ):
+        with reading("s3://b/ds/shards/shard-000000.tar: episode 0"):
+            raise ReadTimeoutError(endpoint_url="http://host:9000")
+
+
+def _prefix(url: str) -> str:
+    return hashlib.sha1(url.encode()).hexdigest()[:16]  # RemoteIO's folder for the dataset
+
+
+@pytest.mark.parametrize(
+    ("make", "error", "message"),
+    [
+        (lambda c, u: c.write_text("mine"), ValueError, r"cache_dir '.*cache' is not a directory"),
+        (
+            lambda c, u: (c.mkdir(), (c / ".locks").write_text("mine")),
+            OSError,
+            r"\.locks\); a file stands where the cache keeps a folder",
+        ),
+        (
+            lambda c, u: (c.mkdir(), (c / _prefix(u)).write_text("mine")),
+            OSError,
+            r"shard-000000\.tar: episode 0: Not a directory .*a file stands where the cache keeps a folder",
+        ),
+        (
+            lambda c, u: ((c / _prefix(u)).mkdir(parents=True), os.mkfifo(c / _prefix(u) / "shard-000000.tar")),
+            UnsafePathError,
+            r"shard-000000\.tar: cache entry .* is not a regular file; the cache does not read or delete it",
+        ),
+    ],
+    ids=["cache_dir a file", ".locks a file", "dataset folder a file", "cached shard a FIFO"],
+)
+def test_a_cache_dir_holding_something_else(make, error, message, bucket_url: str, s3_server, tmp_path: Path) -> None:
+    """Whatever a user (or another program) left where the cache keeps its files: one error naming
+    it and the fix, never the storage hint, never a hang on a FIFO; the user's file stays."""
+    cache = tmp_path / "cache"
+    make(cache, bucket_url)
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    with pytest.raises(error, match=message) as raised:
+        _first_sample(bucket_url, s3_server, cache)
+    assert STORAGE_HINT not in str(raised.value)
+    assert set(before) <= {p.name for p in tmp_path.rglob("*")}  # nothing of the user's removed

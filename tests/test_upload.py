@@ -4,6 +4,8 @@ skips, corrupt local shards, and no credentials or endpoints in what it writes o
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
 import signal
 import subprocess
@@ -14,7 +16,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from convert_helpers import output_files, run_cli
+from convert_helpers import output_files, reseal, run_cli
 from lerobot_shards.convert.destination import LOCK_NAME, Destination, TransferError
 from lerobot_shards.convert.plan import ConvertOptions
 from lerobot_shards.convert.run import convert_dataset
@@ -207,3 +209,85 @@ def test_remote_writes_retry_transient_errors_a_bounded_number_of_times(s3_serve
     with pytest.raises(FileNotFoundError):
         dest.retrying("s3://upload-retry/ds/x", missing)
     assert len(calls) == 1  # permanent: not retried
+
+
+def _tamper_sidecar(out: Path) -> None:
+    side = out / "shards/shard-000001.idx.json"
+    d = json.loads(side.read_text())
+    d["episodes"][0]["clips"][CAM]["frames"]["pts"][1] += 1  # still increasing: only a digest tells
+    side.write_text(json.dumps(d, separators=(",", ":")))
+
+
+def _tamper_manifest(out: Path) -> None:
+    m = json.loads((out / "manifest.json").read_text())
+    m["tasks"][0] = "another task"
+    (out / "manifest.json").write_text(json.dumps(m, indent=1))
+
+
+def _sidecar_of_other_shard(out: Path) -> None:
+    """The attacker recomputes the digests: the sidecar then vouches for a shard the manifest does not list."""
+    side = out / "shards/shard-000001.idx.json"
+    d = json.loads(side.read_text())
+    d["sha256"] = "0" * 64
+    side.write_text(json.dumps(d, separators=(",", ":")))
+    reseal(out)
+
+
+@pytest.mark.parametrize(
+    ("tamper", "message"),
+    [
+        (_tamper_sidecar, r"shard-000001\.idx\.json: does not match the sha256 the manifest records for it"),
+        (_tamper_manifest, r"manifest\.json: content does not match its manifest_sha256"),
+        (_sidecar_of_other_shard, r"shard-000001\.idx\.json: describes shard-000001\.tar .* the manifest"),
+    ],
+    ids=["sidecar edited", "manifest edited", "sidecar edited, digests recomputed"],
+)
+def test_tampered_local_metadata_is_refused_before_anything_is_sent(
+    tamper, message: str, converted: Path, s3_server, tmp_path: Path
+) -> None:
+    bucket = f"upload-tamper-{tmp_path.name[-12:].lower().replace('_', '-')}"
+    fs = _bucket(s3_server, bucket)
+    out = tmp_path / "converted"
+    shutil.copytree(converted, out)
+    tamper(out)
+    result = run_cli("upload", out, f"s3://{bucket}/ds", "--storage-options", json.dumps(_options(s3_server)))
+    assert result.returncode == 1 and re.search(message, result.stderr), result.stderr
+    assert "nothing was uploaded" in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    fs.invalidate_cache()
+    assert fs.find(bucket) == []  # not even convert.json: refused before the destination is touched
+
+
+def _tar_symlinked_out(out: Path) -> None:
+    tar = out / "shards/shard-000001.tar"
+    outside = out.parent / "elsewhere.tar"
+    shutil.move(tar, outside)
+    tar.symlink_to(outside)
+
+
+def _tar_a_fifo(out: Path) -> None:
+    tar = out / "shards/shard-000001.tar"
+    tar.unlink()
+    os.mkfifo(tar)  # hashing it would block forever
+
+
+@pytest.mark.parametrize(
+    ("tamper", "message"),
+    [
+        (_tar_symlinked_out, r"shard-000001\.tar: is a symlink to .*, outside the dataset"),
+        (_tar_a_fifo, r"shard-000001\.tar: not a regular file"),
+    ],
+    ids=["symlinked out of OUT", "a FIFO"],
+)
+def test_a_shard_that_is_no_file_of_the_conversion_is_not_sent(
+    tamper, message: str, converted: Path, s3_server, tmp_path: Path
+) -> None:
+    bucket = f"upload-nofile-{tmp_path.name[-12:].lower().replace('_', '-')}"
+    fs = _bucket(s3_server, bucket)
+    out = tmp_path / "converted"
+    shutil.copytree(converted, out)
+    tamper(out)
+    with pytest.raises(UploadError, match=message):
+        upload_dataset(out, f"s3://{bucket}/ds", workers=1, storage_options=_options(s3_server), progress=False)
+    fs.invalidate_cache()
+    remote = sorted(p.rsplit("/", 1)[1] for p in fs.find(bucket))
+    assert "shard-000001.tar" not in remote and "manifest.json" not in remote, remote

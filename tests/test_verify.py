@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import re
 import shutil
 import tarfile
 from pathlib import Path
@@ -159,3 +160,103 @@ def test_the_real_fixtures_conversion_verifies(fixture_root: Path, tmp_path: Pat
     report = verify_dataset(tmp_path / "out", source=fixture_root, progress=False)
     assert report.ok, report.problems
     assert report.episodes == 4
+
+
+@pytest.fixture(scope="module")
+def pristine(small_synth: Path, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("verify-edits") / "out"
+    convert_dataset(small_synth, out, ConvertOptions(episodes_per_shard=2), progress=False)
+    return out
+
+
+def _fps(m: dict) -> None:
+    m["fps"] = m["source_info"]["fps"] = m["fps"] * 2
+
+
+def _drop_state(m: dict) -> None:
+    del m["features"]["observation.state"], m["source_info"]["features"]["observation.state"]
+
+
+def _state_shape(m: dict) -> None:
+    m["features"]["observation.state"]["shape"] = m["source_info"]["features"]["observation.state"]["shape"] = [99]
+
+
+def _lower_length(out: Path) -> None:
+    """Episode 0 two frames shorter in the manifest and in its sidecar (clips and frame tables too)."""
+    side_path = out / SHARDS_DIR / "shard-000000.idx.json"
+    side = json.loads(side_path.read_text())
+    episode = side["episodes"][0]
+    episode["length"] -= 2
+    for clip in episode["clips"].values():
+        clip["num_frames"] -= 2
+        clip["frames"] = {k: v[:-2] if isinstance(v, list) else v for k, v in clip["frames"].items()}
+    side_path.write_text(json.dumps(side))
+    m = json.loads((out / MANIFEST_NAME).read_text())
+    m["shards"][0]["episode_lengths"][0] -= 2
+    m["shards"][0]["frames"] -= 2
+    m["totals"]["frames"] -= 2
+    (out / MANIFEST_NAME).write_text(json.dumps(m))
+
+
+def _manifest(edit):
+    def apply(out: Path) -> None:
+        m = json.loads((out / MANIFEST_NAME).read_text())
+        edit(m)
+        (out / MANIFEST_NAME).write_text(json.dumps(m))
+
+    return apply
+
+
+# Edits that keep the manifest consistent with itself (digests recomputed): what verify --source says
+# about each (it compares every field with the source), and what verify alone still finds (None: only
+# the source can tell).
+CONSISTENT_EDITS = {
+    "fps changed": (
+        _manifest(_fps),
+        r"manifest\.json: fps 60\.0, the source's 30\.0",
+        r"says fps 30\.0, the manifest 60\.0",
+    ),
+    "tasks swapped": (
+        _manifest(lambda m: m["tasks"].reverse()),
+        r"manifest\.json: tasks \['task 1', 'task 0'\], the source's \['task 0', 'task 1'\]",
+        r"task_index names tasks \['task \d'\], the episode lists \['task \d'\]",
+    ),
+    "task renamed": (
+        _manifest(lambda m: m["tasks"].__setitem__(0, "renamed")),
+        r"manifest\.json: tasks \['renamed', 'task 1'\], the source's",
+        r"has tasks \['task 0'\] that the manifest's tasks do not list",
+    ),
+    "feature dropped": (
+        _manifest(_drop_state),
+        r"manifest\.json: features \[.*\], the source's \[.*'observation\.state'",
+        r"stats for \['observation\.state'\], which are not features of the dataset",  # the sidecars' episode stats
+    ),
+    "feature shape changed": (
+        _manifest(_state_shape),
+        r"manifest\.json: features\['observation\.state'\] differs from the source's",
+        r"column 'observation\.state' holds 6 value\(s\) per frame, its feature's shape \[99\]",
+    ),
+    "episode length lowered": (
+        _lower_length,
+        r"shard-000000\.tar: episode_lengths says \d+ frames for episode 0, the source \d+",
+        r"e000000\.json says episode 0 of \d+ frames, the sidecar episode 0 of \d+",
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(CONSISTENT_EDITS))
+def test_verify_compares_every_manifest_field_with_the_source(
+    kind: str, pristine: Path, small_synth: Path, tmp_path: Path
+) -> None:
+    edit, with_source, alone = CONSISTENT_EDITS[kind]
+    out = tmp_path / "out"
+    shutil.copytree(pristine, out)
+    edit(out)
+    reseal(out)
+    report = verify_dataset(out, small_synth)
+    assert any(re.search(with_source, p) for p in report.problems), report.problems
+    problems = verify_dataset(out).problems
+    if alone is None:
+        assert problems == []
+    else:
+        assert any(re.search(alone, p) for p in problems), problems

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import json
 import math
 from collections.abc import Iterator
@@ -66,6 +67,7 @@ MAX_MANIFEST_BYTES = 512 * 1024 * 1024
 MAX_SIDECAR_BYTES = 256 * 1024 * 1024
 MAX_EPISODE_FRAMES = 10_000_000  # 93 hours at 30 fps
 MAX_FPS = 10_000.0
+MAX_FEATURE_SIZE = 1 << 31  # values per frame of one feature (a 4K RGB frame has 2.5e7)
 
 # Codecs a converted dataset's re-encoded clips may use, each with the FFmpeg encoder that writes it.
 # The one list: the converter's options, the CLI's choices, the synthesizer and the encoder read it.
@@ -113,6 +115,23 @@ def _member_name(value: object, key: str, what: str) -> str:
     if not name.startswith(f"{key}."):
         raise UnsafeNameError(f"{what} = {name!r} does not belong to episode key {key!r}")
     return name
+
+
+def feature_shape(spec: dict[str, Any], what: str, error: type[Exception]) -> tuple[int, ...]:
+    """A feature spec's ``shape``: a non-empty list of positive sizes whose product is bounded, or ``error``.
+
+    The loader checks every episode's columns against it, and LeRobot's ``ds.meta.shapes`` (what
+    policies are built from) reports it: a shape that is no shape must fail when it is read.
+    """
+    shape = spec.get("shape")
+    if (
+        not isinstance(shape, list)
+        or not shape
+        or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in shape)
+        or math.prod(shape) > MAX_FEATURE_SIZE
+    ):
+        raise error(f"{what}: shape = {shape!r} is not a list of positive sizes (at most {MAX_FEATURE_SIZE} values)")
+    return tuple(shape)
 
 
 def episode_key(episode_index: int) -> str:
@@ -605,7 +624,10 @@ class Manifest:
                 shards=tuple(
                     ShardRecord.from_dict(s, f"shards[{i}]", digests=version >= 3) for i, s in enumerate(d["shards"])
                 ),
-                skipped_episodes={int(k): v for k, v in d.get("skipped_episodes", {}).items()},
+                skipped_episodes={
+                    _int(int(k) if isinstance(k, str) and k.isdigit() else k, f"skipped_episodes key {k!r}"): v
+                    for k, v in d.get("skipped_episodes", {}).items()
+                },
                 converter=d.get("converter", {}),
                 format_version=int(version),
                 transforms={c: FrameTransform.from_dict(t) for c, t in d.get("transforms", {}).items()},
@@ -650,6 +672,8 @@ def check_manifest(m: Manifest, totals: object = None) -> None:
                 raise FormatError(f"features[{name!r}] has another dtype than source_info.features[{name!r}]")
             if name not in m.cameras and src != spec:
                 raise FormatError(f"features[{name!r}] differs from source_info.features[{name!r}]")
+    for name, spec in m.features.items():
+        feature_shape(spec, f"features[{name!r}]", FormatError)
     if "fps" in m.source_info and m.source_info["fps"] != m.fps:
         raise FormatError(f"fps = {m.fps!r}, source_info.fps = {m.source_info['fps']!r}")
     if len(set(m.tasks)) != len(m.tasks):
@@ -682,8 +706,14 @@ def check_manifest(m: Manifest, totals: object = None) -> None:
             raise FormatError(f"{at}: frames = {s.frames} cannot fit in its {s.bytes} bytes")
     total = m.source_info.get("total_episodes")
     if type(total) is int:  # a conversion covers its whole source: each episode in a shard or skipped
-        gaps = sorted(set(range(total)) - set(seen) - set(m.skipped_episodes))
-        extra = sorted(e for e in [*seen, *m.skipped_episodes] if e >= total)
+        listed = set(seen) | set(m.skipped_episodes)
+        extra = sorted(e for e in listed if e >= total)
+        # never range(total) whole: a total_episodes of 10**12 must fail, not fill memory
+        gaps = (
+            []
+            if extra or len(listed) >= total
+            else list(itertools.islice((e for e in range(total) if e not in listed), 10))
+        )
         if gaps or extra:
             raise FormatError(
                 f"shards: episodes {gaps or extra} of source_info.total_episodes = {total} are "
@@ -786,6 +816,6 @@ def check_version(d: dict[str, Any], where: str) -> None:
     v = d.get("format_version")
     if type(v) is not int or v not in READABLE_VERSIONS:
         raise FormatError(
-            f"{where}: format_version {v} is not supported by this version of lerobot-shards "
+            f"{where}: format_version {v!r} is not supported by this version of lerobot-shards "
             f"(reads {', '.join(map(str, READABLE_VERSIONS))}); re-convert the dataset or upgrade lerobot-shards"
         )

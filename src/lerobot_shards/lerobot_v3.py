@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import bisect
 import functools
+import itertools
 import json
 import logging
 import math
+import os
 import posixpath
+import stat
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -23,8 +26,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .exceptions import LeRobotShardsError
+from .format import feature_shape
 from .names import UnsafeNameError, check_name, check_relpath
 from .redaction import redact, without_credentials
+from .safe_io import read_small
 from .shard_plan import EpisodeSize
 from .timeouts import bounded, open_bounded, with_timeouts
 
@@ -50,6 +55,8 @@ TABULAR_DTYPES = frozenset(
 )
 VIDEO_DTYPE = "video"
 IMAGE_DTYPE = "image"
+MAX_JSON_BYTES = 64 * 1024 * 1024  # info.json and stats.json: kilobytes in practice
+MAX_EPISODE_FRAMES = 10_000_000  # as format.MAX_EPISODE_FRAMES: 93 hours at 30 fps
 # from/to timestamps may exceed the mp4's duration by rounding; more than half a frame is an error.
 DURATION_SLACK_FRAMES = 0.5
 
@@ -83,17 +90,35 @@ class EpisodeMeta:
 
 
 def _read_json(fs: fsspec.AbstractFileSystem, path: str) -> dict[str, Any]:
+    """A JSON object from a metadata file: a regular file of at most ``MAX_JSON_BYTES`` (``read_small``)."""
     try:
-        return json.loads(bounded(fs, "cat_file", path))
+        d = json.loads(read_small(fs, path, MAX_JSON_BYTES))
     except FileNotFoundError:
         raise SourceError(f"{path}: file not found") from None
-    except json.JSONDecodeError as e:
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise SourceError(f"{path}: not valid JSON ({e})") from None
+    except LeRobotShardsError as e:  # not a regular file, or too large
+        raise SourceError(str(e)) from None
+    if not isinstance(d, dict):
+        raise SourceError(f"{path}: not a JSON object (a JSON {type(d).__name__})")
+    return d
+
+
+def _regular(fs: fsspec.AbstractFileSystem, path: str) -> None:
+    """Refuse a local path that is not a regular file (a FIFO would block the read forever)."""
+    if "file" in protocols(fs):
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            raise SourceError(f"{path}: file not found") from None
+        if not stat.S_ISREG(st.st_mode):
+            raise SourceError(f"{path}: not a regular file")
 
 
 def _read_parquet(fs: fsspec.AbstractFileSystem, path: str) -> pa.Table:
     # Fetch, then parse: a timeout or a refused connection is the storage's fault, never a reason to
     # call the file bad (``--skip-bad-episodes`` would drop its episodes for a slow network).
+    _regular(fs, path)
     try:
         data = bounded(fs, "cat_file", path)
     except FileNotFoundError:
@@ -160,6 +185,16 @@ def _template_path(info: dict[str, Any], key: str, where: str, **values: Any) ->
         return check_relpath(path, f"field {key!r} (template {template!r})")
     except UnsafeNameError as e:
         raise SourceError(f"{where}: {e}") from None
+
+
+def _row_int(row: dict[str, Any], key: str, at: str, low: int = 0, high: int = MAX_EPISODE_FRAMES * 1024) -> int:
+    """An integer field of an episodes row in [low, high]: 4.9, NaN or 10**12 frames name the field."""
+    value = row[key]
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)  # a column stored as double: 8.0 is 8
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise SourceError(f"{at}: field {key!r} = {value!r} is not an integer in [{low}, {high}]")
+    return value
 
 
 def _column(table: pa.Table, name: str, where: str) -> pa.ChunkedArray:
@@ -254,6 +289,7 @@ class LeRobotV3Source:
             dtype = spec.get("dtype")
             if dtype not in TABULAR_DTYPES and dtype not in (VIDEO_DTYPE, IMAGE_DTYPE):
                 raise SourceError(f"{where}: feature {name!r} has unknown dtype {dtype!r}")
+            feature_shape(spec, f"{where}: feature {name!r}", SourceError)
             if dtype == VIDEO_DTYPE and not self.info.get("video_path"):
                 raise SourceError(f"{where}: feature {name!r} is a video but video_path is null")
             if dtype == VIDEO_DTYPE:  # camera keys become parts of file and member names
@@ -272,9 +308,13 @@ class LeRobotV3Source:
         idx = _column(table, "task_index", where).to_pylist()
         tasks: list[str | None] = [None] * len(names)
         for name, i in zip(names, idx):
-            if not 0 <= i < len(names) or tasks[i] is not None:
-                raise SourceError(f"{where}: task_index {i} of task {name!r} is out of range or repeated")
+            if not isinstance(name, str):
+                raise SourceError(f"{where}: task {i!r} is {name!r}, not a string")
+            if type(i) is not int or not 0 <= i < len(names) or tasks[i] is not None:
+                raise SourceError(f"{where}: task_index {i!r} of task {name!r} is out of range or repeated")
             tasks[i] = name
+        if not tasks:
+            raise SourceError(f"{where}: no tasks (every frame has a task_index into this table)")
         return tuple(tasks)  # type: ignore[arg-type]
 
     def _read_episodes(self) -> tuple[tuple[EpisodeMeta, ...], pa.Table]:
@@ -294,6 +334,16 @@ class LeRobotV3Source:
             if e.episode_index in seen:
                 raise SourceError(f"{self._abs('meta/episodes')}: episode {e.episode_index} is listed twice")
             seen.add(e.episode_index)
+        total = self.info["total_episodes"]
+        extra = sorted(e for e in seen if not 0 <= e < total)
+        if extra or len(seen) != total:  # an episode dropped from the table would vanish silently
+            # the first gaps, never range(total) whole: a total_episodes of 10**12 must fail, not fill memory
+            gaps = [] if extra else list(itertools.islice((e for e in range(total) if e not in seen), 10))
+            listed = f"lacks episodes {gaps[:10]}" if gaps else f"has episodes {extra[:10]}"
+            raise SourceError(
+                f"{self._abs('meta/episodes')}: {listed}, but meta/info.json has total_episodes = {total} "
+                "(episodes 0..total_episodes-1, each listed once)"
+            )
         stats = pa.concat_tables(
             [t.select([c for c in stats_cols if c in t.column_names]) for t in tables], promote_options="permissive"
         )
@@ -312,19 +362,21 @@ class LeRobotV3Source:
         ):
             if row.get(key) is None:
                 raise SourceError(f"{at}: missing field {key!r}")
-        length = int(row["length"])
-        if row["dataset_to_index"] - row["dataset_from_index"] != length:
+        ep = _row_int(row, "episode_index", at)
+        length = _row_int(row, "length", at, 1, MAX_EPISODE_FRAMES)
+        first, end = (_row_int(row, k, at) for k in ("dataset_from_index", "dataset_to_index"))
+        chunk, file = (_row_int(row, f"data/{k}", at) for k in ("chunk_index", "file_index"))
+        if end - first != length:
             raise SourceError(
-                f"{at}: length is {length} but dataset_from_index..dataset_to_index spans "
-                f"{row['dataset_to_index'] - row['dataset_from_index']} rows"
+                f"{at}: length is {length} but dataset_from_index..dataset_to_index spans {end - first} rows"
             )
         info_where = self._abs("meta/info.json")
         data_path = _template_path(
             self.info,
             "data_path",
             f"{info_where} (for {at})",
-            chunk_index=int(row["data/chunk_index"]),
-            file_index=int(row["data/file_index"]),
+            chunk_index=chunk,
+            file_index=file,
         )
         videos: dict[str, VideoRef] = {}
         for cam in self.camera_keys:
@@ -339,17 +391,21 @@ class LeRobotV3Source:
                 "video_path",
                 f"{info_where} (for {at})",
                 video_key=cam,
-                chunk_index=int(fields["chunk_index"]),
-                file_index=int(fields["file_index"]),
+                chunk_index=_row_int(row, f"videos/{cam}/chunk_index", at),
+                file_index=_row_int(row, f"videos/{cam}/file_index", at),
             )
-            videos[cam] = VideoRef(path, float(fields["from_timestamp"]), float(fields["to_timestamp"]))
+            stamps = [row[f"videos/{cam}/{k}"] for k in ("from_timestamp", "to_timestamp")]
+            for k, t in zip(("from_timestamp", "to_timestamp"), stamps):
+                if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t):
+                    raise SourceError(f"{at}: field 'videos/{cam}/{k}' = {t!r} is not a finite number of seconds")
+            videos[cam] = VideoRef(path, float(stamps[0]), float(stamps[1]))
         return EpisodeMeta(
-            episode_index=int(ep),
+            episode_index=ep,
             length=length,
             tasks=tuple(row.get("tasks") or ()),
             data_path=data_path,
-            dataset_from_index=int(row["dataset_from_index"]),
-            dataset_to_index=int(row["dataset_to_index"]),
+            dataset_from_index=first,
+            dataset_to_index=end,
             videos=videos,
         )
 
@@ -477,6 +533,13 @@ class LeRobotV3Source:
                 f"{where}: rows index {ep.dataset_from_index}..{ep.dataset_to_index - 1} should belong to episode "
                 f"{ep.episode_index} but field 'episode_index' holds {other}"
             )
+        for row in (start - 1, start + ep.length):  # the neighbours: a length set too low leaves rows behind
+            if 0 <= row < table.num_rows and table.column("episode_index")[row].as_py() == ep.episode_index:
+                raise SourceError(
+                    f"{where}: row index {first + row} also belongs to episode {ep.episode_index}, outside its "
+                    f"dataset_from_index..dataset_to_index ({ep.dataset_from_index}..{ep.dataset_to_index - 1}) "
+                    f"in meta/episodes: its length {ep.length} is wrong"
+                )
         return rows
 
     def iter_episode_tables(self, episodes: Iterable[EpisodeMeta | int]) -> Iterator[tuple[EpisodeMeta, pa.Table]]:

@@ -12,6 +12,7 @@ import os
 import stat
 from typing import Any
 
+from . import format as fmt
 from .exceptions import LeRobotShardsError
 from .format import FormatError
 from .timeouts import bounded
@@ -78,3 +79,27 @@ def is_inside(path: str, root: str) -> bool:
     """Whether ``path`` resolves (symlinks followed) to a place inside ``root`` (resolved too)."""
     real, base = os.path.realpath(path), os.path.realpath(root)
     return os.path.commonpath([real, base]) == base
+
+
+def read_sidecar(
+    fs: Any, path: str, record: fmt.ShardRecord, manifest: fmt.Manifest, *, root: str | None, where: str
+) -> tuple[fmt.Sidecar, bytes]:
+    """The shard ``record``'s sidecar at ``path``, checked before use, and its bytes as read.
+
+    Read bounded (``read_small``: its recorded size, else ``MAX_SIDECAR_BYTES``), compared with the
+    sha256 the manifest records for it (format 3), parsed, and cross-checked against the manifest
+    (``check_sidecar``). Every reader of a sidecar (loader, ``upload``) goes through here, so none
+    uses one the manifest does not vouch for. Raises ``FormatError`` naming ``where``.
+    """
+    data = read_small(fs, path, record.sidecar_bytes or fmt.MAX_SIDECAR_BYTES, root=root, where=where)
+    if record.sidecar_sha256 is not None and fmt.sidecar_digest(data) != record.sidecar_sha256:
+        raise FormatError(
+            f"{where}: does not match the sha256 the manifest records for it ({record.sidecar_sha256[:16]}...): "
+            "the sidecar was edited or damaged after conversion; restore it or re-convert the dataset"
+        )
+    sidecar = fmt.Sidecar.from_json(data, where=where)
+    try:
+        fmt.check_sidecar(sidecar, record, manifest)
+    except FormatError as problem:
+        raise FormatError(f"{where}: {problem}") from None
+    return sidecar, data

@@ -7,8 +7,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..format import MANIFEST_NAME, SHARDS_DIR, FrameTransform, Manifest, Sidecar
+from ..format import MANIFEST_NAME, SHARDS_DIR, FormatError, FrameTransform, Manifest
 from ..lerobot_v3 import LeRobotV3Source, SourceError
+from ..safe_io import read_sidecar
 from ..shard_plan import DEFAULT_SHARD_BYTES, plan_shards
 from .destination import Destination
 
@@ -104,7 +105,14 @@ def inspect_converted(dest: Destination) -> str:
         "",
     ]
     if manifest.shards:
-        first = Sidecar.from_json(dest.read_bytes(posixpath.join(SHARDS_DIR, manifest.shards[0].sidecar)))
+        record = manifest.shards[0]
+        where = dest.path(posixpath.join(SHARDS_DIR, record.sidecar))
+        try:  # checked against the manifest as the loader checks it: inspect shows nothing it would refuse
+            first, _ = read_sidecar(
+                dest.fs, where, record, manifest, root=dest.root if dest.is_local else None, where=where
+            )
+        except FileNotFoundError:
+            raise FormatError(f"{where}: missing, though {MANIFEST_NAME} lists it; the dataset is incomplete") from None
         if first.episodes:
             rows = [
                 [

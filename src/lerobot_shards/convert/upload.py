@@ -13,9 +13,11 @@ the pair vouches for the tar without reading it back: the check costs one listin
 prefix plus one small read per shard, never a remote hash of shard bytes. (A run killed between
 a tar and its sidecar sends that tar again.)
 
-Before a shard is sent its local bytes are hashed and compared with its sidecar and the
-manifest: a corrupt local shard stops the upload with an error naming it, and none of its bytes
-leave the machine.
+Before anything is sent the local metadata is checked as the loader checks it: the manifest
+against its own ``manifest_sha256``, each sidecar against the sha256 the manifest records for
+it and against the manifest's record (format 3). Before a shard is sent its local bytes are
+hashed and compared with its sidecar: a corrupt or edited local file stops the upload with an
+error naming it, and none of its bytes leave the machine.
 
 Parallelism comes from shards sent side by side (``workers`` threads), each one part at a time,
 so memory stays about ``workers`` x 50 MiB (s3fs's part size; a shard under 100 MiB goes in one
@@ -36,17 +38,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fsspec.implementations.local import LocalFileSystem
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from ..exceptions import LeRobotShardsError
-from ..format import MANIFEST_NAME, SHARDS_DIR, Manifest, Sidecar
+from ..format import MANIFEST_NAME, MAX_MANIFEST_BYTES, SHARDS_DIR, FormatError, Manifest
+from ..safe_io import check_local_file, read_sidecar, read_small
 from .destination import HASH_CHUNK, RUN_RECORD, Destination, DestinationBusy
 from .run import claim
 
 log = logging.getLogger(__name__)
 
 DEFAULT_WORKERS = 8
+MAX_RUN_RECORD_BYTES = 16 * 1024 * 1024  # convert.json: options and arguments, a few KB
 ShardSent = Callable[[str], None]  # receives a shard's name once its tar and sidecar are stored
 
 
@@ -64,6 +69,7 @@ class LocalShard:
     size: int
     sha256: str
     sidecar: bytes  # the sidecar file's bytes, sent as they are
+    out: Path  # the conversion it belongs to: the tar must lie inside it
 
 
 @dataclass
@@ -83,29 +89,39 @@ class UploadSummary:
 
 
 def local_shards(out: Path, manifest: Manifest) -> list[LocalShard]:
-    """The manifest's shards with their sidecars; fails when the two disagree (a mixed-up conversion)."""
+    """The manifest's shards with their sidecars, each checked against the manifest first.
+
+    A sidecar whose bytes differ from the sha256 the manifest records for it (format 3), or that
+    describes another shard than the manifest's record, stops the upload before anything is
+    sent: an UploadError naming the file.
+    """
     shards = []
+    fs = LocalFileSystem()
     for record in manifest.shards:
         path = out / SHARDS_DIR / record.sidecar
         try:
-            data = path.read_bytes()
+            sidecar, data = read_sidecar(fs, str(path), record, manifest, root=str(out), where=str(path))
         except FileNotFoundError:
             raise UploadError(f"{path}: missing; {out} is not a complete conversion") from None
-        sidecar = Sidecar.from_json(data, where=str(path))
-        if (sidecar.shard, sidecar.size, sidecar.sha256) != (record.name, record.bytes, record.sha256):
-            raise UploadError(
-                f"{path}: describes {sidecar.shard} ({sidecar.size} bytes, sha256 {sidecar.sha256[:12]}...), "
-                f"the manifest {record.name} ({record.bytes} bytes, sha256 {record.sha256[:12]}...); "
-                f"re-run convert on {out}"
-            )
+        except FormatError as e:
+            raise UploadError(f"{e}; nothing was uploaded") from None
         shards.append(
-            LocalShard(record.name, record.sidecar, out / SHARDS_DIR / record.name, sidecar.size, sidecar.sha256, data)
+            LocalShard(
+                record.name, record.sidecar, out / SHARDS_DIR / record.name, sidecar.size, sidecar.sha256, data, out
+            )
         )
     return shards
 
 
 def check_local_shard(shard: LocalShard) -> None:
-    """Hash the local tar: an UploadError naming it unless size and sha256 match its sidecar."""
+    """Hash the local tar: an UploadError naming it unless it is a regular file inside the conversion (a
+    FIFO would block, a symlink out of it send another file) whose size and sha256 match its sidecar."""
+    try:
+        check_local_file(str(shard.tar), root=str(shard.out))
+    except FileNotFoundError:
+        raise UploadError(f"{shard.tar}: missing; {shard.out} is not a complete conversion") from None
+    except FormatError as e:
+        raise UploadError(f"{e}; nothing of it was uploaded") from None
     h = hashlib.sha256()
     size = 0
     with open(shard.tar, "rb") as f:
@@ -173,16 +189,19 @@ def upload_dataset(
     """
     start = time.monotonic()
     out = Path(out)
-    try:
-        manifest_bytes = (out / MANIFEST_NAME).read_bytes()
-        record = json.loads((out / RUN_RECORD).read_bytes())
+    fs = LocalFileSystem()
+    try:  # bounded reads of regular files: a FIFO or a symlink out of OUT is refused, not followed
+        manifest_bytes = read_small(fs, str(out / MANIFEST_NAME), MAX_MANIFEST_BYTES, root=str(out))
+        record = json.loads(read_small(fs, str(out / RUN_RECORD), MAX_RUN_RECORD_BYTES, root=str(out)))
+        manifest = Manifest.from_json(manifest_bytes, where=str(out / MANIFEST_NAME))  # checks manifest_sha256
     except FileNotFoundError as e:
         raise UploadError(
             f"{e.filename}: missing; {out} is not a finished conversion (run convert to the end, or convert --finalize)"
         ) from None
     except json.JSONDecodeError as e:
         raise UploadError(f"{out / RUN_RECORD}: not JSON ({e})") from None
-    manifest = Manifest.from_json(manifest_bytes, where=str(out / MANIFEST_NAME))
+    except FormatError as e:
+        raise UploadError(f"{e}; nothing was uploaded") from None
     shards = local_shards(out, manifest)
 
     dest = Destination(url, storage_options=storage_options)

@@ -28,6 +28,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
+from ..episode_table import check_episode_table
 from ..format import (
     MANIFEST_NAME,
     SHARDS_DIR,
@@ -46,6 +47,7 @@ from ..format import (
 )
 from ..lerobot_v3 import LeRobotV3Source, SourceError
 from ..names import UnsafeNameError, check_name
+from ..safe_io import check_local_file
 from ..timeouts import open_bounded
 from ..video import ClipError, decode_frames, decoded_frames, probe_clip, transform_rgb
 from .destination import Destination
@@ -204,7 +206,10 @@ class _Verifier:
         seen: dict[str, dict[str, bytes]] = {}
         offsets: dict[str, tuple[int, int]] = {}
         try:
-            with open_bounded(self.dest.fs, self.dest.confined(rel)) as raw:
+            path = self.dest.confined(rel)
+            if self.dest.is_local:  # a FIFO would block the read forever, a directory fail in the tar parser
+                check_local_file(path, root=self.dest.root, where=where)
+            with open_bounded(self.dest.fs, path) as raw:
                 reader = _HashingReader(raw)
                 with tarfile.open(fileobj=reader, mode="r|") as tar:  # type: ignore[call-overload]
                     for info in tar:
@@ -227,6 +232,9 @@ class _Verifier:
             return []
         except tarfile.TarError as e:
             self.report.problem(f"{where}: not a readable tar ({e})")
+            return []
+        except FormatError as e:
+            self.report.problem(str(e))
             return []
         if reader.size != record.bytes:
             self.report.problem(f"{where}: {reader.size} bytes, the manifest says {record.bytes}")
@@ -304,6 +312,19 @@ class _Verifier:
                     self.report.problem(f"{at}: {table_member(entry.key)} has no column for feature {name!r}")
             for problem in stats_against_table(entry, table):
                 self.report.problem(f"{at}: {problem}")
+            try:  # the loader's checks of the rows: widths, dtypes, frame_index, tasks by task_index
+                check_episode_table(
+                    table,
+                    episode_index=entry.episode_index,
+                    length=entry.length,
+                    features=self.manifest.features,
+                    tasks=self.manifest.tasks,
+                    where=f"{at}: {table_member(entry.key)}",
+                    error=FormatError,
+                    episode_tasks=header.tasks,
+                )
+            except FormatError as e:
+                self.report.problem(str(e))
         except KeyError as e:
             self.report.problem(f"{at}: member or field {e} missing")
             return

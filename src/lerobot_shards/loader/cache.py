@@ -186,7 +186,7 @@ def scan(root: str, *, probe: bool = True) -> list[CacheEntry]:
 def _evict(path: str) -> bool:
     """Delete ``path`` unless someone uses it (holding its exclusive lock while unlinking)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)  # NONBLOCK: a FIFO put there opens, not hangs
     except FileNotFoundError:
         return True
     try:
@@ -203,7 +203,7 @@ def _lease(path: str, size: int, sha256: str | None = None) -> int | None:
     """A descriptor of ``path`` holding its shared lock, if it exists with ``size`` bytes (and
     ``sha256`` when given); touches it."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)  # NONBLOCK: a FIFO put there opens, not hangs
     except FileNotFoundError:
         return None
     fcntl.flock(fd, fcntl.LOCK_SH)
@@ -212,7 +212,7 @@ def _lease(path: str, size: int, sha256: str | None = None) -> int | None:
         same = os.stat(path).st_ino == st.st_ino  # not evicted between open and lock
     except FileNotFoundError:
         same = False
-    if not same or st.st_size != size or (sha256 is not None and _sha256(path) != sha256):
+    if not same or not stat.S_ISREG(st.st_mode) or st.st_size != size or (sha256 and _sha256(path) != sha256):
         os.close(fd)
         return None
     with contextlib.suppress(PermissionError):  # another user's file: its owner's uses order it
@@ -425,6 +425,12 @@ def _check_ours(root: str, final: str, where: str) -> None:
         raise UnsafePathError(f"{where}: cache folder {folder} is a symlink out of the cache {root}; not writing there")
     if os.path.islink(final):
         raise UnsafePathError(f"{where}: cache entry {final} is a symlink; the cache does not follow or delete it")
+    with contextlib.suppress(FileNotFoundError):
+        mode = os.lstat(final).st_mode
+        if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):  # a FIFO would block the first read forever
+            raise UnsafePathError(
+                f"{where}: cache entry {final} is not a regular file; the cache does not read or delete it"
+            )
 
 
 def _verify(path: str, size: int, sha256: str | None, where: str) -> None:

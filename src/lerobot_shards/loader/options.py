@@ -122,6 +122,8 @@ class ReadOptions:
             if not isinstance(self.cache_dir, (str, os.PathLike)) or not isinstance(os.fspath(self.cache_dir), str):
                 raise ValueError(f"cache_dir must be a path or None, got {self.cache_dir!r}")
             object.__setattr__(self, "cache_dir", os.fspath(self.cache_dir))
+            if os.path.lexists(self.cache_dir) and not os.path.isdir(self.cache_dir):
+                raise ValueError(f"cache_dir {self.cache_dir!r} is not a directory; give a directory for the cache")
         _int("cache_max_bytes", self.cache_max_bytes, 1, none="half the cache disk's free space")
         _int(
             "prefetch_episodes",

@@ -10,6 +10,7 @@ import contextlib
 import errno
 from collections.abc import Iterator
 
+from ..exceptions import LeRobotShardsError
 from ..redaction import redact
 from ..timeouts import BOTOCORE_RETRIES, CONNECT_TIMEOUT_S, READ_HINT, READ_TIMEOUT_S, with_timeouts
 
@@ -20,8 +21,15 @@ LOCAL_HINTS = {
     errno.EROFS: "cache_dir is on a read-only file system; choose a writable cache_dir",
     errno.EISDIR: "a directory stands where the cache keeps a file; remove it from cache_dir",
     errno.ENOTDIR: "a file stands where the cache keeps a folder; remove it from cache_dir",
+    errno.EEXIST: "a file stands where the cache keeps a folder; remove it from cache_dir",
     errno.EACCES: "permission denied in cache_dir; fix its permissions or choose another cache_dir",
 }
+
+# Where the transport errors that are not OSErrors come from (botocore's, aiohttp's, ...): only
+# these are the storage's fault and get the hint to check the server.
+TRANSPORT_MODULES = frozenset(
+    {"botocore", "aiobotocore", "aiohttp", "s3fs", "gcsfs", "adlfs", "fsspec", "urllib3", "requests", "asyncio"}
+)
 
 __all__ = ["BOTOCORE_RETRIES", "CONNECT_TIMEOUT_S", "READ_HINT", "READ_TIMEOUT_S", "reading", "with_timeouts"]
 
@@ -33,7 +41,8 @@ def reading(where: str) -> Iterator[None]:
 
     Its text is redacted and it is raised ``from None``: botocore's and aiohttp's messages name the
     endpoint, and a chained cause would print them again in every traceback. The package's own
-    errors (ValueError subclasses) and missing files already say where and pass.
+    errors and missing files already say where and pass, and so does anything not raised by a
+    transport library (a MemoryError or a bug is not a reason to check the server).
     """
     try:
         yield
@@ -45,4 +54,6 @@ def reading(where: str) -> Iterator[None]:
             raise OSError(e.errno, redact(f"{where}: {e.strerror}{path}; {LOCAL_HINTS[e.errno]}")) from None
         raise OSError(redact(f"{where}: cannot read it ({type(e).__name__}: {e}); {READ_HINT}")) from None
     except Exception as e:
+        if isinstance(e, LeRobotShardsError) or type(e).__module__.split(".")[0] not in TRANSPORT_MODULES:
+            raise  # our own check, or a bug or MemoryError: the storage server is not the reason
         raise OSError(redact(f"{where}: cannot read it ({type(e).__name__}: {e}); {READ_HINT}")) from None

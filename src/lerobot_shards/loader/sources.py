@@ -27,10 +27,11 @@ import pyarrow.compute  # noqa: F401  (see below)
 import pyarrow.parquet as pq
 
 from .. import format as fmt
+from ..episode_table import check_episode_table
 from ..lerobot_v3 import IMAGE_DTYPE, VIDEO_DTYPE, LeRobotV3Source, SourceError, numpy_of, protocols
 from ..names import check_name
 from ..redaction import register_secrets, without_credentials
-from ..safe_io import check_local_file, read_small
+from ..safe_io import check_local_file, read_sidecar, read_small
 from ..shard_plan import plan_shards
 from ..timeouts import bounded
 from .cache import (
@@ -58,6 +59,8 @@ READ_AHEAD_BYTES = CHUNK_BYTES
 # workers stalled each worker's first episode by ~2.3 s (measured: first batch from the bucket
 # with 2 workers 3.1 s -> 0.96 s).
 
+
+MISSING = "missing, though manifest.json lists it: the dataset is incomplete; restore the file or re-convert"
 
 # What an open source read of its metadata, handed to ``open_source(metadata=...)`` to open the
 # same source again without fetching it: a converted dataset's manifest, a raw dataset's tables.
@@ -109,7 +112,7 @@ def table_to_columns(table: pa.Table, features: dict[str, dict[str, Any]], where
         if spec["dtype"] == VIDEO_DTYPE:
             continue
         if name not in table.column_names:
-            raise ValueError(f"{where}: feature {name!r} has no column (has {', '.join(table.column_names)})")
+            raise fmt.FormatError(f"{where}: feature {name!r} has no column (has {', '.join(table.column_names)})")
         col = table.column(name).combine_chunks()
         if spec["dtype"] == IMAGE_DTYPE:
             out[name] = np.array([v["bytes"] if isinstance(v, dict) else v for v in col.to_pylist()], dtype=object)
@@ -121,6 +124,29 @@ def table_to_columns(table: pa.Table, features: dict[str, dict[str, Any]], where
         else:
             out[name] = numpy_of(col)
     return out
+
+
+def checked_columns(
+    table: pa.Table,
+    info: SourceInfo,
+    episode_index: int,
+    length: int,
+    where: str,
+    error: type[Exception],
+    episode_tasks: Sequence[str] = (),
+) -> dict[str, np.ndarray]:
+    """``table_to_columns`` of an episode's rows once they agree with the metadata (``check_episode_table``)."""
+    check_episode_table(
+        table,
+        episode_index=episode_index,
+        length=length,
+        features=info.features,
+        tasks=info.tasks,
+        where=where,
+        error=error,
+        episode_tasks=episode_tasks,
+    )
+    return table_to_columns(table, info.features, where)
 
 
 class EpisodeSource(Protocol):
@@ -298,17 +324,10 @@ class ShardSource:
         rec = self._records[shard]
         path = self._shard_path(rec.sidecar)
         where = f"{self.url}/{fmt.SHARDS_DIR}/{rec.sidecar}"
-        data = read_small(self.fs, path, rec.sidecar_bytes or fmt.MAX_SIDECAR_BYTES, root=self._local_root, where=where)
-        if rec.sidecar_sha256 is not None and fmt.sidecar_digest(data) != rec.sidecar_sha256:
-            raise fmt.FormatError(
-                f"{where}: does not match the sha256 the manifest records for it ({rec.sidecar_sha256[:16]}...): "
-                "the sidecar was edited or damaged after conversion; restore it or re-convert the dataset"
-            )
-        sc = fmt.Sidecar.from_json(data, where=where)
         try:
-            fmt.check_sidecar(sc, rec, self.manifest)
-        except fmt.FormatError as problem:
-            raise fmt.FormatError(f"{where}: {problem}") from None
+            sc, _ = read_sidecar(self.fs, path, rec, self.manifest, root=self._local_root, where=where)
+        except FileNotFoundError:
+            raise fmt.FormatError(f"{where}: {MISSING}") from None
         return sc
 
     def _sidecar_async(self, shard: int) -> None:
@@ -340,9 +359,12 @@ class ShardSource:
         """The shard's bytes: the local file, the node cache (downloading it), or ranged reads."""
         rec = self._records[shard]
         path = self._shard_path(rec.name)
-        if self.remote is None:  # a shard symlinked out of the dataset is refused, as a FIFO would be
-            return LocalFile(check_local_file(path, root=self.root, where=f"{self.url}/{fmt.SHARDS_DIR}/{rec.name}"))
         where = f"{self.url}/{fmt.SHARDS_DIR}/{rec.name}"
+        if self.remote is None:  # a shard symlinked out of the dataset is refused, as a FIFO would be
+            try:
+                return LocalFile(check_local_file(path, root=self.root, where=where))
+            except FileNotFoundError:
+                raise fmt.FormatError(f"{where}: {MISSING}") from None
         fetch = ranged(self.fs, path, where)
         if self.remote.cache is not None:
             cached = self.remote.cache.acquire(
@@ -478,7 +500,7 @@ class ShardSource:
             raise IntegrityError(
                 f"{where}: member {fmt.table_member(entry.key)} is not readable parquet ({e})"
             ) from None
-        columns = table_to_columns(table, self.info.features, where)
+        columns = checked_columns(table, self.info, episode_index, entry.length, where, fmt.FormatError, header.tasks)
         clips = {
             cam: ClipRef(
                 cache_key=f"{self.url}#{entry.key}.{cam}",
@@ -645,7 +667,7 @@ class RawSource:
             local = self._local_videos(held, episode_index)
             with reading(where):
                 table = self.src.read_episode_table(ep)
-            columns = table_to_columns(table, self.info.features, where)
+            columns = checked_columns(table, self.info, episode_index, ep.length, where, SourceError)
         except BaseException:
             self._release(files)
             raise
