@@ -289,6 +289,33 @@ def test_key_map_errors_name_the_source(video: dict[int, Path]) -> None:
         MixtureDataset(unknown)
 
 
+def test_cameras_are_shared_names_a_source_lacking_one_fills_it(video: dict[int, Path]) -> None:
+    wrist = "observation.images.wrist"
+    mix = Mixture(
+        [
+            MixtureSource(str(video[10]), name="a", repeat=1, key_map={wrist: TOP}),
+            MixtureSource(str(video[15]), name="b", repeat=1),
+        ]
+    )
+    ds = MixtureDataset(mix, cameras=[wrist], seed=2)
+    assert [src.cameras for src in ds.sources] == [(TOP,), ()]  # each source decodes only what was chosen
+    assert [k for k, v in ds.features.items() if v["dtype"] == "video"] == [wrist]
+    seen = collections.Counter()
+    for batch in DataLoader(ds, batch_size=8, num_workers=2):
+        assert FRONT not in batch and TOP not in batch
+        for i, (name, e, f) in enumerate(_keys(batch)):
+            seen[name] += 1
+            assert bool(batch[f"{wrist}_is_missing"][i]) == (name == "b")
+            if name == "a":
+                assert read_identity(batch[wrist][i]) == (e, f)
+            else:
+                assert not batch[wrist][i].any()
+    assert seen == ds.counts
+    assert all(not src.cameras for src in MixtureDataset(mix, cameras=[]).sources)
+    with pytest.raises(MixtureError, match=r"cameras \['observation.images.top'\]: no mixture source has them"):
+        MixtureDataset(mix, cameras=[TOP])  # source a's top camera goes by the shared name only
+
+
 def test_frames_of_other_sizes_are_refused_or_resized(
     video: dict[int, Path], synth_factory: Callable[..., Path]
 ) -> None:

@@ -23,6 +23,7 @@ from typing import Any
 from torch.utils.data import IterableDataset, get_worker_info
 
 from ..exceptions import LeRobotShardsError
+from ..lerobot_v3 import VIDEO_DTYPE
 from .checkpoint import check_count
 from .control import SharedControl
 from .dataset import EpisodePoolDataset
@@ -51,6 +52,9 @@ class MixtureDataset(IterableDataset):
     their flat keywords, for every source; a source's ``storage_options`` are laid over
     ``read``'s). Each sample is its source's sample under the shared keys, with
     ``dataset_index`` and ``dataset_name`` (``mixture_layout``: missing keys, padded vectors).
+    ``cameras`` are shared names: each source decodes those it has (after its ``key_map``), a chosen
+    camera a source lacks is a missing key (zeros and ``<key>_is_missing``), and a name no source
+    has is refused (``MixtureError``).
 
     ``meta`` is the mixture's ``DatasetMeta``: shared features, and stats combined by the
     sources' shares of the epoch (``mixture_layout.mix_stats``); ``source_meta(name)`` is one
@@ -62,6 +66,7 @@ class MixtureDataset(IterableDataset):
         mixture: Mixture | str | os.PathLike[str],
         *,
         delta_timestamps: Mapping[str, Sequence[float]] | None = None,
+        cameras: Sequence[str] | None = None,
         tolerance_s: float = 1e-4,
         rank: int | None = None,
         world_size: int | None = None,
@@ -79,6 +84,8 @@ class MixtureDataset(IterableDataset):
             for spec in self.mixture.sources
         )
         self.names = self.mixture.names
+        if cameras is not None:
+            self._select_cameras(cameras)
         windows = {k: len(v) for k, v in (delta_timestamps or {}).items() if hasattr(v, "__len__")}
         self.layout: MixtureLayout = build_layout(
             self.names,
@@ -86,6 +93,7 @@ class MixtureDataset(IterableDataset):
             [spec.key_map for spec in self.mixture.sources],
             windows,
             decode.image_dtype,
+            left_out=[_undecoded(ds) for ds in self.sources],
         )
         for ds, keys in zip(self.sources, self.layout.sources):
             # In the source's own names, for the keys it has (the layout pads the others' windows).
@@ -108,12 +116,38 @@ class MixtureDataset(IterableDataset):
         self._control = SharedControl()
         self._stats = SharedStats()
 
+    def _select_cameras(self, cameras: Sequence[str]) -> None:
+        """Narrow every source to the chosen shared camera names it has (``select_cameras``); a source
+        lacking one gives it as a missing key (``mixture_layout``); a name no source has is refused."""
+        if isinstance(cameras, (str, bytes)):
+            raise TypeError(f"cameras must be a list of camera names, got {cameras!r}")
+        offered = []  # each source's cameras: shared name -> its own
+        for ds, spec in zip(self.sources, self.mixture.sources):
+            shared = {source: name for name, source in spec.key_map.items()}
+            offered.append({shared.get(c, c): c for c in ds.cameras})
+        unknown = [c for c in cameras if not any(c in names for names in offered)]
+        if unknown:
+            every = sorted({c for names in offered for c in names})
+            raise MixtureError(f"cameras {unknown}: no mixture source has them (the sources' cameras: {every})")
+        for ds, names in zip(self.sources, offered):
+            ds.select_cameras([names[c] for c in cameras if c in names])
+
     # -- what it holds --------------------------------------------------------------------------
 
     @property
     def counts(self) -> dict[str, int]:
         """Samples of each source per epoch (over every rank)."""
         return dict(zip(self.names, self._order.counts))
+
+    @property
+    def features(self) -> dict[str, dict[str, Any]]:
+        """The shared features (as ``EpisodePoolDataset.features``: what every sample holds)."""
+        return self.layout.features
+
+    @property
+    def feature_stats(self) -> dict[str, Any]:
+        """The mixture's stats (``meta.stats``), as ``EpisodePoolDataset.feature_stats`` for ``DeviceFeeder``."""
+        return self.meta.stats
 
     @property
     def samples_per_epoch(self) -> int:
@@ -278,6 +312,11 @@ def _open(
         raise  # names its file already
     except ValueError as e:
         raise MixtureError(f"mixture source {spec.name!r}: {e}") from None
+
+
+def _undecoded(ds: EpisodePoolDataset) -> set[str]:
+    """A source's cameras it does not decode: its samples never hold them."""
+    return {k for k, v in ds.features.items() if v["dtype"] == VIDEO_DTYPE and k not in ds.cameras}
 
 
 def _differences(saved: Any, current: Mapping[str, int]) -> str:
