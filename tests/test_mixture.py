@@ -21,6 +21,7 @@ import torch.multiprocessing as mp
 from torch.utils.data import DataLoader
 
 from convert_helpers import run_cli
+from test_train_example import _finish, _launch, _sha
 from lerobot_shards.convert.plan import ConvertOptions
 from lerobot_shards.convert.run import convert_dataset
 from lerobot_shards.loader.meta import aggregate_stats
@@ -36,7 +37,7 @@ from lerobot_shards.loader.mixture_layout import mix_stats
 from lerobot_shards.loader.mixture_order import interleave
 from lerobot_shards.loader.mixture_spec import MixtureFileError, source_counts
 from lerobot_shards.loader.sampling import keyed_rng
-from lerobot_shards.synth import identity_vector, read_identity
+from lerobot_shards.synth import identity_vector, read_identity, synth_dataset
 
 FRONT = "observation.images.front"
 TOP = "observation.images.top"
@@ -314,6 +315,25 @@ def test_cameras_are_shared_names_a_source_lacking_one_fills_it(video: dict[int,
     assert all(not src.cameras for src in MixtureDataset(mix, cameras=[]).sources)
     with pytest.raises(MixtureError, match=r"cameras \['observation.images.top'\]: no mixture source has them"):
         MixtureDataset(mix, cameras=[TOP])  # source a's top camera goes by the shared name only
+
+
+@pytest.mark.slow
+def test_train_example_on_a_mixture_file_resumes_to_the_same_parameters(tmp_path: Path) -> None:
+    """examples/train.py given a mixture file (2 gloo ranks x 2 workers, one camera chosen by shared
+    name, action windows at 10 and 30 fps): stopped after its first checkpoint and relaunched, it
+    ends with the parameters of an uninterrupted run."""
+    roots = [
+        synth_dataset(tmp_path / f"d{fps}", num_episodes=4, fps=fps, cameras=(FRONT,), length_range=(8, 12), seed=fps)
+        for fps in (10, 30)
+    ]
+    mixture = tmp_path / "mix.json"
+    mixture.write_text(json.dumps({"sources": [{"source": str(r), "repeat": 1} for r in roots]}))
+    reference = _finish(_launch(mixture, tmp_path / "ref" / "ckpt.pt", "--camera", FRONT))
+    stopped = _finish(_launch(mixture, tmp_path / "run" / "ckpt.pt", "--camera", FRONT, "--max-steps", "3"))
+    assert "checkpoint step 3 epoch 0 batch 3" in stopped
+    resumed = _finish(_launch(mixture, tmp_path / "run" / "ckpt.pt", "--camera", FRONT))
+    assert "resumed from" in resumed and "at step 3 (epoch 0, batch 3)" in resumed
+    assert _sha(resumed) == _sha(reference)
 
 
 def test_frames_of_other_sizes_are_refused_or_resized(

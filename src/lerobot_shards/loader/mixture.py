@@ -23,7 +23,7 @@ from typing import Any
 from torch.utils.data import IterableDataset, get_worker_info
 
 from ..exceptions import LeRobotShardsError
-from ..lerobot_v3 import VIDEO_DTYPE
+from ..lerobot_v3 import IMAGE_DTYPE, VIDEO_DTYPE
 from .checkpoint import check_count
 from .control import SharedControl
 from .dataset import EpisodePoolDataset
@@ -143,6 +143,15 @@ class MixtureDataset(IterableDataset):
     def features(self) -> dict[str, dict[str, Any]]:
         """The shared features (as ``EpisodePoolDataset.features``: what every sample holds)."""
         return self.layout.features
+
+    @property
+    def cameras(self) -> tuple[str, ...]:
+        """The shared cameras every sample holds (zeros where its source lacks one), as ``EpisodePoolDataset``'s."""
+        return tuple(k for k, v in self.features.items() if v["dtype"] == VIDEO_DTYPE)
+
+    @property
+    def image_keys(self) -> tuple[str, ...]:
+        return tuple(k for k, v in self.features.items() if v["dtype"] == IMAGE_DTYPE)
 
     @property
     def feature_stats(self) -> dict[str, Any]:
