@@ -88,7 +88,9 @@ def emitted_frames(
                 sampler.skip(skip)
             else:
                 sampler, skip = replay(plan.consumer, plan)
-            if skip >= sum(plan.lengths):  # a whole pass (equal-count mode repeats frames after it)
+            # A whole pass (equal-count mode repeats frames after it); a replayed consumer that reads
+            # further passes (a mixture's source) and has samples to come stands in its current pass.
+            if skip >= sum(plan.lengths) and (replay is None or skip >= sampler.num_samples):
                 emitted.update((e, None) for _, e in plan.episodes)
                 continue
             admitted, partial = sampler.progress()

@@ -270,13 +270,13 @@ class MixtureDataset(IterableDataset):
         began = time.perf_counter()
         start = self.plan(worker, num_workers)  # fast-forwards every source's sampler
         stats.reset()
-        stats.add("fast_forward_samples", sum(p.skip for p in start.parts))
+        stats.add("fast_forward_samples", sum(p.skip for parts in start.parts for p in parts))
         stats.add("fast_forward_seconds", time.perf_counter() - began)
         return self._interleave(start, stats)
 
     def _interleave(self, start: MixStart, stats: StatSlot) -> Iterator[dict[str, Any]]:
         # Each source's stream opens its source (and reader thread) when first asked for a sample.
-        streams = [ds.stream(p.plan, p.sampler, p.skip, stats) for ds, p in zip(self.sources, start.parts)]
+        streams = [_chain([ds.stream(*p, stats) for p in parts]) for ds, parts in zip(self.sources, start.parts)]
         try:
             for d in start.schedule:  # numpy ints: a list of Python ints would cost 5x the memory
                 item = next(streams[d], None)
@@ -321,6 +321,17 @@ def _open(
         raise  # names its file already
     except ValueError as e:
         raise MixtureError(f"mixture source {spec.name!r}: {e}") from None
+
+
+def _chain(streams: Sequence[Iterator[dict[str, Any]]]) -> Iterator[dict[str, Any]]:
+    """One source's streams read one after another (each opens its source when first asked); closing
+    it closes every one."""
+    try:
+        for stream in streams:
+            yield from stream
+    finally:
+        for stream in streams:
+            stream.close()  # type: ignore[attr-defined]
 
 
 def _undecoded(ds: EpisodePoolDataset) -> set[str]:

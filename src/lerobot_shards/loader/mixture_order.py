@@ -19,14 +19,16 @@ order (``checkpoint.EpochOrder``), which each source keeps:
 - **Resume.** A consumer fast-forwarded over its first s samples stands, in source d, at the
   count of d in the schedule's first s entries: each source skips that many (``PoolSampler.skip``).
   An epoch resumed under another layout (``elastic.py``) replays the interrupted consumers'
-  schedules to learn how far each got in each source, then lays out each source's remaining
-  frames over the new consumers (``plan_elastic``) and splits its remaining count over them.
+  schedules to learn how far each got in each source, then lays out the frames each source's
+  current passes have left over the new consumers (``plan_elastic``), read once each, then the
+  passes its share still holds after them, each over the frames of the old consumers it reaches.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -36,7 +38,7 @@ import numpy as np
 from .checkpoint import EpochOrder, elastic_origin
 from .control import ResumeState
 from .elastic import ElasticPlan, Origin, SubsetSampler, plan_elastic
-from .partition import Consumer, ConsumerPlan, ShardSpec, work_units
+from .partition import Consumer, ConsumerPlan, ShardSpec, split_shards, work_units
 from .resume import resume_point, samples_to_skip
 from .sampling import PoolSampler, keyed_rng
 
@@ -84,7 +86,7 @@ class MixStart(NamedTuple):
     """Where one iterator of a mixture starts: the rest of its schedule and each source's part."""
 
     schedule: np.ndarray
-    parts: tuple[Part, ...]
+    parts: tuple[tuple[Part, ...], ...]  # each source's, read one after another
 
 
 @dataclass(frozen=True)
@@ -152,7 +154,7 @@ class MixtureOrder:
             plan = order.plan(epoch, first.rank, stream, num_workers)
             sampler = self.sampler(d, plan, shares[d], epoch)
             sampler.skip(int(done[d]))
-            parts.append(Part(plan, sampler, int(done[d])))
+            parts.append((Part(plan, sampler, int(done[d])),))
         return MixStart(schedule[skip:], tuple(parts))
 
     # -- elastic resume -------------------------------------------------------------------------
@@ -201,32 +203,76 @@ class MixtureOrder:
         )
         return elastic, owed
 
+    def _later_passes(
+        self, d: int, epoch: int, origin: Origin, done: dict[tuple[int, int], np.ndarray], consumer: Consumer
+    ) -> tuple[list[ConsumerPlan], int]:
+        """Source d's passes after the interrupted consumers' current ones, as each would have read
+        them: pass j holds the frames of the old consumers whose shares reach into it (as many
+        samples as they owe of it), laid out over the new consumers. Returns ``consumer``'s plan of
+        each pass (``num_samples``: its part) and the samples they hold over every consumer."""
+        order = self.orders[d]
+        workers = max(1, origin.num_workers)
+        old = [Consumer(r, origin.world_size, w, workers) for r in range(origin.world_size) for w in range(workers)]
+        units = work_units(order.shards, len(old), seed=order.seed, epoch=epoch, shuffle=order.shuffle)
+        beyond = []  # (old consumer's shards, frames, samples it owes after its current pass)
+        for c, mine in zip(old, units):
+            frames = sum(s.frames for s in mine)
+            k = int(done[c.rank, c.worker][d])
+            current = frames - k % frames if frames and (k % frames or k == 0) else 0  # left of its pass
+            beyond.append((mine, frames, max(0, self.shares(epoch, c)[d] - k - current)))
+        plans, total = [], 0
+        for j in itertools.count():
+            group = [(mine, min(frames, n - j * frames)) for mine, frames, n in beyond if frames and n > j * frames]
+            if not group:
+                return plans, total
+            count = sum(n for _, n in group)
+            split = split_shards(
+                [s for mine, _ in group for s in mine],
+                consumer.count,
+                seed=order.seed,
+                epoch=epoch,
+                shuffle=order.shuffle,
+            )
+            loads = [sum(s.frames for s in u) for u in split]
+            mine = split[consumer.index]
+            plans.append(
+                ConsumerPlan(
+                    consumer=consumer,
+                    episodes=tuple((s.index, e) for s in mine for e in s.episodes),
+                    lengths=tuple(n for s in mine for n in s.lengths),
+                    num_samples=apportion(count, loads, consumer.index, order.equal_samples_per_rank),
+                    rank_samples=(),
+                    warnings=(),
+                )
+            )
+            total += count
+
     def _start_elastic(
         self, epoch: int, origin: Origin, batches: int, batch_size: int, worker: int, num_workers: int
     ) -> MixStart:
         """The rest of an epoch interrupted under ``origin``, for this rank's DataLoader worker ``worker``.
 
-        Each source's remaining frames (the interrupted run's pass, ``plan_elastic``) are laid out
-        over the new consumers, each of which owes its part of the source's remaining samples; a
-        source whose remaining count outlasts its remaining frames (``repeat`` > 1) reads further
-        passes over those frames, and one with none left (its pass was complete) a fresh pass.
+        As a single dataset's elastic resume, pass by pass: each source's frames left in the
+        interrupted consumers' current passes (``plan_elastic``) are laid out over the new
+        consumers and read once each; a source whose share spans more passes (``repeat`` > 1, a
+        weight above its size) then reads its following passes (``_later_passes``), each over the
+        frames of the old consumers whose shares reach it, so every frame of a source comes as
+        many times as in the uninterrupted epoch (a last, partial pass: as many samples).
         """
         first = self.first
         workers = max(1, num_workers)
         done = self.consumed(epoch, origin)
 
-        def layout(stream: int) -> tuple[list[tuple[ElasticPlan, int]], tuple[int, ...]]:
+        def layout(stream: int) -> tuple[list[tuple[ElasticPlan, int, list[ConsumerPlan]]], tuple[int, ...]]:
             consumer = Consumer(first.rank, first.world_size, stream, workers)
-            sources = [self._elastic_source(d, epoch, origin, done, consumer) for d in range(len(self.orders))]
-            shares = []
-            for (elastic, owed), order in zip(sources, self.orders):
-                loads = (
-                    elastic.loads
-                    if sum(elastic.loads)
-                    else _loads(order.shards, consumer.count, order.seed, epoch, order.shuffle)
-                )
-                shares.append(apportion(owed, loads, consumer.index, order.equal_samples_per_rank))
-            return sources, tuple(shares)
+            sources = []
+            for d, order in enumerate(self.orders):
+                elastic, owed = self._elastic_source(d, epoch, origin, done, consumer)
+                later, beyond = self._later_passes(d, epoch, origin, done, consumer)
+                rest = owed - beyond  # the current passes' remaining frames, once each
+                now = apportion(rest, elastic.loads, consumer.index, order.equal_samples_per_rank) if rest else 0
+                sources.append((elastic, now, later))
+            return sources, tuple(now + sum(p.num_samples for p in later) for _, now, later in sources)
 
         sources, shares = layout(worker)
         stream, skip = worker, 0
@@ -239,26 +285,42 @@ class MixtureOrder:
         schedule = self.schedule(epoch, consumer, shares, elastic=True)
         skipped = np.bincount(schedule[:skip], minlength=len(self.orders))
         parts = []
-        for d, ((elastic, _), order) in enumerate(zip(sources, self.orders)):
-            sampler: PoolSampler | SubsetSampler
-            if sum(elastic.loads):
-                plan = dataclasses.replace(elastic.plan, num_samples=shares[d])
-                sampler = SubsetSampler(
-                    ElasticPlan(plan, elastic.frames),
-                    order.pool_size,
-                    seed=self.source_seed(d),
-                    epoch=epoch,
-                    shuffle=order.shuffle,
+        for d, ((elastic, now, later), order) in enumerate(zip(sources, self.orders)):
+            rest_plan = dataclasses.replace(elastic.plan, num_samples=now)
+            samplers: list[tuple[ConsumerPlan, PoolSampler | SubsetSampler]] = [
+                (
+                    rest_plan,
+                    SubsetSampler(
+                        ElasticPlan(rest_plan, elastic.frames),
+                        order.pool_size,
+                        seed=self.source_seed(d),
+                        epoch=epoch,
+                        shuffle=order.shuffle,
+                    ),
                 )
-            else:
-                plan = order.plan(epoch, first.rank, stream, num_workers)
-                sampler = self.sampler(d, plan, shares[d], epoch, elastic=True)
-            if shares[d] and not plan.lengths:
-                raise ValueError(
-                    f"elastic resume in equal-count mode: mixture source {self.names[d] if self.names else d!r} owes "
-                    f"this consumer {shares[d]} samples "
-                    f"but none of its remaining frames; resume with fewer ranks or workers"
+            ]
+            for j, plan in enumerate(later):
+                rng = keyed_rng(MIX_SAMPLER, first.seed, epoch, consumer.rank, consumer.worker + ELASTIC_FLAG, d, j)
+                samplers.append(
+                    (
+                        plan,
+                        PoolSampler(
+                            plan.lengths, order.pool_size, rng, shuffle=order.shuffle, num_samples=plan.num_samples
+                        ),
+                    )
                 )
-            sampler.skip(int(skipped[d]))
-            parts.append(Part(plan, sampler, int(skipped[d])))
+            left = int(skipped[d])
+            source_parts = []
+            for plan, sampler in samplers:
+                if sampler.num_samples and not plan.lengths:
+                    raise ValueError(
+                        f"elastic resume in equal-count mode: mixture source {self.names[d] if self.names else d!r} "
+                        f"owes this consumer {sampler.num_samples} samples but none of its frames; resume with "
+                        f"fewer ranks or workers"
+                    )
+                n = min(left, sampler.num_samples)
+                sampler.skip(n)
+                left -= n
+                source_parts.append(Part(plan, sampler, n))
+            parts.append(tuple(source_parts))
         return MixStart(schedule[skip:], tuple(parts))
