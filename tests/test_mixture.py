@@ -508,6 +508,44 @@ def test_elastic_resume_covers_what_remains_of_each_source(tables: dict[int, Pat
     assert sum(fifteen.values()) == 25 and set(fifteen.values()) == {1}
 
 
+def test_elastic_resume_continues_a_share_of_several_passes_pass_by_pass(tables: dict[int, Path]) -> None:
+    """repeat 2 and weights above their sources' sizes (about 2.1 passes): interrupted under 1 rank x 2
+    workers (whose consumers stand in different passes at the second cut) and resumed under 2 ranks x
+    3 workers, every frame comes as often as in the uninterrupted epoch: the rest of each current
+    pass once, then the following passes; a last partial pass gives as many frames their third read."""
+    mix = _mixture(
+        tables, samples_per_epoch=400, **{"10fps": {"repeat": 2}, "15fps": {"weight": 1}, "30fps": {"weight": 1}}
+    )
+    first = MixtureDataset(mix, **_resume_kwargs())
+    assert first.counts == {"10fps": 140, "15fps": 130, "30fps": 130}  # 70, 64 and 61 frames
+    batches = _batches(first, num_workers=2)
+    uninterrupted = collections.Counter(k for b in batches for k in b)
+
+    def reads(counter: collections.Counter, name: str) -> collections.Counter:
+        """How many frames of the source come once, twice, three times."""
+        return collections.Counter(n for k, n in counter.items() if k[0] == name)
+
+    assert reads(uninterrupted, "10fps") == {2: 70}
+    for cut in (20, 50):
+        done = collections.Counter(k for b in batches[:cut] for k in b)
+        state = first.state_dict(batches_consumed=cut, batch_size=BATCH)
+        rest: collections.Counter = collections.Counter()
+        for rank in range(2):
+            ds = MixtureDataset(mix, rank=rank, world_size=2, **_resume_kwargs())
+            ds.load_state_dict(state)
+            resumed = _batches(ds, num_workers=3)
+            rest.update(k for b in resumed for k in b)
+            if cut == 50:  # interrupted again, in a later pass's part: resumes exactly
+                again = MixtureDataset(mix, rank=rank, world_size=2, **_resume_kwargs())
+                again.load_state_dict(ds.state_dict(batches_consumed=cut + 20, batch_size=BATCH))
+                assert _batches(again, num_workers=3) == resumed[20:]
+        together = done + rest
+        for name, count in first.counts.items():
+            assert sum(n for k, n in together.items() if k[0] == name) == count
+            assert set(k for k in together if k[0] == name) == set(k for k in _all_frames(first) if k[0] == name)
+            assert reads(together, name) == reads(uninterrupted, name), (cut, name)
+
+
 def test_a_resume_with_other_weights_or_a_single_dataset_state_is_refused(tables: dict[int, Path]) -> None:
     ds = MixtureDataset(_mixture(tables, **{"10fps": {"weight": 2}, "15fps": {"weight": 1}, "30fps": {"weight": 1}}))
     state = ds.state_dict(batches_consumed=2, batch_size=BATCH)
