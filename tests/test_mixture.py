@@ -21,7 +21,6 @@ import torch.multiprocessing as mp
 from torch.utils.data import DataLoader
 
 from convert_helpers import run_cli
-from test_train_example import _finish, _launch, _sha
 from lerobot_shards.convert.plan import ConvertOptions
 from lerobot_shards.convert.run import convert_dataset
 from lerobot_shards.loader.meta import aggregate_stats
@@ -38,6 +37,7 @@ from lerobot_shards.loader.mixture_order import interleave
 from lerobot_shards.loader.mixture_spec import MixtureFileError, source_counts
 from lerobot_shards.loader.sampling import keyed_rng
 from lerobot_shards.synth import identity_vector, read_identity, synth_dataset
+from test_train_example import _finish, _launch, _sha
 
 FRONT = "observation.images.front"
 TOP = "observation.images.top"
@@ -375,6 +375,9 @@ def test_stats_combine_by_the_sources_shares(tables: dict[int, Path]) -> None:
     np.testing.assert_allclose(got["std"], np.sqrt(var))
     np.testing.assert_allclose(got["min"], np.min([s["min"] for s in per], axis=0))
     np.testing.assert_allclose(got["max"], np.max([s["max"] for s in per], axis=0))
+    # feature_stats (for DeviceFeeder): the sources' stats.json combined alike; every episode is chosen here.
+    np.testing.assert_allclose(ds.feature_stats["observation.state"]["mean"], mean, rtol=1e-6)
+    np.testing.assert_allclose(ds.feature_stats["observation.state"]["std"], np.sqrt(var), rtol=1e-5)
     # Equal weights on equal-size sources: the same as LeRobot's aggregation over all their episodes.
     equal = MixtureDataset(Mixture([MixtureSource(str(tables[10]), name=n, weight=1) for n in ("x", "y")]))
     both = aggregate_stats([equal.source_meta("x").stats, equal.source_meta("y").stats])

@@ -27,7 +27,7 @@ from ..lerobot_v3 import IMAGE_DTYPE, VIDEO_DTYPE
 from .checkpoint import check_count
 from .control import SharedControl
 from .dataset import EpisodePoolDataset
-from .meta import DatasetMeta
+from .meta import DatasetMeta, stats_to_numpy
 from .mixture_layout import MixtureError, MixtureLayout, build_layout, mix_stats, rename_stats
 from .mixture_order import MixStart, MixtureOrder
 from .mixture_spec import Mixture, MixtureSource, is_mixture_file, load_mixture, source_counts
@@ -153,10 +153,19 @@ class MixtureDataset(IterableDataset):
     def image_keys(self) -> tuple[str, ...]:
         return tuple(k for k, v in self.features.items() if v["dtype"] == IMAGE_DTYPE)
 
-    @property
+    @functools.cached_property
     def feature_stats(self) -> dict[str, Any]:
-        """The mixture's stats (``meta.stats``), as ``EpisodePoolDataset.feature_stats`` for ``DeviceFeeder``."""
-        return self.meta.stats
+        """The sources' ``feature_stats`` (their ``meta/stats.json``) combined as ``meta.stats`` are, for
+        ``DeviceFeeder(normalize=...)``: read off the sources' metadata without opening their
+        episode tables (as ``EpisodePoolDataset.feature_stats``)."""
+        stats = mix_stats(
+            [
+                rename_stats(stats_to_numpy(ds.feature_stats or {}), keys.rename)
+                for ds, keys in zip(self.sources, self.layout.sources)
+            ],
+            self.weights,
+        )
+        return {k: v for k, v in stats.items() if k in self.layout.features}
 
     @property
     def samples_per_epoch(self) -> int:

@@ -37,7 +37,7 @@ import numpy as np
 
 from .checkpoint import EpochOrder, elastic_origin
 from .control import ResumeState
-from .elastic import ElasticPlan, Origin, SubsetSampler, plan_elastic
+from .elastic import ElasticPlan, Origin, SubsetSampler
 from .partition import Consumer, ConsumerPlan, ShardSpec, split_shards, work_units
 from .resume import resume_point, samples_to_skip
 from .sampling import PoolSampler, keyed_rng
@@ -215,15 +215,11 @@ class MixtureOrder:
         for whole in (True, False):
             mine = [c for c in cuts if (c.owed >= c.current) == whole]
             count = sum(c.current if whole else c.owed for c in mine)
-            elastic = plan_elastic(
-                order.shards,
-                seed=order.seed,
-                epoch=epoch,
-                options=order.plan_options,
-                pool_size=order.pool_size,
-                origin=origin,
-                drop_last=order.drop_last,
-                consumer=consumer,
+            elastic = order.plan_elastic(
+                epoch,
+                origin,
+                consumer.worker,
+                consumer.num_workers,
                 replay=replay,
                 only={e for c in mine for s in c.shards for e in s.episodes},
             )
@@ -240,7 +236,7 @@ class MixtureOrder:
         (``num_samples``: its part)."""
         order = self.orders[d]
         beyond = [(c.shards, c.frames, max(0, c.owed - c.current)) for c in self._cut(d, epoch, origin, done)]
-        plans = []
+        plans: list[ConsumerPlan] = []
         for j in itertools.count():
             reach = [
                 (mine, frames, min(frames, n - j * frames)) for mine, frames, n in beyond if frames and n > j * frames
@@ -328,10 +324,10 @@ class MixtureOrder:
                 )
             for j, plan in enumerate(later):
                 rng = keyed_rng(MIX_SAMPLER, first.seed, epoch, consumer.rank, consumer.worker + ELASTIC_FLAG, d, j)
-                sampler = PoolSampler(
+                passes = PoolSampler(
                     plan.lengths, order.pool_size, rng, shuffle=order.shuffle, num_samples=plan.num_samples
                 )
-                samplers.append((plan, sampler))
+                samplers.append((plan, passes))
             left = int(skipped[d])
             source_parts = []
             for plan, sampler in samplers:
