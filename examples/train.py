@@ -1,10 +1,12 @@
-"""Train a small policy on an EpisodePoolDataset across ranks, and survive kills.
+"""Train a small policy on an EpisodePoolDataset (or a MixtureDataset) across ranks, and survive kills.
 
     torchrun --nproc-per-node 8 examples/train.py DATASET --ckpt run/ckpt.pt      # one node
     accelerate launch examples/train.py DATASET --ckpt run/ckpt.pt              # same env vars
     sbatch slurm/train.sbatch DATASET                                            # SLURM, requeued
     python examples/train.py DATASET --dummy                                     # loading only
 
+DATASET may be a mixture file (``.yaml``/``.yml``/``.json``, README "Mixing datasets"): the
+run reads a ``MixtureDataset`` over its sources instead (``open_dataset``), with the same options.
 Rank, world size and GPU come from the launcher's RANK / WORLD_SIZE / LOCAL_RANK. Workers emit
 uint8 frames and ``DeviceFeeder`` copies them to the GPU and converts them there. The policy is
 deliberately small (a state MLP plus a small CNN over one camera, predicting an action chunk);
@@ -33,7 +35,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
-from lerobot_shards.loader import DeviceFeeder, EpisodePoolDataset
+from lerobot_shards.loader import DeviceFeeder, EpisodePoolDataset, MixtureDataset
+from lerobot_shards.loader.mixture import open_dataset
 
 
 class Policy(nn.Module):
@@ -105,7 +108,9 @@ def params_sha256(model: nn.Module) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("dataset", help="converted dataset (or raw LeRobot v3.0 folder), local path or fsspec URL")
+    p.add_argument(
+        "dataset", help="converted dataset (or raw LeRobot v3.0 folder), local path or fsspec URL, or a mixture file"
+    )
     p.add_argument("--ckpt", default="ckpt.pt", help="checkpoint path (resumed from when it exists)")
     p.add_argument("--ckpt-every", type=int, default=100, help="steps between checkpoints")
     p.add_argument("--epochs", type=int, default=2)
@@ -137,8 +142,8 @@ def main() -> None:
     rank = dist.get_rank() if distributed else 0
     log = print if rank == 0 else (lambda *a, **k: None)
 
-    def dataset(**kwargs: Any) -> EpisodePoolDataset:
-        return EpisodePoolDataset(
+    def dataset(**kwargs: Any) -> EpisodePoolDataset | MixtureDataset:
+        return open_dataset(
             args.dataset,
             episode_pool_size=args.pool,
             seed=args.seed,
@@ -150,8 +155,8 @@ def main() -> None:
             **kwargs,
         )
 
-    meta = dataset(cameras=[])  # fps and camera names (reads metadata only)
-    cameras = [k for k, v in meta.features.items() if v["dtype"] == "video"]
+    meta = dataset()  # fps and camera names (reads metadata only)
+    cameras = list(meta.cameras)
     camera = None if args.camera == "none" else (args.camera or (cameras[0] if cameras else None))
     ds = dataset(
         delta_timestamps={"action": [i / meta.fps for i in range(args.chunk)]}, cameras=[camera] if camera else []

@@ -36,7 +36,8 @@ from lerobot_shards.loader.mixture_layout import mix_stats
 from lerobot_shards.loader.mixture_order import interleave
 from lerobot_shards.loader.mixture_spec import MixtureFileError, source_counts
 from lerobot_shards.loader.sampling import keyed_rng
-from lerobot_shards.synth import identity_vector, read_identity
+from lerobot_shards.synth import identity_vector, read_identity, synth_dataset
+from test_train_example import _finish, _launch, _sha
 
 FRONT = "observation.images.front"
 TOP = "observation.images.top"
@@ -289,6 +290,52 @@ def test_key_map_errors_name_the_source(video: dict[int, Path]) -> None:
         MixtureDataset(unknown)
 
 
+def test_cameras_are_shared_names_a_source_lacking_one_fills_it(video: dict[int, Path]) -> None:
+    wrist = "observation.images.wrist"
+    mix = Mixture(
+        [
+            MixtureSource(str(video[10]), name="a", repeat=1, key_map={wrist: TOP}),
+            MixtureSource(str(video[15]), name="b", repeat=1),
+        ]
+    )
+    ds = MixtureDataset(mix, cameras=[wrist], seed=2)
+    assert [src.cameras for src in ds.sources] == [(TOP,), ()]  # each source decodes only what was chosen
+    assert [k for k, v in ds.features.items() if v["dtype"] == "video"] == [wrist]
+    seen = collections.Counter()
+    for batch in DataLoader(ds, batch_size=8, num_workers=2):
+        assert FRONT not in batch and TOP not in batch
+        for i, (name, e, f) in enumerate(_keys(batch)):
+            seen[name] += 1
+            assert bool(batch[f"{wrist}_is_missing"][i]) == (name == "b")
+            if name == "a":
+                assert read_identity(batch[wrist][i]) == (e, f)
+            else:
+                assert not batch[wrist][i].any()
+    assert seen == ds.counts
+    assert all(not src.cameras for src in MixtureDataset(mix, cameras=[]).sources)
+    with pytest.raises(MixtureError, match=r"cameras \['observation.images.top'\]: no mixture source has them"):
+        MixtureDataset(mix, cameras=[TOP])  # source a's top camera goes by the shared name only
+
+
+@pytest.mark.slow
+def test_train_example_on_a_mixture_file_resumes_to_the_same_parameters(tmp_path: Path) -> None:
+    """examples/train.py given a mixture file (2 gloo ranks x 2 workers, one camera chosen by shared
+    name, action windows at 10 and 30 fps): stopped after its first checkpoint and relaunched, it
+    ends with the parameters of an uninterrupted run."""
+    roots = [
+        synth_dataset(tmp_path / f"d{fps}", num_episodes=4, fps=fps, cameras=(FRONT,), length_range=(8, 12), seed=fps)
+        for fps in (10, 30)
+    ]
+    mixture = tmp_path / "mix.json"
+    mixture.write_text(json.dumps({"sources": [{"source": str(r), "repeat": 1} for r in roots]}))
+    reference = _finish(_launch(mixture, tmp_path / "ref" / "ckpt.pt", "--camera", FRONT))
+    stopped = _finish(_launch(mixture, tmp_path / "run" / "ckpt.pt", "--camera", FRONT, "--max-steps", "3"))
+    assert "checkpoint step 3 epoch 0 batch 3" in stopped
+    resumed = _finish(_launch(mixture, tmp_path / "run" / "ckpt.pt", "--camera", FRONT))
+    assert "resumed from" in resumed and "at step 3 (epoch 0, batch 3)" in resumed
+    assert _sha(resumed) == _sha(reference)
+
+
 def test_frames_of_other_sizes_are_refused_or_resized(
     video: dict[int, Path], synth_factory: Callable[..., Path]
 ) -> None:
@@ -328,6 +375,9 @@ def test_stats_combine_by_the_sources_shares(tables: dict[int, Path]) -> None:
     np.testing.assert_allclose(got["std"], np.sqrt(var))
     np.testing.assert_allclose(got["min"], np.min([s["min"] for s in per], axis=0))
     np.testing.assert_allclose(got["max"], np.max([s["max"] for s in per], axis=0))
+    # feature_stats (for DeviceFeeder): the sources' stats.json combined alike; every episode is chosen here.
+    np.testing.assert_allclose(ds.feature_stats["observation.state"]["mean"], mean, rtol=1e-6)
+    np.testing.assert_allclose(ds.feature_stats["observation.state"]["std"], np.sqrt(var), rtol=1e-5)
     # Equal weights on equal-size sources: the same as LeRobot's aggregation over all their episodes.
     equal = MixtureDataset(Mixture([MixtureSource(str(tables[10]), name=n, weight=1) for n in ("x", "y")]))
     both = aggregate_stats([equal.source_meta("x").stats, equal.source_meta("y").stats])
@@ -459,6 +509,44 @@ def test_elastic_resume_covers_what_remains_of_each_source(tables: dict[int, Pat
         assert {k: n for k, n in together.items() if k[0] == name} == {k: 1 for k in every if k[0] == name}
     fifteen = {k: n for k, n in together.items() if k[0] == "15fps"}
     assert sum(fifteen.values()) == 25 and set(fifteen.values()) == {1}
+
+
+def test_elastic_resume_continues_a_share_of_several_passes_pass_by_pass(tables: dict[int, Path]) -> None:
+    """repeat 2 and weights above their sources' sizes (about 2.1 passes): interrupted under 1 rank x 2
+    workers (whose consumers stand in different passes at the second cut) and resumed under 2 ranks x
+    3 workers, every frame comes as often as in the uninterrupted epoch: the rest of each current
+    pass once, then the following passes; a last partial pass gives as many frames their third read."""
+    mix = _mixture(
+        tables, samples_per_epoch=400, **{"10fps": {"repeat": 2}, "15fps": {"weight": 1}, "30fps": {"weight": 1}}
+    )
+    first = MixtureDataset(mix, **_resume_kwargs())
+    assert first.counts == {"10fps": 140, "15fps": 130, "30fps": 130}  # 70, 64 and 61 frames
+    batches = _batches(first, num_workers=2)
+    uninterrupted = collections.Counter(k for b in batches for k in b)
+
+    def reads(counter: collections.Counter, name: str) -> collections.Counter:
+        """How many frames of the source come once, twice, three times."""
+        return collections.Counter(n for k, n in counter.items() if k[0] == name)
+
+    assert reads(uninterrupted, "10fps") == {2: 70}
+    for cut in (20, 50):
+        done = collections.Counter(k for b in batches[:cut] for k in b)
+        state = first.state_dict(batches_consumed=cut, batch_size=BATCH)
+        rest: collections.Counter = collections.Counter()
+        for rank in range(2):
+            ds = MixtureDataset(mix, rank=rank, world_size=2, **_resume_kwargs())
+            ds.load_state_dict(state)
+            resumed = _batches(ds, num_workers=3)
+            rest.update(k for b in resumed for k in b)
+            if cut == 50:  # interrupted again, in a later pass's part: resumes exactly
+                again = MixtureDataset(mix, rank=rank, world_size=2, **_resume_kwargs())
+                again.load_state_dict(ds.state_dict(batches_consumed=cut + 20, batch_size=BATCH))
+                assert _batches(again, num_workers=3) == resumed[20:]
+        together = done + rest
+        for name, count in first.counts.items():
+            assert sum(n for k, n in together.items() if k[0] == name) == count
+            assert set(k for k in together if k[0] == name) == set(k for k in _all_frames(first) if k[0] == name)
+            assert reads(together, name) == reads(uninterrupted, name), (cut, name)
 
 
 def test_a_resume_with_other_weights_or_a_single_dataset_state_is_refused(tables: dict[int, Path]) -> None:

@@ -21,12 +21,12 @@ import hashlib
 import json
 import numbers
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from .control import ResumeState
-from .elastic import ElasticPlan, Origin, SubsetSampler, plan_elastic
+from .elastic import ElasticPlan, Origin, Replay, SubsetSampler, plan_elastic
 from .partition import Consumer, ConsumerPlan, PlanOptions, ShardSpec, plan_consumer
 from .resume import resume_point
 from .sampling import PoolSampler, consumer_rng
@@ -269,8 +269,18 @@ class EpochOrder:
         consumer = Consumer(rank, self.world_size, worker, max(1, num_workers))
         return plan_consumer(self.shards, seed=self.seed, epoch=epoch, consumer=consumer, options=self.plan_options)
 
-    def plan_elastic(self, epoch: int, origin: Origin, worker: int, num_workers: int) -> ElasticPlan:
-        """This rank's consumer's share of the rest of an epoch interrupted under ``origin``."""
+    def plan_elastic(
+        self,
+        epoch: int,
+        origin: Origin,
+        worker: int,
+        num_workers: int,
+        *,
+        replay: Replay | None = None,
+        only: Collection[int] | None = None,
+    ) -> ElasticPlan:
+        """This rank's consumer's share of the rest of an epoch interrupted under ``origin`` (``replay``,
+        ``only``: as ``elastic.plan_elastic``'s, for a mixture's source)."""
         return plan_elastic(
             self.shards,
             seed=self.seed,
@@ -280,6 +290,8 @@ class EpochOrder:
             origin=origin,
             drop_last=self.drop_last,
             consumer=Consumer(self.rank, self.world_size, worker, max(1, num_workers)),
+            replay=replay,
+            only=only,
         )
 
     def start(self, epoch: int, resume: ResumeState | None, worker: int, num_workers: int) -> Start:

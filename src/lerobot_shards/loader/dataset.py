@@ -129,20 +129,9 @@ class EpisodePoolDataset(IterableDataset):
         self.fps = info.fps
         self.tasks = info.tasks
         self.feature_stats = info.stats  # meta/stats.json, e.g. for DeviceFeeder(normalize=...)
-        if cameras is None:
-            cameras = info.cameras
-        unknown = sorted(set(cameras) - set(info.cameras))
-        if unknown:
-            raise ValueError(f"{self.source_url}: unknown cameras {unknown}; the dataset has {list(info.cameras)}")
-        self.cameras = tuple(cameras)
-        if decode.decoder_cache_size is None:
-            decode = dataclasses.replace(
-                decode, decoder_cache_size=min(64, order.episode_pool_size * max(1, len(self.cameras)))
-            )
-        self.decode = decode
-        self.resize_sizes = camera_sizes(decode.resize_per_camera, self.cameras)
-        self.features = resized_features(info.features, self.resize_sizes)
-        self.image_keys = tuple(k for k, v in self.features.items() if v["dtype"] == IMAGE_DTYPE)
+        self._source_info = info  # for ``meta``, built when first asked for, and ``select_cameras``
+        self._decode_given = decode
+        self.select_cameras(cameras)
         self.shards = self._select_shards(info.shards, episodes)
         assert order.equal_samples_per_rank is not None
         self._order = EpochOrder(
@@ -159,7 +148,29 @@ class EpisodePoolDataset(IterableDataset):
         self.set_delta_timestamps(delta_timestamps, tolerance_s)
         self._control = SharedControl()  # epoch and resume state, read by (persistent) workers
         self._stats = SharedStats()
-        self._source_info = info  # for ``meta``, built when first asked for
+
+    def select_cameras(self, cameras: Sequence[str] | None) -> None:
+        """Choose the cameras to decode (``None``: all), before ``set_delta_timestamps`` and any iteration.
+
+        A mixture (``loader.mixture``) narrows each source's cameras once it knows which of the
+        shared names the source has.
+        """
+        info = self._source_info
+        if cameras is None:
+            cameras = info.cameras
+        unknown = sorted(set(cameras) - set(info.cameras))
+        if unknown:
+            raise ValueError(f"{self.source_url}: unknown cameras {unknown}; the dataset has {list(info.cameras)}")
+        self.cameras = tuple(cameras)
+        decode = self._decode_given
+        if decode.decoder_cache_size is None:
+            decode = dataclasses.replace(
+                decode, decoder_cache_size=min(64, self.order.episode_pool_size * max(1, len(self.cameras)))
+            )
+        self.decode = decode
+        self.resize_sizes = camera_sizes(decode.resize_per_camera, self.cameras)
+        self.features = resized_features(info.features, self.resize_sizes)
+        self.image_keys = tuple(k for k, v in self.features.items() if v["dtype"] == IMAGE_DTYPE)
 
     def set_delta_timestamps(self, delta_timestamps: Mapping[str, Sequence[float]] | None, tolerance_s: float) -> None:
         """Set the windows (``delta_timestamps`` at this source's fps), before any iteration.

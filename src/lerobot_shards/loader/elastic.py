@@ -15,7 +15,7 @@ All of it is a pure function of metadata, seed, epoch and the two layouts.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -88,7 +88,9 @@ def emitted_frames(
                 sampler.skip(skip)
             else:
                 sampler, skip = replay(plan.consumer, plan)
-            if skip >= sum(plan.lengths):  # a whole pass (equal-count mode repeats frames after it)
+            # A whole pass (equal-count mode repeats frames after it); a replayed consumer that reads
+            # further passes (a mixture's source) and has samples to come stands in its current pass.
+            if skip >= sum(plan.lengths) and (replay is None or skip >= sampler.num_samples):
                 emitted.update((e, None) for _, e in plan.episodes)
                 continue
             admitted, partial = sampler.progress()
@@ -108,8 +110,10 @@ def plan_elastic(
     drop_last: bool,
     consumer: Consumer,
     replay: Replay | None = None,
+    only: Collection[int] | None = None,
 ) -> ElasticPlan:
-    """``consumer``'s remaining episodes, frames and sample count for the rest of ``epoch``."""
+    """``consumer``'s remaining episodes, frames and sample count for the rest of ``epoch`` (``only``:
+    of these episodes, the others left out; a mixture lays out some old consumers' apart)."""
     emitted = emitted_frames(
         shards,
         seed=seed,
@@ -125,6 +129,8 @@ def plan_elastic(
     for s in shards:
         kept = []
         for e, n in zip(s.episodes, s.lengths):
+            if only is not None and e not in only:
+                continue
             if e not in emitted:
                 frames[e] = range(n)
             elif (done := emitted[e]) is None:

@@ -23,10 +23,11 @@ from typing import Any
 from torch.utils.data import IterableDataset, get_worker_info
 
 from ..exceptions import LeRobotShardsError
+from ..lerobot_v3 import IMAGE_DTYPE, VIDEO_DTYPE
 from .checkpoint import check_count
 from .control import SharedControl
 from .dataset import EpisodePoolDataset
-from .meta import DatasetMeta
+from .meta import DatasetMeta, stats_to_numpy
 from .mixture_layout import MixtureError, MixtureLayout, build_layout, mix_stats, rename_stats
 from .mixture_order import MixStart, MixtureOrder
 from .mixture_spec import Mixture, MixtureSource, is_mixture_file, load_mixture, source_counts
@@ -51,6 +52,9 @@ class MixtureDataset(IterableDataset):
     their flat keywords, for every source; a source's ``storage_options`` are laid over
     ``read``'s). Each sample is its source's sample under the shared keys, with
     ``dataset_index`` and ``dataset_name`` (``mixture_layout``: missing keys, padded vectors).
+    ``cameras`` are shared names: each source decodes those it has (after its ``key_map``), a chosen
+    camera a source lacks is a missing key (zeros and ``<key>_is_missing``), and a name no source
+    has is refused (``MixtureError``).
 
     ``meta`` is the mixture's ``DatasetMeta``: shared features, and stats combined by the
     sources' shares of the epoch (``mixture_layout.mix_stats``); ``source_meta(name)`` is one
@@ -62,6 +66,7 @@ class MixtureDataset(IterableDataset):
         mixture: Mixture | str | os.PathLike[str],
         *,
         delta_timestamps: Mapping[str, Sequence[float]] | None = None,
+        cameras: Sequence[str] | None = None,
         tolerance_s: float = 1e-4,
         rank: int | None = None,
         world_size: int | None = None,
@@ -79,6 +84,8 @@ class MixtureDataset(IterableDataset):
             for spec in self.mixture.sources
         )
         self.names = self.mixture.names
+        if cameras is not None:
+            self._select_cameras(cameras)
         windows = {k: len(v) for k, v in (delta_timestamps or {}).items() if hasattr(v, "__len__")}
         self.layout: MixtureLayout = build_layout(
             self.names,
@@ -86,6 +93,7 @@ class MixtureDataset(IterableDataset):
             [spec.key_map for spec in self.mixture.sources],
             windows,
             decode.image_dtype,
+            left_out=[_undecoded(ds) for ds in self.sources],
         )
         for ds, keys in zip(self.sources, self.layout.sources):
             # In the source's own names, for the keys it has (the layout pads the others' windows).
@@ -108,12 +116,56 @@ class MixtureDataset(IterableDataset):
         self._control = SharedControl()
         self._stats = SharedStats()
 
+    def _select_cameras(self, cameras: Sequence[str]) -> None:
+        """Narrow every source to the chosen shared camera names it has (``select_cameras``); a source
+        lacking one gives it as a missing key (``mixture_layout``); a name no source has is refused."""
+        if isinstance(cameras, (str, bytes)):
+            raise TypeError(f"cameras must be a list of camera names, got {cameras!r}")
+        offered = []  # each source's cameras: shared name -> its own
+        for ds, spec in zip(self.sources, self.mixture.sources):
+            shared = {source: name for name, source in spec.key_map.items()}
+            offered.append({shared.get(c, c): c for c in ds.cameras})
+        unknown = [c for c in cameras if not any(c in names for names in offered)]
+        if unknown:
+            every = sorted({c for names in offered for c in names})
+            raise MixtureError(f"cameras {unknown}: no mixture source has them (the sources' cameras: {every})")
+        for ds, names in zip(self.sources, offered):
+            ds.select_cameras([names[c] for c in cameras if c in names])
+
     # -- what it holds --------------------------------------------------------------------------
 
     @property
     def counts(self) -> dict[str, int]:
         """Samples of each source per epoch (over every rank)."""
         return dict(zip(self.names, self._order.counts))
+
+    @property
+    def features(self) -> dict[str, dict[str, Any]]:
+        """The shared features (as ``EpisodePoolDataset.features``: what every sample holds)."""
+        return self.layout.features
+
+    @property
+    def cameras(self) -> tuple[str, ...]:
+        """The shared cameras every sample holds (zeros where its source lacks one), as ``EpisodePoolDataset``'s."""
+        return tuple(k for k, v in self.features.items() if v["dtype"] == VIDEO_DTYPE)
+
+    @property
+    def image_keys(self) -> tuple[str, ...]:
+        return tuple(k for k, v in self.features.items() if v["dtype"] == IMAGE_DTYPE)
+
+    @functools.cached_property
+    def feature_stats(self) -> dict[str, Any]:
+        """The sources' ``feature_stats`` (their ``meta/stats.json``) combined as ``meta.stats`` are, for
+        ``DeviceFeeder(normalize=...)``: read off the sources' metadata without opening their
+        episode tables (as ``EpisodePoolDataset.feature_stats``)."""
+        stats = mix_stats(
+            [
+                rename_stats(stats_to_numpy(ds.feature_stats or {}), keys.rename)
+                for ds, keys in zip(self.sources, self.layout.sources)
+            ],
+            self.weights,
+        )
+        return {k: v for k, v in stats.items() if k in self.layout.features}
 
     @property
     def samples_per_epoch(self) -> int:
@@ -227,13 +279,13 @@ class MixtureDataset(IterableDataset):
         began = time.perf_counter()
         start = self.plan(worker, num_workers)  # fast-forwards every source's sampler
         stats.reset()
-        stats.add("fast_forward_samples", sum(p.skip for p in start.parts))
+        stats.add("fast_forward_samples", sum(p.skip for parts in start.parts for p in parts))
         stats.add("fast_forward_seconds", time.perf_counter() - began)
         return self._interleave(start, stats)
 
     def _interleave(self, start: MixStart, stats: StatSlot) -> Iterator[dict[str, Any]]:
         # Each source's stream opens its source (and reader thread) when first asked for a sample.
-        streams = [ds.stream(p.plan, p.sampler, p.skip, stats) for ds, p in zip(self.sources, start.parts)]
+        streams = [_chain([ds.stream(*p, stats) for p in parts]) for ds, parts in zip(self.sources, start.parts)]
         try:
             for d in start.schedule:  # numpy ints: a list of Python ints would cost 5x the memory
                 item = next(streams[d], None)
@@ -278,6 +330,22 @@ def _open(
         raise  # names its file already
     except ValueError as e:
         raise MixtureError(f"mixture source {spec.name!r}: {e}") from None
+
+
+def _chain(streams: Sequence[Iterator[dict[str, Any]]]) -> Iterator[dict[str, Any]]:
+    """One source's streams read one after another (each opens its source when first asked); closing
+    it closes every one."""
+    try:
+        for stream in streams:
+            yield from stream
+    finally:
+        for stream in streams:
+            stream.close()  # type: ignore[attr-defined]
+
+
+def _undecoded(ds: EpisodePoolDataset) -> set[str]:
+    """A source's cameras it does not decode: its samples never hold them."""
+    return {k for k, v in ds.features.items() if v["dtype"] == VIDEO_DTYPE and k not in ds.cameras}
 
 
 def _differences(saved: Any, current: Mapping[str, int]) -> str:

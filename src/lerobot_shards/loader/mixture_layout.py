@@ -21,7 +21,7 @@ Sources that disagree on cameras and vectors still give samples of one shape (so
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -120,16 +120,21 @@ def build_layout(
     key_maps: Sequence[Mapping[str, str]],
     windows: Mapping[str, int],
     image_dtype: torch.dtype,
+    left_out: Sequence[Collection[str]] = (),
 ) -> MixtureLayout:
     """The shared keys of sources with these (resized) ``features`` and key maps; ``MixtureError`` naming
-    the sources when a key map names a key a source lacks or two sources' values cannot be stacked."""
+    the sources when a key map names a key a source lacks or two sources' values cannot be stacked.
+    ``left_out[d]``: source d's keys its samples do not hold (cameras not chosen), which its key map
+    may name but the layout leaves out."""
     renames: list[dict[str, str]] = []
     owners: dict[str, list[tuple[int, Mapping[str, Any]]]] = {}
-    for d, (name, fts, key_map) in enumerate(zip(names, features, key_maps)):
-        unknown = sorted(set(key_map.values()) - set(fts))
+    dropped = [*left_out, *[()] * (len(names) - len(left_out))]
+    kept = [{k: v for k, v in fts.items() if k not in out} for fts, out in zip(features, dropped)]
+    for d, (name, fts, key_map) in enumerate(zip(names, kept, key_maps)):
+        unknown = sorted(set(key_map.values()) - set(features[d]))
         if unknown:
             raise MixtureError(
-                f"mixture source {name!r}: key_map names {unknown}, which it lacks (it has {sorted(fts)})"
+                f"mixture source {name!r}: key_map names {unknown}, which it lacks (it has {sorted(features[d])})"
             )
         rename = {source: shared for shared, source in key_map.items()}
         seen: dict[str, str] = {}
@@ -176,7 +181,7 @@ def build_layout(
         shared_features[key] = {**ft0, "shape": (padded[key],) if key in padded else tuple(ft0["shape"])}
     sources = []
     for d, name in enumerate(names):
-        have = {renames[d].get(k, k): ft for k, ft in features[d].items()}
+        have = {renames[d].get(k, k): ft for k, ft in kept[d].items()}
         sizes = {k: int(have[k]["shape"][0]) for k in padded if k in have}
         sources.append(SourceKeys(name, renames[d], tuple(k for k in owners if k not in have), sizes))
     flagged = tuple(k for k in owners if any(k in s.missing for s in sources))

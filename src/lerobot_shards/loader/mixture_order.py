@@ -19,14 +19,16 @@ order (``checkpoint.EpochOrder``), which each source keeps:
 - **Resume.** A consumer fast-forwarded over its first s samples stands, in source d, at the
   count of d in the schedule's first s entries: each source skips that many (``PoolSampler.skip``).
   An epoch resumed under another layout (``elastic.py``) replays the interrupted consumers'
-  schedules to learn how far each got in each source, then lays out each source's remaining
-  frames over the new consumers (``plan_elastic``) and splits its remaining count over them.
+  schedules to learn how far each got in each source, then lays out the frames each source's
+  current passes have left over the new consumers (``plan_elastic``), read once each, then the
+  passes its share still holds after them, each over the frames of the old consumers it reaches.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -35,8 +37,8 @@ import numpy as np
 
 from .checkpoint import EpochOrder, elastic_origin
 from .control import ResumeState
-from .elastic import ElasticPlan, Origin, SubsetSampler, plan_elastic
-from .partition import Consumer, ConsumerPlan, ShardSpec, work_units
+from .elastic import ElasticPlan, Origin, SubsetSampler
+from .partition import Consumer, ConsumerPlan, ShardSpec, split_shards, work_units
 from .resume import resume_point, samples_to_skip
 from .sampling import PoolSampler, keyed_rng
 
@@ -80,11 +82,20 @@ class Part(NamedTuple):
     skip: int
 
 
+class Cut(NamedTuple):
+    """Where one interrupted consumer stood in one source."""
+
+    shards: tuple[ShardSpec, ...]  # its part of the source
+    frames: int  # frames of that part: one pass
+    current: int  # frames its current pass had left (all of them when it had not started)
+    owed: int  # samples its share still held
+
+
 class MixStart(NamedTuple):
     """Where one iterator of a mixture starts: the rest of its schedule and each source's part."""
 
     schedule: np.ndarray
-    parts: tuple[Part, ...]
+    parts: tuple[tuple[Part, ...], ...]  # each source's, read one after another
 
 
 @dataclass(frozen=True)
@@ -152,7 +163,7 @@ class MixtureOrder:
             plan = order.plan(epoch, first.rank, stream, num_workers)
             sampler = self.sampler(d, plan, shares[d], epoch)
             sampler.skip(int(done[d]))
-            parts.append(Part(plan, sampler, int(done[d])))
+            parts.append((Part(plan, sampler, int(done[d])),))
         return MixStart(schedule[skip:], tuple(parts))
 
     # -- elastic resume -------------------------------------------------------------------------
@@ -170,10 +181,27 @@ class MixtureOrder:
                 out[rank, w] = np.bincount(schedule[:skip], minlength=len(self.orders))
         return out
 
-    def _elastic_source(
+    def _cut(self, d: int, epoch: int, origin: Origin, done: dict[tuple[int, int], np.ndarray]) -> list[Cut]:
+        """Where every interrupted consumer stood in source d (rank-major)."""
+        order = self.orders[d]
+        workers = max(1, origin.num_workers)
+        old = [Consumer(r, origin.world_size, w, workers) for r in range(origin.world_size) for w in range(workers)]
+        units = work_units(order.shards, len(old), seed=order.seed, epoch=epoch, shuffle=order.shuffle)
+        cuts = []
+        for c, mine in zip(old, units):
+            frames = sum(s.frames for s in mine)
+            k = int(done[c.rank, c.worker][d])
+            current = frames - k % frames if frames and (k % frames or k == 0) else 0  # left of its pass
+            cuts.append(Cut(tuple(mine), frames, current, self.shares(epoch, c)[d] - k))
+        return cuts
+
+    def _current_passes(
         self, d: int, epoch: int, origin: Origin, done: dict[tuple[int, int], np.ndarray], consumer: Consumer
-    ) -> tuple[ElasticPlan, int]:
-        """Source d's remaining frames for ``consumer`` and the samples of it the rest of the epoch owes."""
+    ) -> list[ElasticPlan]:
+        """Source d's frames left in the interrupted consumers' current passes, laid out for ``consumer``:
+        first those of the consumers whose shares cover their pass (every frame, once), then those
+        of the consumers whose shares end inside it (as many as they owe, each frame at most once);
+        ``plan.num_samples`` is ``consumer``'s part."""
         order = self.orders[d]
 
         def replay(old: Consumer, plan: ConsumerPlan) -> tuple[PoolSampler, int]:
@@ -182,51 +210,96 @@ class MixtureOrder:
             sampler.skip(skip)
             return sampler, skip
 
-        elastic = plan_elastic(
-            order.shards,
-            seed=order.seed,
-            epoch=epoch,
-            options=order.plan_options,
-            pool_size=order.pool_size,
-            origin=origin,
-            drop_last=order.drop_last,
-            consumer=consumer,
-            replay=replay,
-        )
-        workers = max(1, origin.num_workers)
-        owed = sum(
-            self.shares(epoch, Consumer(r, origin.world_size, w, workers))[d] - int(done[r, w][d])
-            for r in range(origin.world_size)
-            for w in range(workers)
-        )
-        return elastic, owed
+        cuts = self._cut(d, epoch, origin, done)
+        plans = []
+        for whole in (True, False):
+            mine = [c for c in cuts if (c.owed >= c.current) == whole]
+            count = sum(c.current if whole else c.owed for c in mine)
+            elastic = order.plan_elastic(
+                epoch,
+                origin,
+                consumer.worker,
+                consumer.num_workers,
+                replay=replay,
+                only={e for c in mine for s in c.shards for e in s.episodes},
+            )
+            n = apportion(count, elastic.loads, consumer.index, order.equal_samples_per_rank) if count else 0
+            plans.append(ElasticPlan(dataclasses.replace(elastic.plan, num_samples=n), elastic.frames))
+        return plans
+
+    def _later_passes(
+        self, d: int, epoch: int, origin: Origin, done: dict[tuple[int, int], np.ndarray], consumer: Consumer
+    ) -> list[ConsumerPlan]:
+        """Source d's passes after the interrupted consumers' current ones, as each would have read
+        them: pass j holds the frames of the old consumers whose shares reach into it (as many
+        samples as they owe of it), laid out over the new consumers; ``consumer``'s plan of each
+        (``num_samples``: its part)."""
+        order = self.orders[d]
+        beyond = [(c.shards, c.frames, max(0, c.owed - c.current)) for c in self._cut(d, epoch, origin, done)]
+        plans: list[ConsumerPlan] = []
+        for j in itertools.count():
+            reach = [
+                (mine, frames, min(frames, n - j * frames)) for mine, frames, n in beyond if frames and n > j * frames
+            ]
+            if not reach:
+                return plans
+            for whole in (True, False):  # as in the current passes: whole passes apart from partial ones
+                group = [(mine, n) for mine, frames, n in reach if (n == frames) == whole]
+                if not group:
+                    continue
+                split = split_shards(
+                    [s for mine, _ in group for s in mine],
+                    consumer.count,
+                    seed=order.seed,
+                    epoch=epoch,
+                    shuffle=order.shuffle,
+                )
+                loads = [sum(s.frames for s in u) for u in split]
+                mine = split[consumer.index]
+                plans.append(
+                    ConsumerPlan(
+                        consumer=consumer,
+                        episodes=tuple((s.index, e) for s in mine for e in s.episodes),
+                        lengths=tuple(n for s in mine for n in s.lengths),
+                        num_samples=apportion(
+                            sum(n for _, n in group), loads, consumer.index, order.equal_samples_per_rank
+                        ),
+                        rank_samples=(),
+                        warnings=(),
+                    )
+                )
+        raise AssertionError("unreachable")
 
     def _start_elastic(
         self, epoch: int, origin: Origin, batches: int, batch_size: int, worker: int, num_workers: int
     ) -> MixStart:
         """The rest of an epoch interrupted under ``origin``, for this rank's DataLoader worker ``worker``.
 
-        Each source's remaining frames (the interrupted run's pass, ``plan_elastic``) are laid out
-        over the new consumers, each of which owes its part of the source's remaining samples; a
-        source whose remaining count outlasts its remaining frames (``repeat`` > 1) reads further
-        passes over those frames, and one with none left (its pass was complete) a fresh pass.
+        As a single dataset's elastic resume, pass by pass: each source's frames left in the
+        interrupted consumers' current passes (``_current_passes``) are laid out over the new
+        consumers and read once each; a source whose share spans more passes (``repeat`` > 1, a
+        weight above its size) then reads its following passes (``_later_passes``), each over the
+        frames of the old consumers whose shares reach it. Every frame of a source then comes as
+        many times as in the uninterrupted epoch, but for a last, partial pass's (as many samples,
+        each frame at most once, other frames maybe).
         """
         first = self.first
         workers = max(1, num_workers)
         done = self.consumed(epoch, origin)
 
-        def layout(stream: int) -> tuple[list[tuple[ElasticPlan, int]], tuple[int, ...]]:
+        def layout(stream: int) -> tuple[list[tuple[list[ElasticPlan], list[ConsumerPlan]]], tuple[int, ...]]:
             consumer = Consumer(first.rank, first.world_size, stream, workers)
-            sources = [self._elastic_source(d, epoch, origin, done, consumer) for d in range(len(self.orders))]
-            shares = []
-            for (elastic, owed), order in zip(sources, self.orders):
-                loads = (
-                    elastic.loads
-                    if sum(elastic.loads)
-                    else _loads(order.shards, consumer.count, order.seed, epoch, order.shuffle)
+            sources = [
+                (
+                    self._current_passes(d, epoch, origin, done, consumer),
+                    self._later_passes(d, epoch, origin, done, consumer),
                 )
-                shares.append(apportion(owed, loads, consumer.index, order.equal_samples_per_rank))
-            return sources, tuple(shares)
+                for d in range(len(self.orders))
+            ]
+            shares = tuple(
+                sum(e.plan.num_samples for e in now) + sum(p.num_samples for p in later) for now, later in sources
+            )
+            return sources, shares
 
         sources, shares = layout(worker)
         stream, skip = worker, 0
@@ -239,26 +312,34 @@ class MixtureOrder:
         schedule = self.schedule(epoch, consumer, shares, elastic=True)
         skipped = np.bincount(schedule[:skip], minlength=len(self.orders))
         parts = []
-        for d, ((elastic, _), order) in enumerate(zip(sources, self.orders)):
-            sampler: PoolSampler | SubsetSampler
-            if sum(elastic.loads):
-                plan = dataclasses.replace(elastic.plan, num_samples=shares[d])
-                sampler = SubsetSampler(
-                    ElasticPlan(plan, elastic.frames),
-                    order.pool_size,
-                    seed=self.source_seed(d),
-                    epoch=epoch,
-                    shuffle=order.shuffle,
+        for d, ((now, later), order) in enumerate(zip(sources, self.orders)):
+            samplers: list[tuple[ConsumerPlan, PoolSampler | SubsetSampler]] = []
+            for j, elastic in enumerate(now):
+                seed = self.source_seed(d) + j  # below 2**63 + 1: a key part
+                samplers.append(
+                    (
+                        elastic.plan,
+                        SubsetSampler(elastic, order.pool_size, seed=seed, epoch=epoch, shuffle=order.shuffle),
+                    )
                 )
-            else:
-                plan = order.plan(epoch, first.rank, stream, num_workers)
-                sampler = self.sampler(d, plan, shares[d], epoch, elastic=True)
-            if shares[d] and not plan.lengths:
-                raise ValueError(
-                    f"elastic resume in equal-count mode: mixture source {self.names[d] if self.names else d!r} owes "
-                    f"this consumer {shares[d]} samples "
-                    f"but none of its remaining frames; resume with fewer ranks or workers"
+            for j, plan in enumerate(later):
+                rng = keyed_rng(MIX_SAMPLER, first.seed, epoch, consumer.rank, consumer.worker + ELASTIC_FLAG, d, j)
+                passes = PoolSampler(
+                    plan.lengths, order.pool_size, rng, shuffle=order.shuffle, num_samples=plan.num_samples
                 )
-            sampler.skip(int(skipped[d]))
-            parts.append(Part(plan, sampler, int(skipped[d])))
+                samplers.append((plan, passes))
+            left = int(skipped[d])
+            source_parts = []
+            for plan, sampler in samplers:
+                if sampler.num_samples and not plan.lengths:
+                    raise ValueError(
+                        f"elastic resume in equal-count mode: mixture source {self.names[d] if self.names else d!r} "
+                        f"owes this consumer {sampler.num_samples} samples but none of its frames; resume with "
+                        f"fewer ranks or workers"
+                    )
+                n = min(left, sampler.num_samples)
+                sampler.skip(n)
+                left -= n
+                source_parts.append(Part(plan, sampler, n))
+            parts.append(tuple(source_parts))
         return MixStart(schedule[skip:], tuple(parts))
