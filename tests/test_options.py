@@ -15,7 +15,15 @@ from lerobot_shards.convert import convert_dataset
 from lerobot_shards.convert.plan import ConvertOptions, RunOptions, parse_size
 from lerobot_shards.format import RESIZE_MODES
 from lerobot_shards.loader import EpisodePoolDataset
-from lerobot_shards.loader.options import GROUPS, DecodeOptions, OrderOptions, ReadOptions, ResizeMode, group_options
+from lerobot_shards.loader.options import (
+    GROUPS,
+    DecodeOptions,
+    OrderOptions,
+    ReadOptions,
+    ResizeMode,
+    check_episodes,
+    group_options,
+)
 from lerobot_shards.shard_plan import DEFAULT_SHARD_BYTES, EpisodeSize, plan_shards, shard_target
 
 
@@ -113,6 +121,33 @@ def test_option_groups_and_flat_keywords() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         given.seed = 4  # type: ignore[misc]
     assert DecodeOptions(resize=[64, 32]).resize_per_camera == {"*": (64, 32)}
+
+
+@pytest.mark.parametrize(
+    ("episodes", "message"),
+    [
+        ([1.5], r"episodes must be ints >= 0 \(episode indices\), got 1\.5"),
+        ([True], r"episodes must be ints >= 0 \(episode indices\), got True"),
+        (["a"], r"episodes must be ints >= 0 \(episode indices\), got 'a'"),
+        ([-1], r"episodes must be ints >= 0 \(episode indices\), got -1"),
+        ("012", r"episodes must be a list of episode indices, got '012'"),
+        ([0, 2, 0, 2], r"episodes: episodes \[0, 2\] are listed more than once"),
+        ([], r"episodes is empty: it selects no episode \(None reads them all\)"),
+    ],
+)
+def test_an_episode_subset_is_checked_before_the_source_is_opened(episodes: Any, message: str) -> None:
+    """A float or bool index would read another episode than meant, a repeated one would be read
+    once: each is refused in one line, before any I/O (the path does not exist)."""
+    with pytest.raises(ValueError, match=message):
+        EpisodePoolDataset("/nonexistent/dataset", episodes=episodes)
+
+
+def test_an_episode_subset_accepts_any_int_sequence() -> None:
+    import numpy as np
+
+    assert check_episodes("episodes", range(3)) == (0, 1, 2)
+    assert check_episodes("episodes", np.array([4, 1])) == (4, 1)
+    assert check_episodes("episodes", None) is None
 
 
 @pytest.mark.parametrize(

@@ -32,7 +32,7 @@ from .control import SharedControl
 from .elastic import SubsetSampler
 from .emission import SampleLayout, stream_samples
 from .meta import DatasetMeta, Stats, dataset_meta, episode_stats_rows
-from .options import DecodeOptions, OrderOptions, ReadOptions, group_options
+from .options import DecodeOptions, OrderOptions, ReadOptions, check_episodes, group_options
 from .partition import ConsumerPlan, PlanOptions, ShardSpec, filter_shards
 from .remote import with_timeouts
 from .sampling import PoolSampler
@@ -117,7 +117,7 @@ class EpisodePoolDataset(IterableDataset):
             else read.cache_max_bytes,
             prefetch_episodes=order.episode_pool_size if read.prefetch_episodes is None else read.prefetch_episodes,
         )
-        self._episodes = None if episodes is None else tuple(int(e) for e in episodes)
+        self._episodes = check_episodes("episodes", episodes)
         self.order, self.read = order, read
         self._metadata: SourceMetadata | None = None
         meta = self._open_source()  # for its metadata only

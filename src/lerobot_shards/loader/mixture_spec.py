@@ -25,6 +25,7 @@ import yaml
 
 from ..exceptions import LeRobotShardsError
 from .checkpoint import digest
+from .options import check_episodes
 
 
 class MixtureFileError(LeRobotShardsError, ValueError):
@@ -73,13 +74,7 @@ class MixtureSource:
         _number(f"{where}: weight", self.weight)
         _number(f"{where}: repeat", self.repeat)
         _number(f"{where}: choose", self.choose, integer=True)
-        if self.episodes is not None:
-            if isinstance(self.episodes, (str, bytes)) or not isinstance(self.episodes, Sequence):
-                raise ValueError(f"{where}: episodes must be a list of episode indices, got {self.episodes!r}")
-            for e in self.episodes:
-                if isinstance(e, bool) or not isinstance(e, numbers.Integral) or e < 0:
-                    raise ValueError(f"{where}: episodes must be non-negative ints, got {e!r}")
-            object.__setattr__(self, "episodes", tuple(int(e) for e in self.episodes))
+        object.__setattr__(self, "episodes", check_episodes(f"{where}: episodes", self.episodes))
         if self.storage_options is not None and not isinstance(self.storage_options, Mapping):
             raise ValueError(f"{where}: storage_options must be a dict, got {type(self.storage_options).__name__}")
         if not isinstance(self.key_map, Mapping) or not all(

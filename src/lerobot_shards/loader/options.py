@@ -16,10 +16,11 @@ world size, the cache's disk) are resolved by the dataset into a copy of the gro
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import numbers
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
@@ -204,6 +205,26 @@ GROUPS: dict[str, type[OrderOptions] | type[ReadOptions] | type[DecodeOptions]] 
     "decode": DecodeOptions,
 }
 _OWNER = {f.name: group for group, cls in GROUPS.items() for f in dataclasses.fields(cls)}
+
+
+def check_episodes(name: str, episodes: Any) -> tuple[int, ...] | None:
+    """An episode subset as given (``None``: all), checked: indices are ints >= 0 (4.9 or True
+    would silently read another episode), each listed once, at least one. Whether each exists is
+    checked against the dataset when it opens."""
+    if episodes is None:
+        return None
+    if isinstance(episodes, str | bytes | Mapping) or not isinstance(episodes, Iterable):
+        raise ValueError(f"{name} must be a list of episode indices, got {episodes!r}")
+    chosen = tuple(episodes)
+    for e in chosen:
+        if isinstance(e, bool) or not isinstance(e, numbers.Integral) or e < 0:
+            raise ValueError(f"{name} must be ints >= 0 (episode indices), got {e!r}")
+    twice = sorted(e for e, n in collections.Counter(int(e) for e in chosen).items() if n > 1)
+    if twice:
+        raise ValueError(f"{name}: episodes {twice} are listed more than once")
+    if not chosen:
+        raise ValueError(f"{name} is empty: it selects no episode (None reads them all)")
+    return tuple(int(e) for e in chosen)
 
 
 def group_options(
