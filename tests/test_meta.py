@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,7 @@ from lerobot_shards.format import SHARDS_DIR, FormatError
 from lerobot_shards.lerobot_v3 import LeRobotV3Source
 from lerobot_shards.loader import EpisodePoolDataset
 from lerobot_shards.loader.meta import aggregate_stats, episode_stats_rows
+from lerobot_shards.loader.mixture import Mixture, MixtureDataset, MixtureSource
 from lerobot_shards.synth import read_identity
 
 CAMS = ("observation.images.front", "observation.images.top")
@@ -115,6 +117,33 @@ def test_subset_stats_from_a_bucket(converted_fixture: Path, s3_server) -> None:
     shards = f"meta-stats/{converted_fixture.name}/shards"
     assert s3_server.requests("GET", f"{shards}/shard-000001.idx.json") >= 1
     assert s3_server.requests("GET", f"{shards}/shard-000000.idx.json") == 0  # holds no chosen episode
+
+
+def test_reading_meta_leaves_no_thread_behind(fixture_root: Path, converted_fixture: Path, s3_server) -> None:
+    """LeRobot's trainer reads ``ds.meta`` in the main process and then forks DataLoader workers: a
+    thread, pool or event loop that meta (or the dataset) left running would be orphaned in them.
+    Every path that reads files for meta: a raw source's episode table, a converted subset's
+    sidecars (local and from a bucket), a mixture of both."""
+    fs = s3_server.filesystem()
+    fs.mkdir("meta-threads")
+    fs.put(str(converted_fixture), "meta-threads/", recursive=True)
+    url = f"s3://meta-threads/{converted_fixture.name}"
+    before = set(threading.enumerate())  # the bucket client's own loop included
+    datasets = [
+        EpisodePoolDataset(str(fixture_root), episodes=[1, 3]),
+        EpisodePoolDataset(str(converted_fixture), episodes=[1, 3]),
+        EpisodePoolDataset(url, episodes=[3], storage_options=s3_server.storage_options),
+        MixtureDataset(
+            Mixture(
+                [
+                    MixtureSource(str(fixture_root), name="raw", repeat=1),
+                    MixtureSource(str(converted_fixture), repeat=1),
+                ]
+            )
+        ),
+    ]
+    assert [ds.meta.stats_source for ds in datasets[:3]] == ["episodes"] * 3 and datasets[3].meta.stats
+    assert set(threading.enumerate()) == before
 
 
 def _edit_sidecars(out: Path, fn) -> None:
