@@ -233,6 +233,16 @@ def _sidecar_of_other_shard(out: Path) -> None:
     reseal(out)
 
 
+def _tampered_copy(prefix: str, tamper, converted: Path, s3_server, tmp_path: Path):
+    """A fresh bucket of this test's own and a copy of the conversion with ``tamper`` applied."""
+    bucket = f"{prefix}-{tmp_path.name[-12:].lower().replace('_', '-')}"
+    fs = _bucket(s3_server, bucket)
+    out = tmp_path / "converted"
+    shutil.copytree(converted, out)
+    tamper(out)
+    return fs, bucket, out
+
+
 @pytest.mark.parametrize(
     ("tamper", "message"),
     [
@@ -245,11 +255,7 @@ def _sidecar_of_other_shard(out: Path) -> None:
 def test_tampered_local_metadata_is_refused_before_anything_is_sent(
     tamper, message: str, converted: Path, s3_server, tmp_path: Path
 ) -> None:
-    bucket = f"upload-tamper-{tmp_path.name[-12:].lower().replace('_', '-')}"
-    fs = _bucket(s3_server, bucket)
-    out = tmp_path / "converted"
-    shutil.copytree(converted, out)
-    tamper(out)
+    fs, bucket, out = _tampered_copy("upload-tamper", tamper, converted, s3_server, tmp_path)
     result = run_cli("upload", out, f"s3://{bucket}/ds", "--storage-options", json.dumps(_options(s3_server)))
     assert result.returncode == 1 and re.search(message, result.stderr), result.stderr
     assert "nothing was uploaded" in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
@@ -281,11 +287,7 @@ def _tar_a_fifo(out: Path) -> None:
 def test_a_shard_that_is_no_file_of_the_conversion_is_not_sent(
     tamper, message: str, converted: Path, s3_server, tmp_path: Path
 ) -> None:
-    bucket = f"upload-nofile-{tmp_path.name[-12:].lower().replace('_', '-')}"
-    fs = _bucket(s3_server, bucket)
-    out = tmp_path / "converted"
-    shutil.copytree(converted, out)
-    tamper(out)
+    fs, bucket, out = _tampered_copy("upload-nofile", tamper, converted, s3_server, tmp_path)
     with pytest.raises(UploadError, match=message):
         upload_dataset(out, f"s3://{bucket}/ds", workers=1, storage_options=_options(s3_server), progress=False)
     fs.invalidate_cache()
