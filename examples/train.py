@@ -33,9 +33,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DataLoader
 
-from lerobot_shards.loader import DeviceFeeder, EpisodePoolDataset, MixtureDataset
+from lerobot_shards.loader import DeviceFeeder, EpisodePoolDataset, MixtureDataset, slab_loader
 from lerobot_shards.loader.mixture import open_dataset
 
 
@@ -162,7 +161,7 @@ def main() -> None:
         delta_timestamps={"action": [i / meta.fps for i in range(args.chunk)]}, cameras=[camera] if camera else []
     )
     spawn = args.decode_device != "cpu" and args.workers > 0  # CUDA cannot start in forked workers
-    loader = DataLoader(
+    loader = slab_loader(  # a DataLoader whose workers hand batches over in reused shared memory
         ds,
         batch_size=args.batch_size,
         num_workers=args.workers,

@@ -334,3 +334,54 @@ def test_small_shards_are_read_ahead_several_at_a_time(data, s3_server) -> None:
             assert read_identity(_frame(episode, episode.length - 1)) == (shard, episode.length - 1)
     finally:
         source.close()
+
+
+def test_a_shard_read_ahead_waits_for_the_chunks_requested_of_the_current_one(data, s3_server, monkeypatch) -> None:
+    """On a capped link bytes read ahead share the bandwidth with those the reader needs next (the
+    pool's second episode, before the first batch): the shard named ahead is requested only once
+    every chunk requested of the shard being read has landed. Here a read-ahead chunk of shard 0 is
+    held back; shard 1's first request follows its landing, and serves the right frames."""
+    from lerobot_shards.loader import sources
+
+    _, converted = data
+    url = _upload(s3_server, converted, "storage-ahead-gate")
+    chunk = 1024
+    monkeypatch.setattr(sources, "CHUNK_BYTES", chunk)  # shard 0's episode spans chunks, its tar's end more
+    events: list[tuple[str, str, int]] = []
+    shard1_requested, release = threading.Event(), threading.Event()
+    source = sources.open_source(url, storage_options=s3_server.storage_options)
+    assert isinstance(source, sources.ShardSource)
+    _, end = source.sidecar(0).episodes[0].span()
+    held = -(-end // chunk) * chunk  # the first chunk past episode 0: requested by read-ahead only
+    assert held < source._records[0].bytes
+    real = sources.ranged
+
+    def ranged(fs: Any, path: str, where: str) -> Any:
+        fetch, name = real(fs, path, where), os.path.basename(path)
+
+        def recorded(start: int, stop: int) -> bytes:
+            events.append(("start", name, start))
+            if name == "shard-000001.tar":
+                shard1_requested.set()
+            if (name, start) == ("shard-000000.tar", held):
+                assert release.wait(30)
+            data = fetch(start, stop)
+            events.append(("end", name, start))
+            return data
+
+        return recorded
+
+    monkeypatch.setattr(sources, "ranged", ranged)
+    try:
+        source.prefetch(1)
+        episode = source.read_episode(0, 0)
+        assert read_identity(_frame(episode, 0)) == (0, 0)
+        shard1_requested.wait(1.0)  # an ungated opener would ask at once; this one waits for `release`
+        release.set()
+        episode = source.read_episode(1, 1)
+        assert read_identity(_frame(episode, episode.length - 1)) == (1, episode.length - 1)
+    finally:
+        release.set()
+        source.close()
+    first_of_shard1 = events.index(("start", "shard-000001.tar", 0))
+    assert events.index(("end", "shard-000000.tar", held)) < first_of_shard1

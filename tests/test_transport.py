@@ -18,7 +18,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from lerobot_shards.loader import DeviceFeeder, EpisodePoolDataset
-from lerobot_shards.loader.transport import SlabCollate, slab_loader
+from lerobot_shards.loader.transport import SlabCollate, slab_loader, with_slabs
 from lerobot_shards.synth import read_identity
 
 CAMS = ("observation.images.front", "observation.images.top")
@@ -216,3 +216,30 @@ def test_main_process_and_bad_arguments() -> None:
     for bad in (0, -1, True, 2.0):
         with pytest.raises(ValueError, match="slabs must be an int >= 1"):
             SlabCollate(bad)  # type: ignore[arg-type]
+
+
+def test_with_slabs_rebuilds_a_loader_built_elsewhere_keeping_its_settings(synth) -> None:
+    """As ``lerobot-shards train`` does with the DataLoader LeRobot's trainer built: same settings, slabs."""
+    plain = list(DataLoader(_dataset(synth, image_dtype=torch.uint8), batch_size=BATCH, num_workers=2))
+    generator = torch.Generator().manual_seed(3)
+    built = DataLoader(
+        _dataset(synth, image_dtype=torch.uint8),
+        batch_size=BATCH,
+        num_workers=2,
+        prefetch_factor=3,
+        persistent_workers=True,
+        drop_last=False,
+        generator=generator,
+    )
+    loader = with_slabs(built)
+    assert isinstance(loader.collate_fn, SlabCollate) and loader.collate_fn.slabs == 3 + 2
+    for name in ("dataset", "batch_size", "num_workers", "prefetch_factor", "persistent_workers", "generator"):
+        assert getattr(loader, name) is getattr(built, name), name
+    assert _compare(plain, iter(loader)) == len(plain)
+    assert loader.collate_fn.stats()["workers"]["slab_batches"] >= len(plain) // 2
+    # nothing to carry, or a collate of the caller's own: the loader is left as it is
+    in_process = DataLoader(_dataset(synth), batch_size=BATCH)
+    custom = DataLoader(_dataset(synth), batch_size=BATCH, num_workers=2, collate_fn=list)
+    assert with_slabs(in_process) is in_process and with_slabs(custom) is custom
+    with pytest.raises(TypeError, match="IterableDataset"):
+        with_slabs(DataLoader(list(range(8)), batch_size=2, num_workers=2))

@@ -26,6 +26,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .exceptions import LeRobotShardsError
+from .filesystems import url_to_fs
 from .format import feature_shape
 from .names import UnsafeNameError, check_name, check_relpath
 from .redaction import redact, without_credentials
@@ -228,7 +229,7 @@ class LeRobotV3Source:
     ) -> None:
         without_credentials(str(root))  # registers a URL's password as a secret: never printed
         storage_options = with_timeouts(str(root), storage_options)  # no read waits on a silent server for long
-        self.fs, self.root = fsspec.core.url_to_fs(str(root), **(storage_options or {}))
+        self.fs, self.root = url_to_fs(str(root), **(storage_options or {}))
         self.root = self.root.rstrip("/")
         self.url = str(root)
         self.info = self._read_info()

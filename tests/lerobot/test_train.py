@@ -185,11 +185,13 @@ def test_repo_id_alone_resolves_lerobots_home() -> None:
 
 def test_resume_with_workers_across_an_epoch_end(written, tmp_path: Path) -> None:
     """Raw source, 2 DataLoader workers, batch 8 (18 batches an epoch): resumed at step 12, the run crosses
-    into epoch 1 as the uninterrupted one did and ends with the same weights."""
+    into epoch 1 as the uninterrupted one did and ends with the same weights. The workers' batches
+    travel in shared-memory slabs (the trainer's DataLoader rebuilt with SlabCollate)."""
     import shutil
 
     args = [*_args(str(written.raw), tmp_path / "a", ACT, steps=24, save_freq=12), "--batch_size=8", "--num_workers=2"]
-    run([*CLI, "train", *args], tmp_path / "a.txt", env(), TIMEOUT)
+    log = run([*CLI, "train", *args], tmp_path / "a.txt", env(), TIMEOUT)
+    assert "2 workers hand batches over in reused shared-memory slabs (SlabCollate)" in log
     b = tmp_path / "b"  # the same run as it stood after its step-12 checkpoint
     shutil.copytree(tmp_path / "a", b, symlinks=True)
     shutil.rmtree(b / "checkpoints/000024")

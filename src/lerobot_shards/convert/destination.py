@@ -26,10 +26,10 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, BinaryIO, TypeVar
 
-import fsspec
 from fsspec.callbacks import Callback
 
 from ..exceptions import LeRobotShardsError
+from ..filesystems import url_to_fs
 from ..format import MANIFEST_NAME, MAX_MANIFEST_BYTES, SHARDS_DIR, TMP_SUFFIX
 from ..names import check_relpath
 from ..redaction import redact, register_secrets, without_credentials
@@ -110,7 +110,7 @@ class Destination:
     def __init__(self, url: str, *, storage_options: dict[str, Any] | None = None) -> None:
         without_credentials(str(url))  # registers a URL's password as a secret: never printed
         storage_options = with_timeouts(str(url), storage_options)  # no call waits on a silent server for long
-        self.fs, root = fsspec.core.url_to_fs(str(url), **(storage_options or {}))
+        self.fs, root = url_to_fs(str(url), **(storage_options or {}))
         self.root = root.rstrip("/")
         self.url = str(url)
         protocols = (self.fs.protocol,) if isinstance(self.fs.protocol, str) else tuple(self.fs.protocol)

@@ -15,6 +15,8 @@ runs LeRobot's ``train()`` with four seams patched, nothing copied from its loop
    slice); each rank's ``EpisodePoolDataset`` already reads its own disjoint share.
 3. The DataLoader is iterated through ``PositionedLoader``, which calls ``set_epoch`` per pass,
    counts the batches the loop took, and creates each pass's iterator under a forked torch RNG.
+   With worker processes it is first rebuilt with ``SlabCollate`` (``transport.with_slabs``): the
+   workers hand batches over in reused shared memory, not a fresh segment per key and batch.
 4. ``save_checkpoint`` also writes ``training_state/lerobot_shards_data.json``
    (``{epoch, batches_consumed, batch_size, ...}``); ``--resume=true`` loads it into the dataset.
 
@@ -48,6 +50,7 @@ from ..exceptions import LeRobotShardsError
 from ..loader import EpisodePoolDataset, MixtureDataset
 from ..loader.mixture import open_dataset
 from ..loader.mixture_spec import is_mixture_file
+from ..loader.transport import with_slabs
 from ..video import usable_cpus
 
 log = logging.getLogger(__name__)
@@ -119,10 +122,10 @@ def _is_our_source(url: str, storage_options: dict[str, Any] | None) -> bool:
     if is_mixture_file(url):
         return True
 
-    import fsspec
+    from ..filesystems import url_to_fs
 
     try:
-        fs, path = fsspec.core.url_to_fs(url, **(storage_options or {}))
+        fs, path = url_to_fs(url, **(storage_options or {}))
         path = path.rstrip("/")
         return bool(
             fs.exists(posixpath.join(path, "manifest.json")) or fs.exists(posixpath.join(path, "meta/info.json"))
@@ -298,8 +301,16 @@ def _accelerator_class(base: type, run: type[_Run]) -> type:
             for arg, mine in zip(args, ours):
                 if mine:
                     state = run.resume or {}
+                    loader = with_slabs(arg)
+                    if loader is not arg:
+                        print(
+                            f"lerobot-shards train: {loader.num_workers} workers hand batches over in reused "
+                            "shared-memory slabs (SlabCollate)",
+                            file=sys.stderr,
+                            flush=True,
+                        )
                     run.loader = PositionedLoader(
-                        arg, int(state.get("epoch", 0)), int(state.get("batches_consumed", 0))
+                        loader, int(state.get("epoch", 0)), int(state.get("batches_consumed", 0))
                     )
                     out.append(run.loader)
                 else:

@@ -16,7 +16,7 @@ from .integrity import IntegrityError
 from .mixture import Mixture, MixtureDataset, MixtureError, MixtureResumeError, MixtureSource, load_mixture
 from .mixture_spec import MixtureFileError
 from .options import DecodeOptions, OrderOptions, ReadOptions
-from .transport import SlabCollate, slab_loader
+from .transport import SlabCollate, slab_loader, with_slabs
 
 __all__ = [
     "DecodeError",
@@ -39,4 +39,5 @@ __all__ = [
     "UnsafeNameError",
     "load_mixture",
     "slab_loader",
+    "with_slabs",
 ]

@@ -506,6 +506,12 @@ class RemoteFile:
         offset = start - span.start * self._chunk
         return data[offset : offset + end - start]
 
+    def landed(self) -> None:
+        """Wait until every chunk requested so far has landed (or failed, or was cancelled)."""
+        with self._lock:
+            parts = list(self._parts.values())
+        wait(parts)
+
     def close(self) -> None:
         with self._lock:
             for p in self._parts.values():

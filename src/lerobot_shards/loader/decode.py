@@ -27,13 +27,13 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import av
-import fsspec
 import numpy as np
 import torch
 from torch.utils.data import get_worker_info
 from torchcodec.decoders import VideoDecoder, set_cuda_backend
 
 from ..exceptions import LeRobotShardsError
+from ..filesystems import url_to_fs
 from ..redaction import redact
 from ..resize import DEFAULT_MODE, plan_transform
 from ..timeouts import READ_HINT, is_timeout, open_bounded
@@ -117,7 +117,7 @@ class DecoderCache:
         if clip.data is not None:
             source: Any = clip.data
         elif "://" in (clip.url or ""):
-            fs, path = fsspec.core.url_to_fs(clip.url, **self.storage_options)
+            fs, path = url_to_fs(str(clip.url), **self.storage_options)
             handle = open_bounded(fs, path, block_size=REMOTE_BLOCK_BYTES, blocks=REMOTE_BLOCKS)
             source = handle
         else:

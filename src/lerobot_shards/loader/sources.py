@@ -20,7 +20,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import fsspec
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute  # noqa: F401  (see below)
@@ -28,6 +27,7 @@ import pyarrow.parquet as pq
 
 from .. import format as fmt
 from ..episode_table import check_episode_table
+from ..filesystems import url_to_fs
 from ..lerobot_v3 import IMAGE_DTYPE, VIDEO_DTYPE, LeRobotV3Source, SourceError, numpy_of, protocols
 from ..names import check_name
 from ..redaction import register_secrets, without_credentials
@@ -227,7 +227,7 @@ def _open_source(
     episodes: Sequence[int] | None,
     metadata: SourceMetadata | None,
 ) -> EpisodeSource:
-    fs, path = fsspec.core.url_to_fs(str(url), **(storage_options or {}))
+    fs, path = url_to_fs(str(url), **(storage_options or {}))
     path = path.rstrip("/")
     if path.endswith(fmt.MANIFEST_NAME):
         path = posixpath.dirname(path)
@@ -271,7 +271,7 @@ class ShardSource:
         manifest: fmt.Manifest | None = None,
     ):
         self.url = url.rstrip("/")
-        self.fs, self.root = fsspec.core.url_to_fs(self.url, **(storage_options or {}))
+        self.fs, self.root = url_to_fs(self.url, **(storage_options or {}))
         self.root = self.root.rstrip("/")
         self._local_root = self.root if "file" in protocols(self.fs) else None  # symlinks may not leave it
         where = posixpath.join(self.url, fmt.MANIFEST_NAME)
@@ -355,8 +355,14 @@ class ShardSource:
         lengths = {e.episode_index: e.length for e in self.sidecar(rec.index).episodes}  # an older manifest
         return tuple(lengths[e] for e in rec.episodes)
 
-    def _open_reader(self, shard: int) -> Reader:
-        """The shard's bytes: the local file, the node cache (downloading it), or ranged reads."""
+    def _open_reader(self, shard: int, after: Reader | None = None) -> Reader:
+        """The shard's bytes: the local file, the node cache (downloading it), or ranged reads.
+
+        ``after``: a shard read ahead starts once every chunk requested of the shard being read
+        (``after``) has landed: on a capped link its bytes would otherwise share the bandwidth with
+        those the reader needs next (the pool's second episode, before the first batch)."""
+        if isinstance(after, RemoteFile):
+            after.landed()
         rec = self._records[shard]
         path = self._shard_path(rec.name)
         where = f"{self.url}/{fmt.SHARDS_DIR}/{rec.name}"
@@ -377,7 +383,7 @@ class ShardSource:
             )
             if cached is not None:
                 return cached
-        reader = RemoteFile(fetch, rec.bytes, self.remote.pool, self.remote.counters)
+        reader = RemoteFile(fetch, rec.bytes, self.remote.pool, self.remote.counters, chunk=CHUNK_BYTES)
         reader.start()
         return reader
 
@@ -395,16 +401,17 @@ class ShardSource:
             self._opening = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shard-prefetch-open")
         return self._opening
 
-    def _open_async(self, shard: int) -> None:
+    def _open_async(self, shard: int, after: Reader | None = None) -> None:
         if shard not in self._readers:
-            self._readers[shard] = self._opener().submit(self._open_reader, shard)
+            self._readers[shard] = self._opener().submit(self._open_reader, shard, after)
 
     def prefetch(self, shard: int) -> None:
         """Read ``shard`` in the background (its download into the cache, or its first chunks) if it
         is among the shards read ahead (``_ahead``), once the first episode of the shard being
-        entered has been served (the reader names the following shards first): until then their
-        bytes would share the bandwidth with the ones awaited. Its sidecar, a few kilobytes, is
-        fetched at once: the round trip no longer stalls the reader when it enters the shard."""
+        entered has been served (the reader names the following shards first) and every chunk
+        requested of that shard has landed: until then their bytes would share the bandwidth with
+        the ones awaited. Its sidecar, a few kilobytes, is fetched at once: the round trip no longer
+        stalls the reader when it enters the shard."""
         if self._named:  # the first hint since a read: the reader entered a shard
             self._upcoming, self._named = [], False
         if shard not in self._upcoming:
@@ -452,10 +459,11 @@ class ShardSource:
     def _read_span(self, shard: int, entry: fmt.EpisodeEntry, where: str) -> bytes:
         """The episode's bytes, checked against the sidecar's member checksums."""
         start, end = entry.span()
-        blob = self._reader(shard).read(start, end)
+        reader = self._reader(shard)
+        blob = reader.read(start, end)
         self._named = True
-        for ahead in self._ahead():  # what was awaited has landed: the next shards may start now
-            self._open_async(ahead)
+        for ahead in self._ahead():  # what was awaited has landed: the next shards may start after the rest
+            self._open_async(ahead, after=reader)
         if len(blob) != end - start:
             raise IntegrityError(f"{where}: shard is truncated (wanted bytes {start}..{end}, got {len(blob)})")
         check_episode_bytes(entry, blob, start, where)
@@ -544,7 +552,7 @@ class RawSource:
             )
         else:  # its tables, with this process's filesystem (a forked worker may not use its parent's)
             self.src = copy.copy(src)
-            self.src.fs = fsspec.core.url_to_fs(self.url, **(storage_options or {}))[0]
+            self.src.fs = url_to_fs(self.url, **(storage_options or {}))[0]
         self.metadata: SourceMetadata = self.src
         if episodes is not None:
             known = {e.episode_index for e in self.src.episodes}

@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, default_collate, get_worker_info
+from torch.utils.data import DataLoader, Dataset, IterableDataset, default_collate, get_worker_info
 
 HEADER_BYTES = 64  # each slab starts with int64 [state, generation]
 ALIGN = 64  # every tensor in a slab starts on a cache line
@@ -166,6 +166,39 @@ def slab_loader(
         extra["prefetch_factor"] = prefetch_factor
     return DataLoader(
         dataset, batch_size=batch_size, num_workers=num_workers, collate_fn=collate, pin_memory=pin_memory, **extra
+    )
+
+
+def with_slabs(loader: DataLoader[Any], slabs: int | None = None) -> DataLoader[Any]:
+    """``loader`` itself, or, when it has workers and collates with torch's default (``collate_fn``
+    unset or ``default_collate``), the same DataLoader with ``SlabCollate`` (``slabs`` default:
+    ``prefetch_factor + 2``) and every other setting kept. For a loader built by someone else (a
+    trainer), before its first iterator; iterable datasets only (a map-style loader's sampler
+    is not carried over).
+
+    ``pin_memory`` stays the DataLoader's own: its pin thread copies each batch out of the slab
+    into pinned memory (freeing the slab at once), so the untested pinned-slab path is not used.
+    """
+    if not loader.num_workers or loader.collate_fn is not default_collate:
+        return loader
+    if not isinstance(loader.dataset, IterableDataset):
+        raise TypeError("with_slabs: only a DataLoader over an IterableDataset is rebuilt (its sampler is not carried)")
+    prefetch = loader.prefetch_factor or 2
+    return DataLoader(
+        loader.dataset,
+        batch_size=loader.batch_size,
+        drop_last=loader.drop_last,
+        num_workers=loader.num_workers,
+        collate_fn=SlabCollate(prefetch + 2 if slabs is None else slabs),
+        pin_memory=loader.pin_memory,
+        pin_memory_device=loader.pin_memory_device,
+        timeout=loader.timeout,
+        worker_init_fn=loader.worker_init_fn,
+        multiprocessing_context=loader.multiprocessing_context,
+        generator=loader.generator,
+        prefetch_factor=loader.prefetch_factor,
+        persistent_workers=loader.persistent_workers,
+        in_order=loader.in_order,
     )
 
 
