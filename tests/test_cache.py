@@ -19,6 +19,7 @@ from lerobot_shards.loader.cache import (
     default_cache_bytes,
     plan_evictions,
     scan,
+    settled,
 )
 
 # -- eviction decisions (pure) ----------------------------------------------------------------------
@@ -209,3 +210,20 @@ def test_uncached_read_ahead_waits_until_the_reads_own_chunks_landed() -> None:
     reader.join(30)
     pool.shutdown()
     assert (4000, 5000) in requests  # read 2's own chunk landed: its read-ahead followed
+
+
+def test_settled_wakes_for_chunks_cancelled_while_queued() -> None:
+    """A shard read ahead waits for the current shard's chunks (``settled``); closing the source
+    cancels the queued ones as the fetch pool shuts down. ``concurrent.futures.wait`` would never
+    wake for those: the opener thread would hang, and the process with it at exit."""
+    pool = ThreadPoolExecutor(max_workers=1)
+    gate = threading.Event()
+    running = pool.submit(gate.wait, 30)
+    queued = pool.submit(bytes, 8)
+    pool.shutdown(wait=False, cancel_futures=True)
+    assert queued.cancelled()
+    waiter = threading.Thread(target=settled, args=([running, queued],))
+    waiter.start()
+    gate.set()
+    waiter.join(30)
+    assert not waiter.is_alive()

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 from torch.utils.data import DataLoader, IterableDataset
 
-from lerobot_shards.filesystems import shared_session, url_to_fs
+from lerobot_shards import filesystems
+from lerobot_shards.filesystems import url_to_fs
 
 
 class _ReadInWorker(IterableDataset):
@@ -43,12 +44,21 @@ def test_a_forked_worker_builds_its_client_from_the_parents_parsed_models(object
     assert fs.cat_file(path) == b"identity 0123456789"  # the parent's client: its loader parsed the models
     assert url_to_fs(object_url, **s3_server.storage_options)[0] is fs  # fsspec still reuses the instance
     parent_session, parent_loader = fs.session, fs.session.get_component("data_loader")
-    assert parent_session is shared_session()
-    assert pickle.loads(pickle.dumps(fs)).cat_file(path) == b"identity 0123456789"  # as for a spawned worker
-    (got,) = DataLoader(_ReadInWorker(object_url, s3_server.storage_options), batch_size=None, num_workers=1)
+    assert parent_loader is filesystems._loader
+    worker = DataLoader(
+        _ReadInWorker(object_url, s3_server.storage_options),
+        batch_size=None,
+        num_workers=1,
+        multiprocessing_context="fork",  # a spawned worker inherits nothing: it starts cold
+    )
+    (got,) = worker
     assert got["data"] == b"identity 0123456789"
     assert got["session"] != id(parent_session)  # credentials, events and clients: the worker's own
     assert got["loader"] == id(parent_loader)  # the parsed botocore data: inherited, not parsed again
+    type(fs).clear_instance_cache()  # as in a spawned worker: the options travel, not the session
+    clone = pickle.loads(pickle.dumps(fs))
+    assert clone is not fs and clone.session is None
+    assert clone.cat_file(path) == b"identity 0123456789"
 
 
 def test_options_meant_for_s3fs_own_session_are_left_to_it(object_url, s3_server, tmp_path) -> None:

@@ -376,7 +376,7 @@ def test_a_shard_read_ahead_waits_for_the_chunks_requested_of_the_current_one(da
         source.prefetch(1)
         episode = source.read_episode(0, 0)
         assert read_identity(_frame(episode, 0)) == (0, 0)
-        shard1_requested.wait(1.0)  # an ungated opener would ask at once; this one waits for `release`
+        assert not shard1_requested.wait(0.5)  # an ungated opener asks at once; this one waits for `release`
         release.set()
         episode = source.read_episode(1, 1)
         assert read_identity(_frame(episode, episode.length - 1)) == (1, episode.length - 1)

@@ -221,7 +221,6 @@ def test_main_process_and_bad_arguments() -> None:
 def test_with_slabs_rebuilds_a_loader_built_elsewhere_keeping_its_settings(synth) -> None:
     """As ``lerobot-shards train`` does with the DataLoader LeRobot's trainer built: same settings, slabs."""
     plain = list(DataLoader(_dataset(synth, image_dtype=torch.uint8), batch_size=BATCH, num_workers=2))
-    generator = torch.Generator().manual_seed(3)
     built = DataLoader(
         _dataset(synth, image_dtype=torch.uint8),
         batch_size=BATCH,
@@ -229,13 +228,21 @@ def test_with_slabs_rebuilds_a_loader_built_elsewhere_keeping_its_settings(synth
         prefetch_factor=3,
         persistent_workers=True,
         drop_last=False,
-        generator=generator,
+        generator=torch.Generator().manual_seed(3),
+        pin_memory=False,
+        timeout=120,
+        worker_init_fn=_no_op,
+        multiprocessing_context="fork",
     )
     loader = with_slabs(built)
     assert isinstance(loader.collate_fn, SlabCollate) and loader.collate_fn.slabs == 3 + 2
-    for name in ("dataset", "batch_size", "num_workers", "prefetch_factor", "persistent_workers", "generator"):
-        assert getattr(loader, name) is getattr(built, name), name
-    assert _compare(plain, iter(loader)) == len(plain)
+    kept = ("dataset", "batch_size", "num_workers", "prefetch_factor", "persistent_workers", "generator", "drop_last")
+    kept += ("pin_memory", "pin_memory_device", "timeout", "worker_init_fn", "multiprocessing_context", "in_order")
+    for name in kept:
+        assert getattr(loader, name) == getattr(built, name), name
+    batches = iter(loader)
+    assert _compare(plain, batches) == len(plain)
+    del batches  # persistent workers: shut down here
     assert loader.collate_fn.stats()["workers"]["slab_batches"] >= len(plain) // 2
     # nothing to carry, or a collate of the caller's own: the loader is left as it is
     in_process = DataLoader(_dataset(synth), batch_size=BATCH)
@@ -243,3 +250,7 @@ def test_with_slabs_rebuilds_a_loader_built_elsewhere_keeping_its_settings(synth
     assert with_slabs(in_process) is in_process and with_slabs(custom) is custom
     with pytest.raises(TypeError, match="IterableDataset"):
         with_slabs(DataLoader(list(range(8)), batch_size=2, num_workers=2))
+
+
+def _no_op(worker_id: int) -> None:
+    pass

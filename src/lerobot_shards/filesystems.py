@@ -4,10 +4,10 @@ Building an S3 client (s3fs over aiobotocore) parses botocore's JSON service mod
 data directory: 0.15-0.25 s on a quiet 2-core machine, 0.3-0.4 s under load, paid by every
 DataLoader worker before its first request, so by the first batch. botocore keeps what it parsed in
 its session's *data loader*, a cache of parsed files and nothing else. Every S3 file system opened
-here gets this process's own session (credentials, events and clients stay per process, as s3fs
-would make them) whose data loader is shared by the whole process tree: a forked worker inherits
-the parent's, already filled while the dataset read its manifest, and its first client is built in
-about 0.01 s. A spawned worker starts cold, as before.
+here gets a session of its own, as s3fs would make it (credentials, events and clients are not
+shared), whose data loader is shared by the whole process tree: a forked worker inherits the
+parent's, already filled while the dataset read its manifest, and its first client is built in
+about 0.01 s. A spawned (or forkserver) worker starts cold, as before.
 
 Options that s3fs would hand to the session it builds itself (``profile``, say) are left to s3fs:
 no session is given then, and nothing changes.
@@ -25,7 +25,6 @@ S3_PROTOCOLS = ("s3", "s3a")
 
 _lock = threading.Lock()
 _loader: Any = None  # botocore's data loader, filled once per process tree (inherited on fork)
-_session: tuple[int, Any] | None = None  # (pid, this process's AioSession)
 
 
 def _after_fork() -> None:
@@ -39,11 +38,11 @@ os.register_at_fork(after_in_child=_after_fork)
 
 def url_to_fs(url: str, **storage_options: Any) -> tuple[Any, str]:
     """``fsspec.core.url_to_fs``; an S3 file system that would make a cold session of its own gets
-    this process's warm one instead (set on the instance, not in its options: pickling it for a
-    spawned worker carries the options only)."""
+    a warm one instead (set on the instance, not in its options: pickling it for a spawned worker
+    carries the options only)."""
     fs, path = fsspec.core.url_to_fs(str(url), **storage_options)
     if _makes_own_session(fs):
-        fs.session = shared_session()
+        fs.session = warm_session()
     return fs, path
 
 
@@ -55,17 +54,16 @@ def _makes_own_session(fs: Any) -> bool:
     return getattr(fs, "session", "") is None and getattr(fs, "kwargs", None) == {}
 
 
-def shared_session() -> Any:
-    """This process's aiobotocore session; its data loader is the process tree's (see the module)."""
-    global _loader, _session
+def warm_session() -> Any:
+    """A new aiobotocore session, as s3fs would make (its own credentials, events and clients), whose
+    data loader is the process tree's: the first one made here, filled by the first client built."""
+    global _loader
     import aiobotocore.session  # type: ignore[import-untyped]
 
+    session = aiobotocore.session.AioSession()
     with _lock:
-        if _session is None or _session[0] != os.getpid():
-            session = aiobotocore.session.AioSession()
-            if _loader is None:
-                _loader = session.get_component("data_loader")
-            else:
-                session.register_component("data_loader", _loader)
-            _session = (os.getpid(), session)
-        return _session[1]
+        if _loader is None:
+            _loader = session.get_component("data_loader")
+        else:
+            session.register_component("data_loader", _loader)
+    return session

@@ -506,17 +506,24 @@ class RemoteFile:
         offset = start - span.start * self._chunk
         return data[offset : offset + end - start]
 
-    def landed(self) -> None:
-        """Wait until every chunk requested so far has landed (or failed, or was cancelled)."""
+    def requested(self) -> list[Future[bytes]]:
+        """The chunks requested so far and not yet dropped (for ``settled``)."""
         with self._lock:
-            parts = list(self._parts.values())
-        wait(parts)
+            return list(self._parts.values())
 
     def close(self) -> None:
         with self._lock:
             for p in self._parts.values():
                 p.cancel()
             self._parts.clear()
+
+
+def settled(parts: list[Future[Any]]) -> None:
+    """Wait until each of ``parts`` has landed, failed or been cancelled. Not ``wait()``: a future
+    cancelled while queued (a closed reader, a pool shut down) would never wake it."""
+    for part in parts:
+        with contextlib.suppress(CancelledError):
+            part.exception()
 
 
 class LocalFile:

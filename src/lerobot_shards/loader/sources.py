@@ -44,6 +44,7 @@ from .cache import (
     RemoteIO,
     close_when_open,
     ranged,
+    settled,
 )
 from .integrity import IntegrityError, check_episode_bytes
 from .meta import Stats, stats_to_numpy
@@ -355,14 +356,13 @@ class ShardSource:
         lengths = {e.episode_index: e.length for e in self.sidecar(rec.index).episodes}  # an older manifest
         return tuple(lengths[e] for e in rec.episodes)
 
-    def _open_reader(self, shard: int, after: Reader | None = None) -> Reader:
+    def _open_reader(self, shard: int, after: Sequence[Future[bytes]] = ()) -> Reader:
         """The shard's bytes: the local file, the node cache (downloading it), or ranged reads.
 
-        ``after``: a shard read ahead starts once every chunk requested of the shard being read
-        (``after``) has landed: on a capped link its bytes would otherwise share the bandwidth with
-        those the reader needs next (the pool's second episode, before the first batch)."""
-        if isinstance(after, RemoteFile):
-            after.landed()
+        ``after``: a shard read ahead starts once the chunks then requested of the shard being read
+        have landed: on a capped link its bytes would otherwise share the bandwidth with those the
+        reader needs next (the pool's second episode, before the first batch)."""
+        settled(list(after))
         rec = self._records[shard]
         path = self._shard_path(rec.name)
         where = f"{self.url}/{fmt.SHARDS_DIR}/{rec.name}"
@@ -401,7 +401,7 @@ class ShardSource:
             self._opening = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shard-prefetch-open")
         return self._opening
 
-    def _open_async(self, shard: int, after: Reader | None = None) -> None:
+    def _open_async(self, shard: int, after: Sequence[Future[bytes]] = ()) -> None:
         if shard not in self._readers:
             self._readers[shard] = self._opener().submit(self._open_reader, shard, after)
 
@@ -462,8 +462,9 @@ class ShardSource:
         reader = self._reader(shard)
         blob = reader.read(start, end)
         self._named = True
+        pending = reader.requested() if isinstance(reader, RemoteFile) else []
         for ahead in self._ahead():  # what was awaited has landed: the next shards may start after the rest
-            self._open_async(ahead, after=reader)
+            self._open_async(ahead, after=pending)
         if len(blob) != end - start:
             raise IntegrityError(f"{where}: shard is truncated (wanted bytes {start}..{end}, got {len(blob)})")
         check_episode_bytes(entry, blob, start, where)

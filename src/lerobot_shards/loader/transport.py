@@ -184,6 +184,7 @@ def with_slabs(loader: DataLoader[Any], slabs: int | None = None) -> DataLoader[
     if not isinstance(loader.dataset, IterableDataset):
         raise TypeError("with_slabs: only a DataLoader over an IterableDataset is rebuilt (its sampler is not carried)")
     prefetch = loader.prefetch_factor or 2
+    extra: dict[str, Any] = {"in_order": loader.in_order} if hasattr(loader, "in_order") else {}  # torch >= 2.6
     return DataLoader(
         loader.dataset,
         batch_size=loader.batch_size,
@@ -198,7 +199,7 @@ def with_slabs(loader: DataLoader[Any], slabs: int | None = None) -> DataLoader[
         generator=loader.generator,
         prefetch_factor=loader.prefetch_factor,
         persistent_workers=loader.persistent_workers,
-        in_order=loader.in_order,
+        **extra,
     )
 
 
