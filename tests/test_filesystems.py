@@ -40,13 +40,15 @@ def object_url(s3_server) -> str:
 
 
 def test_a_forked_worker_builds_its_client_from_the_parents_parsed_models(object_url, s3_server) -> None:
-    fs, path = url_to_fs(object_url, **s3_server.storage_options)
+    # options no other test uses: fsspec's instance cache must not hand back another test's instance
+    opts = {**s3_server.storage_options, "max_concurrency": 7}
+    fs, path = url_to_fs(object_url, **opts)
     assert fs.cat_file(path) == b"identity 0123456789"  # the parent's client: its loader parsed the models
-    assert url_to_fs(object_url, **s3_server.storage_options)[0] is fs  # fsspec still reuses the instance
+    assert url_to_fs(object_url, **opts)[0] is fs  # fsspec still reuses the instance
     parent_session, parent_loader = fs.session, fs.session.get_component("data_loader")
     assert parent_loader is filesystems._loader
     worker = DataLoader(
-        _ReadInWorker(object_url, s3_server.storage_options),
+        _ReadInWorker(object_url, opts),
         batch_size=None,
         num_workers=1,
         multiprocessing_context="fork",  # a spawned worker inherits nothing: it starts cold

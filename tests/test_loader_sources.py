@@ -259,8 +259,8 @@ def test_next_shard_starts_only_after_the_entered_shards_first_read(pair, monkey
     events: list[tuple[str, int]] = []
     open_reader = ShardSource._open_reader
 
-    def recording(self, shard):
-        reader = open_reader(self, shard)
+    def recording(self, shard, after=()):
+        reader = open_reader(self, shard, after)
         events.append(("open", shard))
         read = reader.read
 
