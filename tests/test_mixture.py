@@ -655,3 +655,32 @@ def test_inspect_shows_a_mixture_files_sources_and_shares(tables: dict[int, Path
     (tmp_path / "bad.yaml").write_text("sources: [{source: x, wieght: 1}]\n")
     bad = run_cli("inspect", tmp_path / "bad.yaml")
     assert bad.returncode == 1 and "bad.yaml: unknown key sources[0].wieght" in bad.stderr
+
+
+def _cut_after(ds: Any, n: int) -> None:
+    """Make ``ds``'s streams end after ``n`` samples each (as a source whose plan and bytes disagree)."""
+    real = ds.stream
+
+    def short(*args: Any) -> Any:
+        stream = real(*args)
+        try:
+            for i, item in enumerate(stream):
+                if i == n:
+                    return
+                yield item
+        finally:
+            stream.close()
+
+    ds.stream = short
+
+
+def test_a_source_that_ends_before_its_schedule_is_an_error_not_a_shorter_epoch(tables: dict[int, Path]) -> None:
+    ds = MixtureDataset(_mixture(tables), seed=3)
+    full = sum(1 for _ in ds)
+    _cut_after(ds.sources[1], 2)
+    with pytest.raises(RuntimeError, match=r"mixture source '15fps' \(.*\): its samples ended after 2 of the \d+"):
+        list(ds)
+    # on_error="skip": a source may drop samples (bad bytes); the epoch is then shorter, as the option says
+    skipping = MixtureDataset(_mixture(tables), seed=3, on_error="skip")
+    _cut_after(skipping.sources[1], 2)
+    assert 0 < sum(1 for _ in skipping) < full

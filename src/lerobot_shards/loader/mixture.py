@@ -20,6 +20,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
 
 from ..exceptions import LeRobotShardsError
@@ -284,13 +285,26 @@ class MixtureDataset(IterableDataset):
         return self._interleave(start, stats)
 
     def _interleave(self, start: MixStart, stats: StatSlot) -> Iterator[dict[str, Any]]:
+        """The schedule's samples, each from its source's stream in turn. A stream that ends before
+        the schedule does is a source that dropped samples (``on_error="skip"``: the epoch comes out
+        shorter, counted as ``samples_skipped``) or a plan its source does not keep: an error, not
+        a silently shorter epoch."""
         # Each source's stream opens its source (and reader thread) when first asked for a sample.
         streams = [_chain([ds.stream(*p, stats) for p in parts]) for ds, parts in zip(self.sources, start.parts)]
+        taken = [0] * len(streams)
         try:
             for d in start.schedule:  # numpy ints: a list of Python ints would cost 5x the memory
                 item = next(streams[d], None)
-                if item is not None:  # None: on_error="skip" dropped it
+                if item is not None:
+                    taken[d] += 1
                     yield self.layout.sample(d, item)
+                elif self.sources[d].read.on_error != "skip":
+                    due = int(np.count_nonzero(start.schedule == d))
+                    raise RuntimeError(
+                        f"mixture source {self.names[d]!r} ({self.sources[d].source_url}): its samples ended after "
+                        f"{taken[d]} of the {due} this consumer's schedule gives it: the source and the "
+                        f"mixture's plan disagree (was the dataset changed while it was read?)"
+                    )
         finally:
             for stream in streams:
                 stream.close()  # type: ignore[attr-defined]
