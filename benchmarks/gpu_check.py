@@ -188,6 +188,24 @@ def section_data(work: Path, quick: bool) -> dict[str, Any]:
     }
 
 
+def cuda_decode_missing(conv: Path) -> str | None:
+    """Why torchcodec cannot decode on this GPU (PyPI's torchcodec wheels are CPU builds), or ``None``."""
+    from torchcodec.decoders import VideoDecoder
+
+    from lerobot_shards.loader.sources import open_source
+
+    ds = _dataset(conv)
+    source = open_source(str(conv))
+    try:
+        clip = source.read_episode(ds.shards[0].index, ds.shards[0].episodes[0]).clips[CAM]
+        VideoDecoder(clip.data, device="cuda:0", custom_frame_mappings=clip.frame_mappings).get_frames_at([0])
+    except Exception as e:
+        return f"{type(e).__name__}: {str(e)[:300]}"
+    finally:
+        source.close()
+    return None
+
+
 def section_identity(conv: Path, backend: str, quick: bool) -> dict[str, Any]:
     from lerobot_shards.synth import read_identity
 
@@ -307,7 +325,7 @@ def section_vram(conv: Path, backend: str, quick: bool) -> dict[str, Any]:
     return result
 
 
-def section_feeder(conv: Path, seconds: float, workers: int, quick: bool) -> dict[str, Any]:
+def section_feeder(conv: Path, seconds: float, workers: int, cuda_decode: bool) -> dict[str, Any]:
     from lerobot_shards.loader import DeviceFeeder
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -369,11 +387,143 @@ def section_feeder(conv: Path, seconds: float, workers: int, quick: bool) -> dic
     plain = _timed(epochs(lambda: synced(moved()), float_loader), seconds, count, skip=max(1, workers))
     result["float32_loader_to_device_samples_per_s"] = plain["per_s"]
     result["ratio"] = round(fed["per_s"] / plain["per_s"], 2) if plain["per_s"] else None
-    if device != "cpu":
+    if cuda_decode:
         gpu_loader = loader(torch.uint8, decode="cuda", num_workers=0)
         gpu_feeder = DeviceFeeder(gpu_loader, device, prefetch=4)
         gpu = _timed(epochs(lambda: synced(gpu_feeder), gpu_loader), seconds, count)
         result["feeder_gpu_decode_in_thread_samples_per_s"] = gpu["per_s"]
+    return result
+
+
+def section_slab(conv: Path, seconds: float) -> dict[str, Any]:
+    """``SlabCollate(pin_memory=True)`` on this host: the slab path whose slabs are page-locked.
+
+    Equality: every batch of an epoch equals a plain DataLoader's (default collate, ``pin_memory``),
+    arrives pinned, and its ``non_blocking`` copy on the GPU equals it; a batch held for ten steps,
+    while later batches are copied, keeps its values. Figures: samples/s and the main process's
+    CPU ms per sample (its pin thread included) of a loop that copies every batch to the GPU, for
+    the default collate with ``pin_memory``, slabs whose batches the pin thread copies into pinned
+    memory, and pinned slabs.
+    """
+    from lerobot_shards.loader.transport import SlabCollate
+
+    cuda = torch.cuda.is_available()
+    device = "cuda" if cuda else "cpu"
+    n_workers = 2
+
+    def ds():
+        return _dataset(conv, delta_timestamps={CAM: [-1 / 30, 0.0], "action": [i / 30 for i in range(10)]})
+
+    def plain_loader() -> DataLoader:
+        return DataLoader(ds(), batch_size=16, num_workers=n_workers, pin_memory=cuda, prefetch_factor=4)
+
+    def slabs(pin: bool) -> DataLoader:
+        """Slabs; ``pin``: page-locked, else the DataLoader's pin thread copies each batch out."""
+        collate = SlabCollate(6, pin_memory=cuda and pin)
+        return DataLoader(
+            ds(), batch_size=16, num_workers=n_workers, collate_fn=collate, pin_memory=cuda, prefetch_factor=4
+        )
+
+    mismatched, unpinned, gpu_mismatched, batches = [], 0, [], 0
+    held: tuple[dict[str, Any], dict[str, torch.Tensor]] | None = None
+    held_changed: list[str] | None = None  # None: the epoch was too short to hold a batch for 10 steps
+    for i, (a, b) in enumerate(zip(plain_loader(), slabs(True), strict=True)):
+        batches += 1
+        if list(a) != list(b):
+            mismatched.append(f"batch {i}: keys {list(a)} != {list(b)}")
+        for key, value in a.items():
+            if isinstance(value, torch.Tensor):
+                if not (b[key].dtype == value.dtype and torch.equal(b[key], value)):
+                    mismatched.append(f"batch {i} {key}")
+                unpinned += cuda and not b[key].is_pinned()
+                moved = b[key].to(device, non_blocking=True)
+                if not torch.equal(moved.cpu(), value):
+                    gpu_mismatched.append(f"batch {i} {key}")
+            elif value != b[key]:
+                mismatched.append(f"batch {i} {key} (not a tensor)")
+        if i == 1:
+            held = (b, {k: v.clone() for k, v in b.items() if isinstance(v, torch.Tensor)})
+        if held is not None and i == 11:
+            held_changed = [k for k, v in held[1].items() if not torch.equal(held[0][k], v)]
+            held = None
+        del a, b
+    result: dict[str, Any] = {
+        "device": device,
+        "batches": batches,
+        "equal_to_plain_loader": not mismatched,
+        "mismatches": mismatched[:10],
+        "tensors_not_pinned": unpinned,
+        "gpu_copies_equal": not gpu_mismatched,
+        "gpu_mismatches": gpu_mismatched[:10],
+        "held_batch_changed_keys": held_changed,
+    }
+
+    def count(b: Any) -> int:
+        return len(b["index"])
+
+    def rate(make: Callable[[], DataLoader]) -> dict[str, Any]:
+        loaders: list[DataLoader] = []
+
+        def it(e: int) -> Iterator[Any]:
+            loader = make()
+            loaders.append(loader)
+            loader.dataset.set_epoch(e)
+            for b in loader:
+                moved = {k: v.to(device, non_blocking=True) for k, v in b.items() if isinstance(v, torch.Tensor)}
+                del b
+                if cuda:
+                    torch.cuda.current_stream().synchronize()
+                yield moved
+
+        cpu0 = time.process_time()
+        got = _timed(it, seconds, count, skip=n_workers)
+        cpu = time.process_time() - cpu0
+        out: dict[str, Any] = {"samples_per_s": got["per_s"], "first_s": got["first_s"]}
+        out["main_cpu_ms_per_sample"] = round(1000 * cpu / max(1, got["items"]), 2)
+        collate = loaders[-1].collate_fn if loaders else None
+        if isinstance(collate, SlabCollate):
+            out["transport"] = collate.stats()
+        return out
+
+    result["default_collate_pin_memory"] = rate(plain_loader)
+    result["slabs_copied_by_pin_thread"] = rate(lambda: slabs(False))
+    result["slabs_pinned"] = rate(lambda: slabs(True))
+
+    # DeviceFeeder copies on a side stream and drops each batch there: its batches over pinned
+    # slabs (freed once that stream's copy is done) equal its batches over the plain loader.
+    from lerobot_shards.loader import DeviceFeeder
+
+    fed_mismatched, fed = [], 0
+    for i, (a, b) in enumerate(zip(DeviceFeeder(plain_loader(), device), DeviceFeeder(slabs(True), device))):
+        fed += 1
+        for key, value in a.items():
+            if isinstance(value, torch.Tensor) and not torch.equal(b[key], value):
+                fed_mismatched.append(f"batch {i} {key}")
+    result["feeder_over_pinned_slabs_equal"] = not fed_mismatched and fed == batches
+    result["feeder_mismatches"] = fed_mismatched[:10]
+
+    def fed_rate(make: Callable[[], DataLoader]) -> dict[str, Any]:
+        def it(e: int) -> Iterator[Any]:
+            loader = make()
+            loader.dataset.set_epoch(e)
+            for b in DeviceFeeder(loader, device, prefetch=4):
+                if cuda:
+                    torch.cuda.current_stream().synchronize()
+                yield b
+
+        cpu0 = time.process_time()
+        got = _timed(it, seconds, count, skip=n_workers)
+        cpu = time.process_time() - cpu0
+        return {
+            "samples_per_s": got["per_s"],
+            "main_cpu_ms_per_sample": round(1000 * cpu / max(1, got["items"]), 2),
+        }
+
+    # the feeder pins an unpinned batch itself, so these loaders leave pin_memory off
+    result["feeder_over_slabs"] = fed_rate(
+        lambda: DataLoader(ds(), batch_size=16, num_workers=n_workers, collate_fn=SlabCollate(6), prefetch_factor=4)
+    )
+    result["feeder_over_pinned_slabs"] = fed_rate(lambda: slabs(True))
     return result
 
 
@@ -455,30 +605,39 @@ def main() -> None:
             print(table(check.report))
             return
         raw, conv = Path(data["raw"]), Path(data["converted"])
+        missing = cuda_decode_missing(conv) if cuda else "no CUDA"
+        cuda_decode = missing is None
+        check.report["cuda_decode"] = "available" if cuda_decode else f"unavailable: {missing}"
+        print(f"CUDA decoding: {check.report['cuda_decode']}", flush=True)
         backends = ("nvdec", "ffmpeg")
-        if cuda:
+        if cuda_decode:
             for b in backends:
                 check.run(f"identity/{b}", lambda b=b: section_identity(conv, b, args.quick), need_s=10)
         # Most telling first: a section that does not fit in the time left is skipped, not cut.
+        check.run("slab", lambda: section_slab(conv, seconds), need_s=6 * seconds + 30)
         check.run(f"decode/cpu-{cpu_workers}w", lambda: section_decode(conv, "cpu", "nvdec", seconds, cpu_workers))
-        if cuda:
+        if cuda_decode:
             for b in backends:
                 check.run(f"decode/cuda-{b}-0w", lambda b=b: section_decode(conv, "cuda", b, seconds, 0))
-        check.run("feeder", lambda: section_feeder(conv, seconds, cpu_workers, args.quick), need_s=3 * seconds + 10)
-        if cuda:
+        check.run(
+            "feeder", lambda: section_feeder(conv, seconds, cpu_workers, cuda_decode), need_s=3 * seconds + 10
+        )
+        if cuda_decode:
             for b in backends:
                 check.run(f"vram/{b}", lambda b=b: section_vram(conv, b, args.quick), need_s=25)
             if data["raw_codec"] == "av1":
                 check.run("av1_fallback", lambda: section_fallback(raw), need_s=10)
-        check.run("decode/cpu-0w", lambda: section_decode(conv, "cpu", "nvdec", seconds, 0))
         if cuda:
-            check.run("decode/cuda-nvdec-2w", lambda: section_decode(conv, "cuda", "nvdec", seconds, 2), need_s=30)
-            for decode, workers in (("cpu", cpu_workers), ("cuda", 0)):
+            decodes = [("cpu", cpu_workers)] + ([("cuda", 0)] if cuda_decode else [])
+            for decode, workers in decodes:
                 check.run(
                     f"train/{decode}-decode",
                     lambda d=decode, w=workers: section_train(conv, Path(tmp), d, w, max(10.0, check.left() - 5)),
                     need_s=30,
                 )
+        check.run("decode/cpu-0w", lambda: section_decode(conv, "cpu", "nvdec", seconds, 0))
+        if cuda_decode:
+            check.run("decode/cuda-nvdec-2w", lambda: section_decode(conv, "cuda", "nvdec", seconds, 2), need_s=30)
         check.report["env_summary"] = env
     print(table(check.report))
     print(f"results: {out / 'gpu_check.json'}")

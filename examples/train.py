@@ -167,6 +167,9 @@ def main() -> None:
         num_workers=args.workers,
         multiprocessing_context="spawn" if spawn else None,
         generator=torch.Generator().manual_seed(args.seed),  # leaves the global RNG to the model
+        # page-locked slabs: the feeder copies them to the GPU without pinning a copy first (frames
+        # decoded on the GPU are no host memory to pin)
+        pin_memory=cuda and args.decode_device == "cpu",
     )
     stats = ds.feature_stats if camera and camera in ds.feature_stats else None
     feeder = DeviceFeeder(loader, device, prefetch=args.prefetch, normalize=stats)

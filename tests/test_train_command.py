@@ -35,7 +35,18 @@ def test_without_lerobot_one_line_names_the_supported_versions_and_the_install()
 
 @pytest.mark.parametrize(
     ("cpus", "ranks", "want"),
-    [(2, 1, (0, 2)), (2, 2, (0, 1)), (4, 1, (0, 4)), (16, 1, (8, 0)), (16, 2, (7, 0)), (64, 8, (7, 0)), (1, 4, (0, 1))],
+    [
+        (2, 1, (0, 2)),
+        (2, 2, (0, 1)),
+        (4, 1, (0, 4)),
+        (5, 1, (2, 2)),
+        (16, 1, (8, 2)),
+        (16, 2, (4, 2)),
+        (64, 8, (4, 2)),
+        (32, 1, (8, 4)),
+        (256, 1, (8, 8)),
+        (1, 4, (0, 1)),
+    ],
 )
 def test_layout_choice(cpus: int, ranks: int, want: tuple[int, int]) -> None:
     assert choose_layout(cpus, ranks) == want

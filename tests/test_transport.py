@@ -236,6 +236,7 @@ def test_with_slabs_rebuilds_a_loader_built_elsewhere_keeping_its_settings(synth
     )
     loader = with_slabs(built)
     assert isinstance(loader.collate_fn, SlabCollate) and loader.collate_fn.slabs == 3 + 2
+    assert loader.collate_fn.pin_memory is False
     kept = ("dataset", "batch_size", "num_workers", "prefetch_factor", "persistent_workers", "generator", "drop_last")
     kept += ("pin_memory", "pin_memory_device", "timeout", "worker_init_fn", "multiprocessing_context", "in_order")
     for name in kept:
@@ -248,6 +249,9 @@ def test_with_slabs_rebuilds_a_loader_built_elsewhere_keeping_its_settings(synth
     in_process = DataLoader(_dataset(synth), batch_size=BATCH)
     custom = DataLoader(_dataset(synth), batch_size=BATCH, num_workers=2, collate_fn=list)
     assert with_slabs(in_process) is in_process and with_slabs(custom) is custom
+    # a loader that pins (LeRobot's trainer on CUDA) gets page-locked slabs: its pin step copies nothing
+    pinning = DataLoader(_dataset(synth), batch_size=BATCH, num_workers=2, pin_memory=True)
+    assert with_slabs(pinning).collate_fn.pin_memory is True
     with pytest.raises(TypeError, match="IterableDataset"):
         with_slabs(DataLoader(list(range(8)), batch_size=2, num_workers=2))
 

@@ -27,6 +27,9 @@ SIZES: dict[str, dict[str, Any]] = {
     # `make bench`: ~150 MB, 24 episodes of 3-7 s at 30 fps, two cameras; one mp4 per camera, as
     # LeRobot writes a dataset this small (it starts a new file at 500 MB of video, 100 MB of data)
     "quick": dict(num_episodes=24, height=480, width=640, length_range=(100, 200), episodes_per_file=24),
+    # worker layouts on a many-core machine (benchmarks/layouts.sh): ~230 MB, enough episodes and
+    # shards that 16 workers each own several; built in about a minute on 16 cores
+    "wide": dict(num_episodes=64, height=480, width=640, length_range=(60, 120), episodes_per_file=32),
     # the README figures: ~2.5 GB, ~500 MB mp4s
     "full": dict(num_episodes=160, height=480, width=640, length_range=(150, 450), episodes_per_file=40),
 }
@@ -35,6 +38,7 @@ CONVERT_DEFAULTS: dict[str, dict[str, Any]] = {
     "tiny": {"episodes_per_shard": 1},
     "small": {"shard_bytes": "2MB"},
     "quick": {"shard_bytes": "16MB"},
+    "wide": {"shard_bytes": "4MB"},
     "full": {"shard_bytes": "128MB"},
 }
 

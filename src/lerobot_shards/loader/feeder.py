@@ -168,6 +168,9 @@ class DeviceFeeder:
                     if stop.is_set():
                         return
                     out = self._convert(batch)
+                    # the host batch dies here, on the copy stream: a pinned slab (transport) is
+                    # freed only once an event recorded on this stream, after its copy, completes
+                    del batch
                     ready = None
                     if self._cuda:
                         ready = torch.cuda.Event()

@@ -24,8 +24,8 @@ ring of preallocated shared-memory slabs per worker instead:
 With ``pin_memory=True`` on a CUDA host, the main process page-locks each slab once
 (``cudaHostRegister``) so that the DataLoader's ``pin_memory`` finds its tensors already pinned and
 copies nothing; a pinned slab is marked free only after a CUDA event recorded at release time on
-the current stream has completed, so a ``non_blocking`` copy from it on that stream has finished.
-That path has not run yet (no GPU on the development machine): see README.md.
+the current stream has completed, so a ``non_blocking`` copy from it on that stream has finished
+(checked on an H200: ``benchmarks/gpu_check.py``'s ``slab`` section; README.md).
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ class SlabCollate:
             the DataLoader's reorder buffer) and the loop holds one, so ``prefetch_factor + 2``
             slabs (``slab_loader``'s choice) avoid fallbacks in a loop that keeps no batch.
         pin_memory: page-lock each slab once in the main process on a CUDA host, so that the
-            DataLoader's ``pin_memory=True`` copies nothing (untested without a GPU).
+            DataLoader's ``pin_memory=True`` copies nothing.
         collate: how to collate what is not a tensor of the same shape and dtype in every
             sample, and the whole batch in the main process (``num_workers=0``) or when no slab
             is free: torch's ``default_collate``, whose output the slab path reproduces bit for bit.
@@ -176,8 +176,9 @@ def with_slabs(loader: DataLoader[Any], slabs: int | None = None) -> DataLoader[
     trainer), before its first iterator; iterable datasets only (a map-style loader's sampler
     is not carried over).
 
-    ``pin_memory`` stays the DataLoader's own: its pin thread copies each batch out of the slab
-    into pinned memory (freeing the slab at once), so the untested pinned-slab path is not used.
+    With ``pin_memory=True`` (LeRobot's trainer sets it on CUDA) the slabs are page-locked
+    (``SlabCollate(pin_memory=True)``): the pin thread then finds every batch pinned and copies
+    nothing, where it would otherwise copy each batch out of its slab.
     """
     if not loader.num_workers or loader.collate_fn is not default_collate:
         return loader
@@ -190,7 +191,7 @@ def with_slabs(loader: DataLoader[Any], slabs: int | None = None) -> DataLoader[
         batch_size=loader.batch_size,
         drop_last=loader.drop_last,
         num_workers=loader.num_workers,
-        collate_fn=SlabCollate(prefetch + 2 if slabs is None else slabs),
+        collate_fn=SlabCollate(prefetch + 2 if slabs is None else slabs, pin_memory=loader.pin_memory),
         pin_memory=loader.pin_memory,
         pin_memory_device=loader.pin_memory_device,
         timeout=loader.timeout,
@@ -433,7 +434,13 @@ class _Registry:
     def stats(self) -> dict[str, float]:
         with self._lock:
             leased = sum(e.leased for e in self._slabs.values())
-            return {**self._counts, "slabs_held": float(len(self._slabs)), "slabs_leased": float(leased)}
+            pinned = sum(e.pinned for e in self._slabs.values())
+            return {
+                **self._counts,
+                "slabs_held": float(len(self._slabs)),
+                "slabs_leased": float(leased),
+                "slabs_pinned": float(pinned),
+            }
 
 
 def _alive(pid: int) -> bool:
