@@ -619,9 +619,7 @@ def main() -> None:
         if cuda_decode:
             for b in backends:
                 check.run(f"decode/cuda-{b}-0w", lambda b=b: section_decode(conv, "cuda", b, seconds, 0))
-        check.run(
-            "feeder", lambda: section_feeder(conv, seconds, cpu_workers, cuda_decode), need_s=3 * seconds + 10
-        )
+        check.run("feeder", lambda: section_feeder(conv, seconds, cpu_workers, cuda_decode), need_s=3 * seconds + 10)
         if cuda_decode:
             for b in backends:
                 check.run(f"vram/{b}", lambda b=b: section_vram(conv, b, args.quick), need_s=25)

@@ -48,9 +48,9 @@ from torch.utils.data import DataLoader
 
 from ..exceptions import LeRobotShardsError
 from ..loader import EpisodePoolDataset, MixtureDataset
+from ..loader.decode import MAX_AUTO_DECODE_THREADS
 from ..loader.mixture import open_dataset
 from ..loader.mixture_spec import is_mixture_file
-from ..loader.decode import MAX_AUTO_DECODE_THREADS
 from ..loader.transport import with_slabs
 from ..video import usable_cpus
 
