@@ -10,6 +10,7 @@ tabular features, windows with ``_is_pad`` flags, image features and camera fram
 from __future__ import annotations
 
 import logging
+import sys
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
@@ -132,6 +133,7 @@ def stream_samples(
     # This iteration's own source (never shared with another iterator or process): its
     # reader thread is the only one reading it, and it is closed here once that thread stopped.
     source = open_source()
+    finalizing = sys.is_finalizing  # a local: at interpreter exit this module's globals may be gone
     assert read.prefetch_episodes is not None  # resolved by the dataset
     reader = EpisodeReader(
         source, plan.episodes, sampler.admission_order(), read.prefetch_episodes, skip_bad=read.on_error == "skip"
@@ -201,6 +203,13 @@ def stream_samples(
         for name, value in source.io_stats().items():
             stats.set(name, value)
     finally:
-        reader.close()
-        source.close()
-        decoders.close()
+        try:
+            reader.close()
+            source.close()
+            decoders.close()
+        except Exception:
+            # A generator left open until the interpreter exits is closed while modules are torn
+            # down (concurrent.futures' own globals already None); its threads have been joined
+            # by then and the process is going: nothing to release, nothing to report.
+            if not finalizing():
+                raise
