@@ -190,19 +190,20 @@ def section_data(work: Path, quick: bool) -> dict[str, Any]:
 
 def cuda_decode_missing(conv: Path) -> str | None:
     """Why torchcodec cannot decode on this GPU (PyPI's torchcodec wheels are CPU builds), or ``None``."""
-    from torchcodec.decoders import VideoDecoder
-
-    from lerobot_shards.loader.sources import open_source
-
-    ds = _dataset(conv)
-    source = open_source(str(conv))
     try:
-        clip = source.read_episode(ds.shards[0].index, ds.shards[0].episodes[0]).clips[CAM]
-        VideoDecoder(clip.data, device="cuda:0", custom_frame_mappings=clip.frame_mappings).get_frames_at([0])
+        from torchcodec.decoders import VideoDecoder
+
+        from lerobot_shards.loader.sources import open_source
+
+        ds = _dataset(conv)
+        source = open_source(str(conv))
+        try:
+            clip = source.read_episode(ds.shards[0].index, ds.shards[0].episodes[0]).clips[CAM]
+            VideoDecoder(clip.data, device="cuda:0", custom_frame_mappings=clip.frame_mappings).get_frames_at([0])
+        finally:
+            source.close()
     except Exception as e:
         return f"{type(e).__name__}: {str(e)[:300]}"
-    finally:
-        source.close()
     return None
 
 
@@ -395,6 +396,55 @@ def section_feeder(conv: Path, seconds: float, workers: int, cuda_decode: bool) 
     return result
 
 
+def _release_event(ds: Callable[[], Any]) -> dict[str, Any]:
+    """A pinned slab stays busy while a ``non_blocking`` copy from it waits on a side stream, when
+    the batch is dropped on that stream (its release event follows the copy); the control drops
+    it on the default stream, whose event completes at once: the slab is freed mid-copy."""
+    from lerobot_shards.loader import transport
+
+    loader = DataLoader(
+        ds(),
+        batch_size=16,
+        num_workers=2,
+        collate_fn=transport.SlabCollate(6, pin_memory=True),
+        pin_memory=True,
+        prefetch_factor=2,
+    )
+    batches = iter(loader)
+    side = torch.cuda.Stream()
+    out: dict[str, Any] = {}
+    for case, on_side in (("dropped_on_copy_stream", True), ("control_dropped_on_default_stream", False)):
+        batch = next(batches)
+        ptr = batch[CAM].untyped_storage().data_ptr()
+        registry = transport._registry()
+        with registry._lock:  # the pin thread adopts batches meanwhile
+            entry = next(e for e in registry._slabs.values() if e.storage.data_ptr() == ptr)
+        header = transport._header(entry.storage)
+        generation = int(header[1])
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(2_000_000_000)  # about 1 s of GPU time ahead of the copy
+            copy = batch[CAM].to("cuda", non_blocking=True)
+            if on_side:
+                del batch
+        if not on_side:
+            del batch
+        for _ in range(4):  # adopts in the pin thread drain the completed release events
+            next(batches)
+        mine = int(header[1]) == generation
+        busy_mid_copy = mine and int(header[0]) == transport.BUSY
+        side.synchronize()
+        freed = False
+        for _ in range(8):
+            next(batches)
+            if int(header[1]) != generation or int(header[0]) == transport.FREE:
+                freed = True
+                break
+        out[case] = {"busy_while_copying": busy_mid_copy, "freed_after_copy": freed}
+        del copy
+    del batches
+    return out
+
+
 def section_slab(conv: Path, seconds: float) -> dict[str, Any]:
     """``SlabCollate(pin_memory=True)`` on this host: the slab path whose slabs are page-locked.
 
@@ -485,6 +535,11 @@ def section_slab(conv: Path, seconds: float) -> dict[str, Any]:
             out["transport"] = collate.stats()
         return out
 
+    if cuda:
+        try:
+            result["release_event"] = _release_event(ds)
+        except Exception as e:  # the rest of the section still runs
+            result["release_event"] = f"error: {type(e).__name__}: {e}"
     result["default_collate_pin_memory"] = rate(plain_loader)
     result["slabs_copied_by_pin_thread"] = rate(lambda: slabs(False))
     result["slabs_pinned"] = rate(lambda: slabs(True))

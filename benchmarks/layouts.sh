@@ -6,8 +6,8 @@
 #   bash benchmarks/layouts.sh [OUT]      # default OUT: benchmarks/results/layouts-<cores>c
 #
 # Cases (n = usable cores): workers 0 with the default decode threads (one per core, at most 8) and
-# with n-2 threads; workers n/4, n/2 and n-2 with no decode threads in a worker (the default); n/4
-# and n/2 with 2 decode threads each; the limits once. Environment: SIZE (dataset, default `wide`; `tiny` for a
+# with n-2 threads; workers n/4, n/2 and n-2 with the default threads in a worker (n // workers,
+# at most 8); n/4 and n/2 with 2 decode threads each; the limits once. Environment: SIZE (dataset, default `wide`; `tiny` for a
 # smoke test), SECONDS_PER_CASE (default 8), PYTHON (default .venv/bin/python, else python3).
 set -euo pipefail
 cd "$(dirname "$0")/.."

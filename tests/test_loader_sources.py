@@ -243,23 +243,33 @@ def test_reading_episodes_never_imports_pandas(pair, which: int) -> None:
     subprocess.run([sys.executable, "-c", script], check=True, timeout=300)
 
 
-@pytest.mark.parametrize("through", ["loop", "feeder"])
+@pytest.mark.parametrize("through", ["loop", "feeder", "thread"])
 def test_a_loop_left_early_exits_quietly(pair, through: str) -> None:
     """A script that takes one batch and exits leaves its iterator open: the reader thread (and the
-    feeder's) still running, the generator closed while the interpreter tears modules down. It
-    exits 0 with nothing on stderr: no "Exception ignored" traceback, and no abort ("terminate
+    feeder's, or the user's own daemon thread iterating) still running, the generator closed while
+    the interpreter tears modules down. It exits 0 with nothing on stderr: no "Exception ignored"
+    traceback, no "cannot schedule new futures" from a consuming thread, and no abort ("terminate
     called without an active exception": a daemon thread halted inside a parquet read or a
     decoder's destructor, which happened in 1 of 6 runs, 2 of 5 through the feeder)."""
     loader = "DataLoader(ds, batch_size=2)"
-    wrapped = loader if through == "loop" else f"DeviceFeeder({loader}, device='cpu')"
+    take = {
+        "loop": f"it = iter({loader})\nbatch = next(it)\n",
+        "feeder": f"it = iter(DeviceFeeder({loader}, device='cpu'))\nbatch = next(it)\n",
+        "thread": (
+            "import threading\n"
+            "got = threading.Event()\n"
+            "def consume():\n"
+            f"    for batch in {loader}:\n"
+            "        got.set()\n"
+            "threading.Thread(target=consume, daemon=True).start()\n"
+            "assert got.wait(120)\n"
+        ),
+    }[through]
     script = (
         "import torch\n"
         "from torch.utils.data import DataLoader\n"
         "from lerobot_shards.loader import DeviceFeeder, EpisodePoolDataset\n"
-        f"ds = EpisodePoolDataset({str(pair[1])!r}, episode_pool_size=2, image_dtype=torch.uint8)\n"
-        f"it = iter({wrapped})\n"
-        "batch = next(it)\n"
-        "assert len(batch['index']) == 2\n"
+        f"ds = EpisodePoolDataset({str(pair[1])!r}, episode_pool_size=2, image_dtype=torch.uint8)\n" + take
     )
     for _ in range(3):  # the abort depends on where the thread is at exit
         done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
@@ -275,6 +285,28 @@ def test_automatic_decode_threads_without_an_affinity_mask(monkeypatch) -> None:
     assert auto_decode_threads("cpu") == 3
     monkeypatch.setattr(os, "cpu_count", lambda: 64)
     assert auto_decode_threads("cpu") == 8 and auto_decode_threads("cuda:0") == 0
+
+
+def test_ranks_on_one_node_share_its_cores(monkeypatch) -> None:
+    """torchrun's ranks see every core of the node: each sizes its decode threads by its share
+    (LOCAL_WORLD_SIZE); a rank the launcher pinned to cores of its own sizes them by its mask."""
+    from lerobot_shards.loader.decode import auto_decode_threads
+    from lerobot_shards.video import cores_per_rank
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert cores_per_rank() == 16 and auto_decode_threads("cpu") == 8
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    assert cores_per_rank() == 4 and auto_decode_threads("cpu") == 4
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "32")
+    assert cores_per_rank() == 1
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {4, 5, 6})  # srun --cpu-bind: its own mask
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    assert cores_per_rank() == 3
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "not a number")
+    assert cores_per_rank() == 16
 
 
 def test_next_shard_starts_only_after_the_entered_shards_first_read(pair, monkeypatch) -> None:

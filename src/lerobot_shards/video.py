@@ -797,3 +797,20 @@ def usable_cpus() -> int:
     """CPUs this process may run on: its affinity mask (a SLURM allocation, ``taskset``), not the
     machine's; the CPU count where there is no mask (macOS, Windows). Sizes encode and decode pools."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def cores_per_rank() -> int:
+    """This rank's share of the node's cores, which sizes its decode threads and workers.
+
+    A launcher that gives each rank a mask of its own (``srun --cpu-bind``, ``taskset``) leaves
+    fewer usable CPUs than the machine has: those are this rank's. Otherwise (torchrun) the
+    ``LOCAL_WORLD_SIZE`` ranks on the node share its cores evenly (one rank when it is unset).
+    """
+    usable = usable_cpus()
+    if usable < (os.cpu_count() or usable):
+        return usable
+    try:
+        ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        ranks = 1
+    return max(1, usable // ranks)

@@ -52,7 +52,7 @@ from ..loader.decode import MAX_AUTO_DECODE_THREADS
 from ..loader.mixture import open_dataset
 from ..loader.mixture_spec import is_mixture_file
 from ..loader.transport import with_slabs
-from ..video import usable_cpus
+from ..video import cores_per_rank
 
 log = logging.getLogger(__name__)
 
@@ -220,22 +220,19 @@ def _make_datasets(original: Any, run: type[_Run], argv: Sequence[str]) -> Any:
         from lerobot.datasets.factory import resolve_delta_timestamps
         from lerobot.utils.constants import IMAGENET_STATS
 
-        ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-        cores = usable_cpus()
+        cores = cores_per_rank()  # this rank's share of the node's cores: ranks on one node share them
         if _given(argv, "num_workers") or cfg.resume:  # a resume keeps the saved run's workers: the same streams
-            # this rank's share of the cores, not the node's: ranks on one node would oversubscribe it
-            per_rank = max(1, cores // max(1, ranks))
-            decode_threads = min(per_rank // cfg.num_workers if cfg.num_workers else per_rank, MAX_AUTO_DECODE_THREADS)
+            decode_threads = min(cores // cfg.num_workers if cfg.num_workers else cores, MAX_AUTO_DECODE_THREADS)
             why = "given" if _given(argv, "num_workers") else "the checkpoint's"
             run.layout = (
                 f"num_workers={cfg.num_workers} ({why}), decode_threads={decode_threads} "
-                f"(this rank's share of {cores} usable cores, {ranks} rank(s) per node)"
+                f"(for this rank's {cores} cores)"
             )
         else:
-            cfg.num_workers, decode_threads = choose_layout(cores, ranks)
+            cfg.num_workers, decode_threads = choose_layout(cores, 1)
             run.layout = (
                 f"num_workers={cfg.num_workers}, decode_threads={decode_threads} "
-                f"(chosen for {cores} usable cores, {ranks} rank(s) per node; --num_workers N overrides)"
+                f"(chosen for this rank's {cores} cores; --num_workers N overrides)"
             )
         cfg.dataset.streaming = True  # the trainer then builds a plain DataLoader (no sampler) over our iterable
         common: dict[str, Any] = dict(

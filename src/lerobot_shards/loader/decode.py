@@ -37,7 +37,7 @@ from ..filesystems import url_to_fs
 from ..redaction import redact
 from ..resize import DEFAULT_MODE, plan_transform
 from ..timeouts import READ_HINT, is_timeout, open_bounded
-from ..video import transform_rgb, usable_cpus
+from ..video import cores_per_rank, transform_rgb
 from .sources import ClipRef
 
 # A raw mp4 decoded straight from object storage (no cache_dir): an LRU of 4 MiB blocks, 64 MiB per
@@ -229,10 +229,11 @@ def auto_decode_threads(device: str) -> int:
     """
     if device != "cpu":
         return 0
+    cores = cores_per_rank()  # ranks sharing a node share its cores (LOCAL_WORLD_SIZE)
     info = get_worker_info()
     if info is None:
-        return max(1, min(MAX_AUTO_DECODE_THREADS, usable_cpus()))
-    return min(MAX_AUTO_DECODE_THREADS, usable_cpus() // info.num_workers)
+        return max(1, min(MAX_AUTO_DECODE_THREADS, cores))
+    return min(MAX_AUTO_DECODE_THREADS, cores // info.num_workers)
 
 
 class DecodePool:

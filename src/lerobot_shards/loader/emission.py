@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
@@ -20,11 +21,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from . import shutdown
 from .decode import DecodePool, DecoderCache, auto_decode_threads, decode_image
 from .elastic import SubsetSampler
 from .options import DecodeOptions, ReadOptions
 from .partition import ConsumerPlan
-from .reader import EpisodeReader
+from .reader import EpisodeReader, ReaderClosed
 from .sampling import PoolSampler
 from .sources import EpisodeSource, ResidentEpisode
 from .stats import StatSlot
@@ -128,12 +130,13 @@ def stream_samples(
 ) -> Iterator[dict[str, Any]]:
     """The consumer's samples after the ``emitted`` ones its sampler was fast-forwarded over."""
     per_pass = sum(plan.lengths)
-    if sampler.num_samples == emitted:
+    if sampler.num_samples == emitted or shutdown.exiting():
         return
     # This iteration's own source (never shared with another iterator or process): its
     # reader thread is the only one reading it, and it is closed here once that thread stopped.
     source = open_source()
-    finalizing = sys.is_finalizing  # a local: at interpreter exit this module's globals may be gone
+    finalizing, exiting, leave = sys.is_finalizing, shutdown.exiting, shutdown.leave  # locals: at exit
+    # module globals may be gone
     assert read.prefetch_episodes is not None  # resolved by the dataset
     reader = EpisodeReader(
         source, plan.episodes, sampler.admission_order(), read.prefetch_episodes, skip_bad=read.on_error == "skip"
@@ -145,6 +148,10 @@ def stream_samples(
     releases: deque[tuple[int, Callable[[], None]]] = deque()  # (samples queued before it, release)
     queued = done = 0
     owed = 0  # skipped samples not yet replaced (equal-count mode)
+    consumer = threading.current_thread()
+    own_thread = consumer is not threading.main_thread()  # a feeder's, a user's: exit waits for it
+    if own_thread:
+        shutdown.enter(consumer)
     try:
         for emission in sampler:
             key = (emitted // per_pass, emission.position)
@@ -202,14 +209,21 @@ def stream_samples(
             )
         for name, value in source.io_stats().items():
             stats.set(name, value)
+    except ReaderClosed:
+        return  # closed under this stream at interpreter exit (``shutdown``): it ends here, quietly
+    except RuntimeError:
+        if exiting():  # "cannot schedule new futures after interpreter shutdown" (the decode threads)
+            return
+        raise
     finally:
-        try:
-            reader.close()
-            source.close()
-            decoders.close()
-        except Exception:
-            # A generator left open until the interpreter exits is closed while modules are torn
-            # down (concurrent.futures' own globals already None); its threads have been joined
-            # by then and the process is going: nothing to release, nothing to report.
-            if not finalizing():
-                raise
+        if own_thread:
+            leave(consumer)
+        for thing in (reader, source, decoders):
+            try:
+                thing.close()
+            except Exception:
+                # A generator left open until the interpreter exits is closed while modules are
+                # torn down (concurrent.futures' own globals already None); its threads have been
+                # stopped by then and the process is going: nothing to release, nothing to report.
+                if not finalizing():
+                    raise

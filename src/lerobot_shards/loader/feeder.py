@@ -11,7 +11,6 @@ the conversion on the CPU, and the batches equal what a float32 loader yields.
 
 from __future__ import annotations
 
-import atexit
 import collections
 import contextlib
 import queue
@@ -24,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from . import shutdown
 from .device import rank_device
 
 NORM_EPS = 1e-8  # LeRobot's MEAN_STD: (x - mean) / (std + eps)
@@ -34,22 +34,6 @@ _WAIT_SAMPLES = 100_000  # wait times kept for percentiles (a bounded window of 
 class _Failure:
     def __init__(self, error: BaseException) -> None:
         self.error = error
-
-
-# Feeder threads running now. A loop left early leaves its feeder's thread (a daemon) running the
-# loader; at interpreter exit it is stopped here, while every module is intact, since a daemon thread
-# halted inside a decoder's or a parquet reader's C++ code aborts the process ("terminate called
-# without an active exception"). Either hook may run first: a reader closed under a running
-# feeder raises in its consumer instead of blocking it.
-_RUNNING: dict[threading.Thread, threading.Event] = {}
-EXIT_JOIN_S = 30.0
-
-
-@atexit.register
-def _stop_running_feeders() -> None:
-    for thread, stop in list(_RUNNING.items()):
-        stop.set()
-        thread.join(timeout=EXIT_JOIN_S)
 
 
 class DeviceFeeder:
@@ -132,8 +116,9 @@ class DeviceFeeder:
         stop = threading.Event()
         thread = threading.Thread(target=self._produce, args=(batches, q, stop), name="DeviceFeeder", daemon=True)
         del batches  # the thread owns it: the workers shut down when it is done
-        _RUNNING[thread] = stop
+        untrack = shutdown.untrack  # bound now: this generator may be closed while modules are torn down
         thread.start()
+        shutdown.track(thread, stop.set)  # a loop left early: stopped at interpreter exit
         try:
             while True:
                 start = time.perf_counter()
@@ -156,7 +141,7 @@ class DeviceFeeder:
                 with contextlib.suppress(queue.Empty):
                     q.get_nowait()
             thread.join(timeout=60)
-            _RUNNING.pop(thread, None)
+            untrack(thread)
             if thread.is_alive():
                 warnings.warn("DeviceFeeder: the loader thread did not stop within 60 s", stacklevel=2)
 

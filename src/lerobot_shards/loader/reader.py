@@ -5,36 +5,29 @@ training thread rarely waits. The thread is the only caller of the source's ``re
 and ``prefetch`` while it runs; it does not own the source (whoever opened it closes it, after
 ``EpisodeReader.close``).
 
-A reader still running when the interpreter exits (a loop left early, its iterator never closed)
-is stopped by an ``atexit`` hook, before the interpreter halts daemon threads wherever they are: a
-thread halted inside a parquet read, whose I/O calls back into Python, aborted the process
-("terminate called without an active exception") or hung it in arrow's exit handlers.
+A reader still running when the interpreter exits (a loop left early) is stopped then
+(``shutdown``); its consumer's next ``next`` raises ``ReaderClosed`` instead of blocking.
 """
 
 from __future__ import annotations
 
-import atexit
 import collections
 import logging
 import queue
 import threading
 import time
-import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from . import shutdown
 from .integrity import IntegrityError
 from .sources import EpisodeSource, ResidentEpisode
 
 log = logging.getLogger(__name__)
 
-_RUNNING: weakref.WeakSet[EpisodeReader] = weakref.WeakSet()  # readers whose thread may be running
 
-
-@atexit.register
-def _stop_running_readers() -> None:
-    for reader in list(_RUNNING):
-        reader.close()
+class ReaderClosed(RuntimeError):
+    """The reader was closed under its consumer (at interpreter exit): the stream ends here."""
 
 
 class EpisodeReader:
@@ -66,8 +59,9 @@ class EpisodeReader:
         self._stop = threading.Event()
         self._depth = max(1, depth)
         self._thread = threading.Thread(target=self._run, args=(source, episodes, order), daemon=True)
-        _RUNNING.add(self)
+        self._untrack = shutdown.untrack  # bound now: close may run while modules are torn down
         self._thread.start()
+        shutdown.track(self._thread, self._stop.set)
 
     def _put(self, item: Any) -> bool:
         while not self._stop.is_set():
@@ -117,8 +111,8 @@ class EpisodeReader:
                 item = self._queue.get(timeout=0.1)
                 break
             except queue.Empty:
-                if self._stop.is_set():  # closed (at interpreter exit, from another thread): never blocks
-                    raise RuntimeError("episode reader closed") from None
+                if self._stop.is_set():  # closed from another thread (at interpreter exit): never blocks
+                    raise ReaderClosed("episode reader closed") from None
         waited = time.perf_counter() - start
         if item is self._END:
             raise RuntimeError("episode reader ended before the sampler: plan and source disagree")
@@ -130,4 +124,4 @@ class EpisodeReader:
         """Stop the thread and wait for it (a read in flight finishes first, up to 5 s)."""
         self._stop.set()
         self._thread.join(timeout=5)
-        _RUNNING.discard(self)
+        self._untrack(self._thread)

@@ -339,10 +339,10 @@ class _Mapped:
 
     def release(self, generation: int) -> None:
         """The worker may write this slab again (runs in whichever thread dropped the last view)."""
+        self.leased = False  # first: once FREE, the worker may write it and the pin thread adopt it
         header = _header(self.storage)
         if int(header[1]) == generation:
             header[0] = FREE
-        self.leased = False
 
 
 class _Lease:
