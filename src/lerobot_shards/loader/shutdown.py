@@ -4,7 +4,7 @@ A loop left early (a script that takes some batches and exits) leaves its loader
 threads running: episode readers, ``DeviceFeeder``'s thread. At exit the interpreter halts a
 daemon thread wherever it next takes the GIL; one halted inside a parquet read whose I/O calls
 back into Python, or inside a decoder's destructor, aborted the process ("terminate called
-without an active exception") or hung it in arrow's exit handlers. One ``atexit`` hook asks every
+without an active exception") or hung it in arrow's exit handlers. One exit hook asks every
 tracked thread to stop, then waits for all of them against one deadline, so that exit is delayed
 by at most ``EXIT_DEADLINE_S`` however many loaders are open. Tracked are the readers, the
 feeders and any other non-main thread consuming a stream (a user's own prefetch thread), whose
