@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from ..exceptions import LeRobotShardsError
 from . import shutdown
 from .integrity import IntegrityError
 from .sources import EpisodeSource, ResidentEpisode
@@ -26,7 +27,7 @@ from .sources import EpisodeSource, ResidentEpisode
 log = logging.getLogger(__name__)
 
 
-class ReaderClosed(RuntimeError):
+class ReaderClosed(LeRobotShardsError, RuntimeError):
     """The reader was closed under its consumer (at interpreter exit): the stream ends here."""
 
 
