@@ -122,6 +122,16 @@ def _timed(
     return {"per_s": round(n / busy, 1) if busy else 0.0, "items": n, "first_s": round(first or 0.0, 3)}
 
 
+def _timed_cpu(
+    make_iter: Callable[[int], Iterable[Any]], seconds: float, count: Callable[[Any], int], skip: int
+) -> dict[str, Any]:
+    """``_timed``'s samples/s and first item, with the main process's CPU ms per item (its threads included)."""
+    cpu0 = time.process_time()
+    got = _timed(make_iter, seconds, count, skip=skip)
+    cpu_ms = 1000 * (time.process_time() - cpu0) / max(1, got["items"])
+    return {"samples_per_s": got["per_s"], "first_s": got["first_s"], "main_cpu_ms_per_sample": round(cpu_ms, 2)}
+
+
 def section_env() -> dict[str, Any]:
     import torchcodec
 
@@ -525,11 +535,7 @@ def section_slab(conv: Path, seconds: float) -> dict[str, Any]:
                     torch.cuda.current_stream().synchronize()
                 yield moved
 
-        cpu0 = time.process_time()
-        got = _timed(it, seconds, count, skip=n_workers)
-        cpu = time.process_time() - cpu0
-        out: dict[str, Any] = {"samples_per_s": got["per_s"], "first_s": got["first_s"]}
-        out["main_cpu_ms_per_sample"] = round(1000 * cpu / max(1, got["items"]), 2)
+        out = _timed_cpu(it, seconds, count, n_workers)
         collate = loaders[-1].collate_fn if loaders else None
         if isinstance(collate, SlabCollate):
             out["transport"] = collate.stats()
@@ -566,13 +572,7 @@ def section_slab(conv: Path, seconds: float) -> dict[str, Any]:
                     torch.cuda.current_stream().synchronize()
                 yield b
 
-        cpu0 = time.process_time()
-        got = _timed(it, seconds, count, skip=n_workers)
-        cpu = time.process_time() - cpu0
-        return {
-            "samples_per_s": got["per_s"],
-            "main_cpu_ms_per_sample": round(1000 * cpu / max(1, got["items"]), 2),
-        }
+        return _timed_cpu(it, seconds, count, n_workers)
 
     # the feeder pins an unpinned batch itself, so these loaders leave pin_memory off
     result["feeder_over_slabs"] = fed_rate(

@@ -28,8 +28,11 @@ def test_quick_run_without_cuda(tmp_path: Path) -> None:
     report = json.loads((tmp_path / "gpu_check.json").read_text())
     assert report["no_cuda"] is True
     sections = report["sections"]
-    for name in ("env", "data", "decode/cpu-0w", "decode/cpu-2w", "feeder"):
+    for name in ("env", "data", "slab", "decode/cpu-0w", "decode/cpu-2w", "feeder"):
         assert sections[name]["status"] == "ok", (name, sections[name])
     assert sections["feeder"]["result"]["equal_to_float32_loader"] is True
+    slab = sections["slab"]["result"]  # without CUDA: slabs unpinned, the same comparisons
+    assert slab["equal_to_plain_loader"] is True and slab["feeder_over_pinned_slabs_equal"] is True
+    assert slab["slabs_pinned"]["transport"]["workers"]["slab_batches"] > 0
     assert sections["decode/cpu-0w"]["result"]["loader_random_frames_per_s"] > 0
     assert (tmp_path / "gpu_check.log").read_text().count("== gpu_check") == 2
