@@ -135,8 +135,8 @@ def stream_samples(
     # This iteration's own source (never shared with another iterator or process): its
     # reader thread is the only one reading it, and it is closed here once that thread stopped.
     source = open_source()
-    finalizing, exiting, leave = sys.is_finalizing, shutdown.exiting, shutdown.leave  # locals: at exit
-    # module globals may be gone
+    # bound as locals: when this generator is closed at interpreter exit, module globals may be gone
+    finalizing, exiting, leave = sys.is_finalizing, shutdown.exiting, shutdown.leave
     assert read.prefetch_episodes is not None  # resolved by the dataset
     reader = EpisodeReader(
         source, plan.episodes, sampler.admission_order(), read.prefetch_episodes, skip_bad=read.on_error == "skip"
