@@ -7,6 +7,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -288,25 +289,72 @@ def test_automatic_decode_threads_without_an_affinity_mask(monkeypatch) -> None:
 
 
 def test_ranks_on_one_node_share_its_cores(monkeypatch) -> None:
-    """torchrun's ranks see every core of the node: each sizes its decode threads by its share
-    (LOCAL_WORLD_SIZE); a rank the launcher pinned to cores of its own sizes them by its mask."""
+    """A rank sizes its decode threads by its share of its launcher's cores (LOCAL_WORLD_SIZE ranks
+    split them), never by more than its own mask: torchrun on a whole node, torchrun inside a
+    partial allocation (the ranks inherit one mask), a rank pinned to cores of its own, NUMA
+    binding (ranks split a node's cores). A DataLoader worker counts its rank's share."""
+    from lerobot_shards import video
     from lerobot_shards.loader.decode import auto_decode_threads
     from lerobot_shards.video import cores_per_rank
 
-    monkeypatch.setattr(os, "cpu_count", lambda: 16)
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
-    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
-    assert cores_per_rank() == 16 and auto_decode_threads("cpu") == 8
+    masks: dict[str, set[int]] = {}
+
+    def affinity(pid: int) -> set[int]:
+        return masks["rank" if pid in (0, os.getpid()) else "launcher"]
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    monkeypatch.setattr(os, "sched_getaffinity", affinity)
+    monkeypatch.setattr(video, "_launcher_cpus", lambda pid: len(masks["launcher"]))
+
+    def share(rank: set[int], launcher: set[int], local_world_size: str | None) -> int:
+        masks.update(rank=rank, launcher=launcher)
+        if local_world_size is None:
+            monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+        else:
+            monkeypatch.setenv("LOCAL_WORLD_SIZE", local_world_size)
+        return cores_per_rank()
+
+    node, allocation = set(range(64)), set(range(16, 48))
+    assert share(node, node, None) == 64 and auto_decode_threads("cpu") == 8  # one process
+    assert share(node, node, "8") == 8 and auto_decode_threads("cpu") == 8  # torchrun, whole node
+    assert share(node, node, "128") == 1
+    assert share(allocation, allocation, "4") == 8  # torchrun in a 32-core allocation: not 32 each
+    assert share({20, 21, 22}, allocation, "4") == 3  # srun --cpu-bind: a mask of its own
+    assert share({20, 21, 22}, node, None) == 3  # taskset for one process
+    assert share(set(range(32)), node, "8") == 8  # NUMA binding: 4 ranks split a node's 32 cores
+    assert share(node, node, "not a number") == 64
+    monkeypatch.setattr(video, "_launcher_cpus", lambda pid: None)  # the launcher's mask unreadable
+    assert share(allocation, node, "4") == 32 and share(node, node, "4") == 16
+
+    # from a worker: its rank's process (the parent) and that rank's launcher
+    monkeypatch.setattr(video, "_launcher_cpus", lambda pid: len(masks["launcher"]))
+    seen: list[int | None] = []
+    real = video.cores_per_rank
+    monkeypatch.setattr("lerobot_shards.loader.decode.cores_per_rank", lambda pid=None: seen.append(pid) or real(pid))
+    monkeypatch.setattr("lerobot_shards.loader.decode.get_worker_info", lambda: SimpleNamespace(num_workers=2))
+    masks.update(launcher=allocation)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
-    assert cores_per_rank() == 4 and auto_decode_threads("cpu") == 4
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", "32")
-    assert cores_per_rank() == 1
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {4, 5, 6})  # srun --cpu-bind: its own mask
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
-    assert cores_per_rank() == 3
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", "not a number")
-    assert cores_per_rank() == 16
+    assert auto_decode_threads("cpu") == 4 and seen == [os.getppid()]
+
+
+def test_launcher_cpus_reads_the_parent_process() -> None:
+    """The real /proc read: a launcher narrowed to one CPU starts a rank that widens its own mask
+    again; the rank reads its launcher's one CPU, and the launcher reads this process's mask."""
+    from lerobot_shards.video import _launcher_cpus
+
+    assert _launcher_cpus(os.getpid()) == len(os.sched_getaffinity(os.getppid()))
+    cpus = sorted(os.sched_getaffinity(0))
+    rank = (
+        f"import os; os.sched_setaffinity(0, {cpus}); from lerobot_shards.video import _launcher_cpus; "
+        "print(_launcher_cpus(os.getpid()), len(os.sched_getaffinity(0)))"
+    )
+    launcher = (
+        "import os, subprocess, sys; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
+        "from lerobot_shards.video import _launcher_cpus; print(_launcher_cpus(os.getpid()), flush=True); "
+        f"subprocess.run([sys.executable, '-c', {rank!r}], check=True)"
+    )
+    out = subprocess.run([sys.executable, "-c", launcher], capture_output=True, text=True, check=True).stdout.split()
+    assert [int(x) for x in out] == [len(os.sched_getaffinity(0)), 1, len(os.sched_getaffinity(0))]
 
 
 def test_next_shard_starts_only_after_the_entered_shards_first_read(pair, monkeypatch) -> None:

@@ -799,18 +799,39 @@ def usable_cpus() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def cores_per_rank() -> int:
+def cores_per_rank(rank_pid: int | None = None) -> int:
     """This rank's share of the node's cores, which sizes its decode threads and workers.
 
-    A launcher that gives each rank a mask of its own (``srun --cpu-bind``, ``taskset``) leaves
-    fewer usable CPUs than the machine has: those are this rank's. Otherwise (torchrun) the
-    ``LOCAL_WORLD_SIZE`` ranks on the node share its cores evenly (one rank when it is unset).
+    The cores its launcher (the rank's parent process: torchrun, slurmstepd, a shell) may use are
+    shared by the ``LOCAL_WORLD_SIZE`` ranks it started (one when unset), and a rank never counts
+    more than its own mask: torchrun pins nothing, so its ranks split its mask (the whole node, or
+    a SLURM allocation, ``taskset`` or container cpuset around it); ``srun --cpu-bind`` or
+    ``taskset`` per rank give each rank a mask of its own; NUMA binding gives ranks a node's
+    cores, which they split. ``rank_pid``: the rank's process when asked from one of its
+    DataLoader workers (default: this process). Where the launcher's mask cannot be read, a
+    rank's mask narrower than the machine counts as its own.
     """
-    usable = usable_cpus()
-    if usable < (os.cpu_count() or usable):
-        return usable
+    pid = os.getpid() if rank_pid is None else rank_pid
+    try:
+        own = len(os.sched_getaffinity(0 if rank_pid is None else pid))
+    except (AttributeError, OSError):  # no affinity masks here (macOS, Windows), or that process is gone
+        own = usable_cpus()
     try:
         ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     except ValueError:
         ranks = 1
-    return max(1, usable // ranks)
+    launcher = _launcher_cpus(pid)
+    if launcher is None:
+        return own if own < (os.cpu_count() or own) else max(1, own // ranks)
+    return max(1, min(own, launcher // ranks))
+
+
+def _launcher_cpus(pid: int) -> int | None:
+    """How many CPUs the parent of process ``pid`` may use (``None`` where that cannot be read)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        parent = int(stat[stat.rindex(b")") + 2 :].split()[1])  # after "pid (comm) state": the parent's pid
+        return len(os.sched_getaffinity(parent)) if parent > 0 else None
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None

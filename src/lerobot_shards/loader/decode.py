@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import io
+import os
 import time
 import warnings
 from collections import OrderedDict
@@ -229,8 +230,9 @@ def auto_decode_threads(device: str) -> int:
     """
     if device != "cpu":
         return 0
-    cores = cores_per_rank()  # ranks sharing a node share its cores (LOCAL_WORLD_SIZE)
     info = get_worker_info()
+    # ranks sharing a node share its cores (LOCAL_WORLD_SIZE); a worker asks for its rank's share
+    cores = cores_per_rank(None if info is None else os.getppid())
     if info is None:
         return max(1, min(MAX_AUTO_DECODE_THREADS, cores))
     return min(MAX_AUTO_DECODE_THREADS, cores // info.num_workers)
