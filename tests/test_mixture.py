@@ -192,6 +192,28 @@ def test_a_delta_off_a_sources_frame_grid_is_refused_naming_it(video: dict[int, 
         MixtureDataset(_mixture(video), delta_timestamps={"action": [0.0, 0.1]})
 
 
+def test_windows_set_after_reading_meta_equal_windows_given_at_construction(video: dict[int, Path]) -> None:
+    """LeRobot's trainer reads ``meta`` to choose the windows, then sets them: one open, same samples."""
+    mix = Mixture(
+        [
+            MixtureSource(str(video[10]), name="a", repeat=1, key_map={"observation.effort": "action"}),
+            MixtureSource(str(video[15]), name="b", repeat=1),
+        ]
+    )
+    deltas = {"observation.effort": [0.0, 0.2], "action": [0.0, 0.2], FRONT: [-0.2, 0.0]}
+    given = MixtureDataset(mix, delta_timestamps=deltas, seed=4)
+    later = MixtureDataset(mix, seed=4)
+    assert later.meta.features == given.meta.features
+    later.set_delta_timestamps(deltas, 1e-4)
+    assert later.layout == given.layout
+    for a, b in zip(DataLoader(given, batch_size=8), DataLoader(later, batch_size=8), strict=True):
+        assert a.keys() == b.keys()
+        for key in a:
+            assert a[key] == b[key] if isinstance(a[key], list) else torch.equal(a[key], b[key]), key
+    with pytest.raises(MixtureError, match=r"mixture source 'b' \(15 fps\).*0\.1 s"):
+        later.set_delta_timestamps({"action": [0.0, 0.1]}, 1e-4)
+
+
 # -- shared keys ----------------------------------------------------------------------------------
 
 

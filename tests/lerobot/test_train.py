@@ -79,16 +79,19 @@ def _weights_hash(step_dir: Path) -> str:
 
 
 @pytest.fixture(scope="module")
-def act_run(train_shards: str, s3_server, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+def act_run(train_shards: str, s3_server, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, int]:
     """ACT, 20 uninterrupted steps from the bucket, checkpoints at 10 and 20 (shared by two tests)."""
     out = tmp_path_factory.mktemp("act") / "run"
+    manifest = train_shards.removeprefix("s3://") + "/manifest.json"
+    before = s3_server.requests("GET", manifest)
     log = run([*CLI, "train", *_args(train_shards, out, ACT)], out.parent / "log.txt", _bucket_env(s3_server), TIMEOUT)
-    return out, log
+    return out, log, s3_server.requests("GET", manifest) - before
 
 
-def test_act_trains_20_steps_from_a_bucket(act_run: tuple[Path, str]) -> None:
-    out, log = act_run
+def test_act_trains_20_steps_from_a_bucket(act_run: tuple[Path, str, int]) -> None:
+    out, log, manifest_reads = act_run
     assert "lerobot-shards train: s3://train-shards/so101: 4 episodes, 1492 frames, rank 0/1" in log
+    assert manifest_reads == 1  # the dataset is opened once: its windows are set after reading its meta
     assert "num_workers=0, decode_threads=" in log  # the layout it chose, reported
     assert "step:20 " in log and "End of training" in log
     state = json.loads((out / "checkpoints/000020/training_state/lerobot_shards_data.json").read_text())
@@ -107,9 +110,9 @@ def test_diffusion_trains_20_steps_from_a_bucket(written_bucket: str, s3_server,
 
 
 def test_killed_after_step_10_and_resumed_ends_with_the_same_weights(
-    act_run: tuple[Path, str], train_shards: str, s3_server, tmp_path: Path
+    act_run: tuple[Path, str, int], train_shards: str, s3_server, tmp_path: Path
 ) -> None:
-    reference, _ = act_run
+    reference, _, _ = act_run
     out = tmp_path / "run"
     environ = _bucket_env(s3_server)
     last = out / "checkpoints/last"

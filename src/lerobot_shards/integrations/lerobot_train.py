@@ -247,12 +247,9 @@ def _make_datasets(original: Any, run: type[_Run], argv: Sequence[str]) -> Any:
                 )
         else:
             common["episodes"] = cfg.dataset.episodes
-        probe = open_dataset(url, **common)
-        delta_timestamps = resolve_delta_timestamps(cfg.trainable_config, probe.meta)
         pool = int(os.environ.get("LEROBOT_SHARDS_EPISODE_POOL_SIZE", "16"))
         dataset = open_dataset(
             url,
-            delta_timestamps=delta_timestamps,
             seed=cfg.seed if cfg.seed is not None else 0,
             image_dtype=torch.uint8,
             tolerance_s=cfg.tolerance_s,
@@ -260,6 +257,8 @@ def _make_datasets(original: Any, run: type[_Run], argv: Sequence[str]) -> Any:
             episode_pool_size=pool,
             **common,
         )
+        # the policy's windows need the dataset's metadata: opened once, its windows set after
+        dataset.set_delta_timestamps(resolve_delta_timestamps(cfg.trainable_config, dataset.meta), cfg.tolerance_s)
         meta = LeRobotMeta(dataset.meta, cfg.dataset.repo_id)
         if cfg.dataset.use_imagenet_stats:  # as LeRobot's make_dataset does
             for key in meta.camera_keys:

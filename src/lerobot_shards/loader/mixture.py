@@ -87,22 +87,8 @@ class MixtureDataset(IterableDataset):
         self.names = self.mixture.names
         if cameras is not None:
             self._select_cameras(cameras)
-        windows = {k: len(v) for k, v in (delta_timestamps or {}).items() if hasattr(v, "__len__")}
-        self.layout: MixtureLayout = build_layout(
-            self.names,
-            [ds.features for ds in self.sources],
-            [spec.key_map for spec in self.mixture.sources],
-            windows,
-            decode.image_dtype,
-            left_out=[_undecoded(ds) for ds in self.sources],
-        )
-        for ds, keys in zip(self.sources, self.layout.sources):
-            # In the source's own names, for the keys it has (the layout pads the others' windows).
-            mine = {keys.source_key(k): v for k, v in (delta_timestamps or {}).items() if k not in keys.missing}
-            try:
-                ds.set_delta_timestamps(mine, tolerance_s)
-            except ValueError as e:
-                raise MixtureError(f"mixture source {keys.name!r} ({ds.fps:g} fps): {e}") from None
+        self._image_dtype = decode.image_dtype
+        self.set_delta_timestamps(delta_timestamps, tolerance_s)
         try:
             counts = source_counts(self.mixture, [ds.num_frames for ds in self.sources])
         except ValueError as e:
@@ -116,6 +102,27 @@ class MixtureDataset(IterableDataset):
         self._state_order = dataclasses.replace(first, shards=(), source_shards_digest=self.digest)
         self._control = SharedControl()
         self._stats = SharedStats()
+
+    def set_delta_timestamps(self, delta_timestamps: Mapping[str, Sequence[float]] | None, tolerance_s: float) -> None:
+        """Set the windows (``delta_timestamps`` in seconds and shared names), before any iteration:
+        for a caller that reads ``meta`` first to choose them (LeRobot's trainer), one open."""
+        windows = {k: len(v) for k, v in (delta_timestamps or {}).items() if hasattr(v, "__len__")}
+        layout = build_layout(
+            self.names,
+            [ds.features for ds in self.sources],
+            [spec.key_map for spec in self.mixture.sources],
+            windows,
+            self._image_dtype,
+            left_out=[_undecoded(ds) for ds in self.sources],
+        )
+        for ds, keys in zip(self.sources, layout.sources):
+            # In the source's own names, for the keys it has (the layout pads the others' windows).
+            mine = {keys.source_key(k): v for k, v in (delta_timestamps or {}).items() if k not in keys.missing}
+            try:
+                ds.set_delta_timestamps(mine, tolerance_s)
+            except ValueError as e:
+                raise MixtureError(f"mixture source {keys.name!r} ({ds.fps:g} fps): {e}") from None
+        self.layout: MixtureLayout = layout
 
     def _select_cameras(self, cameras: Sequence[str]) -> None:
         """Narrow every source to the chosen shared camera names it has (``select_cameras``); a source
