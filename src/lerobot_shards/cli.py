@@ -501,7 +501,8 @@ def run() -> None:
     A native library's thread still alive at teardown can abort a process whose command already
     succeeded ("terminate called without an active exception", SIGABRT, seen in about 1 of 24
     ``verify`` runs). By the time ``main`` returns the command's work is done and its files are
-    closed, so output is flushed and the process exits with the command's status directly.
+    closed, so output is flushed and the process exits with the command's status directly, once
+    multiprocessing's finalizers have run.
     """
     try:
         main()
@@ -512,6 +513,12 @@ def run() -> None:
         else:
             print(e.code, file=sys.stderr)
             code = 1
+    # os._exit also skips multiprocessing's exit handler, which unlinks the named semaphores of
+    # queues still alive: a DataLoader iterator the training loop still held (LeRobot's does) would
+    # leave them to the resource tracker, which warns of "leaked semaphore objects" (spawn).
+    import multiprocessing.util
+
+    multiprocessing.util._run_finalizers(0)
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
