@@ -518,7 +518,7 @@ def run() -> None:
     # leave them to the resource tracker, which warns of "leaked semaphore objects" (spawn).
     import multiprocessing.util
 
-    multiprocessing.util._run_finalizers(0)
+    multiprocessing.util._run_finalizers(0)  # type: ignore[attr-defined]  # what its atexit hook runs first
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
