@@ -17,7 +17,7 @@ import pytest
 from convert_helpers import reseal
 from lerobot_shards.convert.plan import ConvertOptions
 from lerobot_shards.convert.run import convert_dataset
-from lerobot_shards.format import SHARDS_DIR, FormatError
+from lerobot_shards.format import SHARDS_DIR, FormatError, Manifest
 from lerobot_shards.lerobot_v3 import LeRobotV3Source
 from lerobot_shards.loader import EpisodePoolDataset
 from lerobot_shards.loader.meta import aggregate_stats, episode_stats_rows
@@ -117,6 +117,33 @@ def test_subset_stats_from_a_bucket(converted_fixture: Path, s3_server) -> None:
     shards = f"meta-stats/{converted_fixture.name}/shards"
     assert s3_server.requests("GET", f"{shards}/shard-000001.idx.json") >= 1
     assert s3_server.requests("GET", f"{shards}/shard-000000.idx.json") == 0  # holds no chosen episode
+
+
+def test_subset_stats_from_a_bucket_fetch_their_sidecars_together(
+    converted_fixture: Path, s3_server, monkeypatch
+) -> None:
+    """Sidecar reads for a subset's stats overlap (every shard's in flight at once): each read
+    waits at a barrier for another, which a one-at-a-time loop never reaches."""
+    from lerobot_shards.loader.sources import ShardSource
+
+    fs = s3_server.filesystem()
+    fs.mkdir("meta-stats-parallel")
+    fs.put(str(converted_fixture), "meta-stats-parallel/", recursive=True)
+    url = f"s3://meta-stats-parallel/{converted_fixture.name}"
+    manifest = Manifest.from_json((converted_fixture / "manifest.json").read_text())
+    chosen = [rec.episodes[0] for rec in manifest.shards[:2]]  # in two shards
+    local = EpisodePoolDataset(str(converted_fixture), episodes=chosen).meta
+    meet = threading.Barrier(2, timeout=30)
+    read = ShardSource._read_sidecar
+
+    def together(self, shard):
+        meet.wait()  # BrokenBarrierError after 30 s alone
+        return read(self, shard)
+
+    monkeypatch.setattr(ShardSource, "_read_sidecar", together)
+    remote = EpisodePoolDataset(url, episodes=chosen, storage_options=s3_server.storage_options).meta
+    assert remote.stats_source == "episodes"
+    _close(remote.stats, local.stats)
 
 
 def test_reading_meta_leaves_no_thread_behind(fixture_root: Path, converted_fixture: Path, s3_server) -> None:

@@ -340,14 +340,17 @@ class ShardSource:
 
     def episode_stats(self, episodes: Sequence[int]) -> dict[int, Stats]:
         """The stats the sidecars record for ``episodes`` (one sidecar read per shard holding one of
-        them, checked against the manifest's digest); episodes converted without stats are left out."""
+        them, checked against the manifest's digest; from object storage all in flight at once, on
+        the fetch threads); episodes converted without stats are left out."""
         wanted = set(episodes)
+        shards = [rec.index for rec in self.manifest.shards if wanted.intersection(rec.episodes)]
+        for shard in shards:
+            self._sidecar_async(shard)
         out: dict[int, Stats] = {}
-        for rec in self.manifest.shards:
-            if wanted.intersection(rec.episodes):
-                for e in self.sidecar(rec.index).episodes:
-                    if e.episode_index in wanted and e.stats:
-                        out[e.episode_index] = stats_to_numpy(e.stats)
+        for shard in shards:
+            for e in self.sidecar(shard).episodes:
+                if e.episode_index in wanted and e.stats:
+                    out[e.episode_index] = stats_to_numpy(e.stats)
         return out
 
     def _episode_lengths(self, rec: fmt.ShardRecord) -> tuple[int, ...]:
