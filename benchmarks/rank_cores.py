@@ -27,8 +27,11 @@ from lerobot_shards.loader.decode import auto_decode_threads
 from lerobot_shards.video import cores_per_rank
 
 class Ask(IterableDataset):
+    def __init__(self):
+        self.cores = cores_per_rank()  # counted in the rank, as EpisodePoolDataset does
+
     def __iter__(self):
-        yield cores_per_rank(os.getppid()), auto_decode_threads("cpu")
+        yield self.cores, auto_decode_threads("cpu", self.cores)
 
 if __name__ == "__main__":
     [(worker_cores, worker_threads)] = [tuple(int(x) for x in b) for b in DataLoader(Ask(), num_workers=2, batch_size=None)][:1]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -212,6 +213,36 @@ def test_automatic_decode_threads_one_per_core_in_the_main_process_the_cores_lef
     assert sum(len(b["index"]) for b in batches) == total["frames_emitted"] > 0
 
 
+@pytest.mark.parametrize("names", [["height", "width", "channels"], None])
+def test_a_declared_camera_size_the_video_lacks_is_said_once_and_frames_stay_right(
+    pair, tmp_path: Path, names, recwarn
+) -> None:
+    """A feature whose ``names`` place height and width at another size than the video's gets one
+    warning naming the file, episode, camera and both sizes; the samples are the same. A shape
+    without names (channels first or last cannot be told) is not compared."""
+    import json
+    import shutil
+
+    from lerobot_shards.loader import decode
+
+    decode._warned_size.clear()
+    raw = tmp_path / "raw"
+    shutil.copytree(pair[0], raw)
+    info_path = raw / "meta/info.json"
+    info = json.loads(info_path.read_text())
+    h, w = info["features"][CAMS[0]]["shape"][:2]
+    info["features"][CAMS[0]].update(shape=[h // 2, w // 2, 3], names=names)
+    info_path.write_text(json.dumps(info))
+    _assert_same_batches(_stream(raw), _stream(pair[0]))
+    said = [str(m.message) for m in recwarn if "declares" in str(m.message)]
+    if names is None:
+        assert said == []
+    else:
+        assert len(said) == 1, said
+        assert str(raw) in said[0] and re.search(rf"episode \d+ camera {re.escape(CAMS[0])} \(videos/", said[0]), said
+        assert f"frames are {w}x{h} (width x height), but the camera's feature declares {w // 2}x{h // 2}" in said[0]
+
+
 def test_decode_pool_gives_new_clips_to_threads_in_turn_and_keeps_them_there() -> None:
     from lerobot_shards.loader.decode import DecodePool
 
@@ -326,15 +357,24 @@ def test_ranks_on_one_node_share_its_cores(monkeypatch) -> None:
     monkeypatch.setattr(video, "_launcher_cpus", lambda pid: None)  # the launcher's mask unreadable
     assert share(allocation, node, "4") == 32 and share(node, node, "4") == 16
 
-    # from a worker: its rank's process (the parent) and that rank's launcher
     monkeypatch.setattr(video, "_launcher_cpus", lambda pid: len(masks["launcher"]))
-    seen: list[int | None] = []
-    real = video.cores_per_rank
-    monkeypatch.setattr("lerobot_shards.loader.decode.cores_per_rank", lambda pid=None: seen.append(pid) or real(pid))
+    assert share(node, {0, 1}, None) == 64  # one process started from a shell kept on 2 cores
+    assert share(node, {0, 1}, "4") == 16  # a launcher kept off the ranks' cores: the node split
+    assert share({20, 21, 22}, {0}, "4") == 3
+
+    # a DataLoader worker takes its rank's count (the dataset counts it where it is built)
     monkeypatch.setattr("lerobot_shards.loader.decode.get_worker_info", lambda: SimpleNamespace(num_workers=2))
-    masks.update(launcher=allocation)
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
-    assert auto_decode_threads("cpu") == 4 and seen == [os.getppid()]
+    assert auto_decode_threads("cpu", 8) == 4 and auto_decode_threads("cpu", 40) == 8
+
+
+@pytest.mark.parametrize("context", ["fork", "forkserver"])
+def test_workers_decode_on_their_ranks_share_counted_where_the_dataset_was_built(pair, monkeypatch, context) -> None:
+    """The rank's count travels with the dataset: a forkserver worker, whose parent is the fork
+    server, cannot count it itself."""
+    monkeypatch.setattr("lerobot_shards.loader.dataset.cores_per_rank", lambda: 6)
+    ds = EpisodePoolDataset(str(pair[1]), seed=13, episode_pool_size=2)
+    batches = list(DataLoader(ds, batch_size=4, num_workers=2, multiprocessing_context=context))
+    assert batches and ds.stats()["total"]["decode_threads"] == 2 * 3  # 6 // 2 workers, summed
 
 
 def test_launcher_cpus_reads_the_parent_process() -> None:

@@ -211,7 +211,9 @@ def test_windows_set_after_reading_meta_equal_windows_given_at_construction(vide
         for key in a:
             assert a[key] == b[key] if isinstance(a[key], list) else torch.equal(a[key], b[key]), key
     with pytest.raises(MixtureError, match=r"mixture source 'b' \(15 fps\).*0\.1 s"):
-        later.set_delta_timestamps({"action": [0.0, 0.1]}, 1e-4)
+        later.set_delta_timestamps({"action": [0.0, 0.1]}, 1e-4)  # on source a's grid (10 fps), not b's
+    assert later.layout == given.layout  # refused whole: no source took the new windows
+    assert [ds.delta_offsets.keys() for ds in later.sources] == [ds.delta_offsets.keys() for ds in given.sources]
 
 
 # -- shared keys ----------------------------------------------------------------------------------

@@ -518,7 +518,10 @@ def run() -> None:
     # leave them to the resource tracker, which warns of "leaked semaphore objects" (spawn).
     import multiprocessing.util
 
-    multiprocessing.util._run_finalizers(0)  # type: ignore[attr-defined]  # what its atexit hook runs first
+    try:  # what its atexit hook runs first; nothing there may change the command's status
+        getattr(multiprocessing.util, "_run_finalizers", lambda _: None)(0)
+    except BaseException:  # noqa: BLE001, S110  (an interrupt while exiting: exit as decided)
+        pass
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

@@ -130,6 +130,28 @@ def map_box(
     return pt + (top - ct) * ys, pl + (left - cl) * xs, pt + (bottom - ct) * ys, pl + (right - cl) * xs
 
 
+def _size_axes(spec: Mapping[str, Any]) -> tuple[int, int] | None:
+    """Where a camera feature's ``shape`` holds height and width: as its ``names`` place them, else
+    (height, width, channels) as LeRobot writes it; ``None`` for a shape of fewer than 3 sizes."""
+    shape, names = spec.get("shape") or [], spec.get("names") or []
+    names = list(names) if isinstance(names, (list, tuple)) else []
+    at = (names.index("height"), names.index("width")) if {"height", "width"} <= set(names) else (0, 1)
+    return at if isinstance(shape, (list, tuple)) and len(shape) >= 3 and max(at) < len(shape) else None
+
+
+def feature_size(spec: Mapping[str, Any]) -> tuple[int, int] | None:
+    """The (height, width) a camera feature's ``names`` place in its ``shape``; ``None`` where they
+    place none (a shape without names may be channels-first: it says nothing for certain)."""
+    names = spec.get("names")
+    if not isinstance(names, (list, tuple)) or not {"height", "width"} <= set(names):
+        return None
+    at = _size_axes(spec)
+    if at is None:
+        return None
+    shape = spec["shape"]
+    return int(shape[at[0]]), int(shape[at[1]])
+
+
 def resized_features(
     features: Mapping[str, Any], sizes: Mapping[str, Sequence[int]], codec: str | None = None
 ) -> dict[str, Any]:
@@ -139,10 +161,9 @@ def resized_features(
         spec = out.get(cam)
         if spec is None:
             continue
-        shape, names = list(spec.get("shape") or [h, w, 3]), spec.get("names") or []
-        at = (names.index("height"), names.index("width")) if {"height", "width"} <= set(names) else (0, 1)
-        if len(shape) < 3 or max(at) >= len(shape):
-            shape, at = [h, w, 3], (0, 1)
+        at = _size_axes(spec)
+        shape = list(spec["shape"]) if at is not None else [h, w, 3]
+        at = at or (0, 1)
         shape[at[0]], shape[at[1]] = int(h), int(w)
         spec["shape"] = shape
         info = spec.get("info")

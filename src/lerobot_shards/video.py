@@ -799,7 +799,7 @@ def usable_cpus() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def cores_per_rank(rank_pid: int | None = None) -> int:
+def cores_per_rank() -> int:
     """This rank's share of the node's cores, which sizes its decode threads and workers.
 
     The cores its launcher (the rank's parent process: torchrun, slurmstepd, a shell) may use are
@@ -807,21 +807,21 @@ def cores_per_rank(rank_pid: int | None = None) -> int:
     more than its own mask: torchrun pins nothing, so its ranks split its mask (the whole node, or
     a SLURM allocation, ``taskset`` or container cpuset around it); ``srun --cpu-bind`` or
     ``taskset`` per rank give each rank a mask of its own; NUMA binding gives ranks a node's
-    cores, which they split. ``rank_pid``: the rank's process when asked from one of its
-    DataLoader workers (default: this process). Where the launcher's mask cannot be read, a
-    rank's mask narrower than the machine counts as its own.
+    cores, which they split. Counted in the rank's own process (a DataLoader worker cannot tell
+    its rank's launcher: a forkserver worker's parent is the fork server). A single rank
+    (``LOCAL_WORLD_SIZE`` unset or 1) counts its own mask. Where the launcher's mask cannot be read, or is narrower than the rank's
+    (a launcher kept on housekeeping cores, SLURM core specialization), a rank's mask narrower
+    than the machine counts as its own, else the machine is split among the ranks.
     """
-    pid = os.getpid() if rank_pid is None else rank_pid
-    try:
-        own = len(os.sched_getaffinity(0 if rank_pid is None else pid))
-    except (AttributeError, OSError):  # no affinity masks here (macOS, Windows), or that process is gone
-        own = usable_cpus()
+    own = usable_cpus()
     try:
         ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     except ValueError:
         ranks = 1
-    launcher = _launcher_cpus(pid)
-    if launcher is None:
+    if ranks == 1:
+        return own
+    launcher = _launcher_cpus(os.getpid())
+    if launcher is None or launcher < own:  # unreadable, or a launcher kept off the rank's cores
         return own if own < (os.cpu_count() or own) else max(1, own // ranks)
     return max(1, min(own, launcher // ranks))
 

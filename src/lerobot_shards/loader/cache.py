@@ -588,6 +588,7 @@ class RemoteIO:
             max_bytes = default_cache_bytes(cache_dir) if cache_max_bytes is None else cache_max_bytes
             self.cache = FileCache(cache_dir, max_bytes, self.pool, counters)
 
-    def close(self) -> None:
-        """Stop the fetch threads: queued requests are cancelled, those in flight finish."""
-        self.pool.shutdown(wait=False, cancel_futures=True)
+    def close(self, wait: bool = False) -> None:
+        """Stop the fetch threads: queued requests are cancelled, those in flight finish (awaited
+        with ``wait``, so that no thread is left running)."""
+        self.pool.shutdown(wait=wait, cancel_futures=True)

@@ -19,6 +19,7 @@ import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute  # noqa: F401  (pa.compute)
 import torch
@@ -26,6 +27,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from ..lerobot_v3 import IMAGE_DTYPE
 from ..resize import camera_sizes, resized_features
+from ..video import cores_per_rank
 from .cache import default_cache_bytes
 from .checkpoint import EpochOrder, check_count, shards_digest
 from .control import SharedControl
@@ -148,6 +150,9 @@ class EpisodePoolDataset(IterableDataset):
         self.set_delta_timestamps(delta_timestamps, tolerance_s)
         self._control = SharedControl()  # epoch and resume state, read by (persistent) workers
         self._stats = SharedStats()
+        # this rank's cores, counted here in the rank's process: a DataLoader worker cannot tell its
+        # rank's launcher (a forkserver worker's parent is the fork server)
+        self._rank_cores = cores_per_rank()
 
     def select_cameras(self, cameras: Sequence[str] | None) -> None:
         """Choose the cameras to decode (``None``: all), before ``set_delta_timestamps`` and any iteration.
@@ -177,8 +182,7 @@ class EpisodePoolDataset(IterableDataset):
 
         A mixture (``loader.mixture``) sets them once it knows each source's keys.
         """
-        known = [k for k, v in self.features.items() if v["dtype"] != "video"] + list(self.cameras)
-        self.delta_offsets = delta_frame_offsets(delta_timestamps or {}, self.fps, tolerance_s, known_keys=known)
+        self.delta_offsets = self.frame_offsets(delta_timestamps, tolerance_s)
         self._layout = SampleLayout(
             source_url=self.source_url,
             tasks=tuple(self.tasks),
@@ -188,6 +192,14 @@ class EpisodePoolDataset(IterableDataset):
             resize_sizes=self.resize_sizes,
             image_dtype=self.decode.image_dtype,
         )
+
+    def frame_offsets(
+        self, delta_timestamps: Mapping[str, Sequence[float]] | None, tolerance_s: float
+    ) -> dict[str, np.ndarray]:
+        """``delta_timestamps`` as frame offsets at this source's fps (``ValueError`` naming the key
+        off the frame grid or unknown), without setting them."""
+        known = [k for k, v in self.features.items() if v["dtype"] != "video"] + list(self.cameras)
+        return delta_frame_offsets(delta_timestamps or {}, self.fps, tolerance_s, known_keys=known)
 
     @property
     def epoch_order(self) -> EpochOrder:
@@ -251,8 +263,8 @@ class EpisodePoolDataset(IterableDataset):
         source = self._open_source()
         try:
             return source.episode_stats(episodes) if isinstance(source, ShardSource) else None
-        finally:
-            source.close()
+        finally:  # no fetch thread may outlive it: DataLoader workers are forked after meta is read
+            source.close(wait=True) if isinstance(source, ShardSource) else source.close()
 
     def __getattr__(self, name: str) -> Any:
         """An option by its keyword name (``ds.seed``, ``ds.cache_dir``): the resolved value."""
@@ -378,6 +390,7 @@ class EpisodePoolDataset(IterableDataset):
             read=self.read,
             decode=self.decode,
             equal_samples_per_rank=self._order.equal_samples_per_rank,
+            rank_cores=self._rank_cores,
         )
 
     # -- observability --------------------------------------------------------------------------

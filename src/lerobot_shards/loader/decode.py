@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import io
-import os
 import time
 import warnings
 from collections import OrderedDict
@@ -142,6 +141,7 @@ class DecoderCache:
                     "multiprocessing_context='spawn' for video_decode_device='cuda'"
                 ) from e
             raise
+        _check_size(decoder, clip)
         self._decoders[clip.cache_key] = (decoder, handle)
         while len(self._decoders) > self.capacity:
             _, (_, old_handle) = self._decoders.popitem(last=False)
@@ -217,7 +217,7 @@ class DecoderCache:
         self._decoders.clear()
 
 
-def auto_decode_threads(device: str) -> int:
+def auto_decode_threads(device: str, rank_cores: int | None = None) -> int:
     """Decode threads for ``decode_threads=None``, chosen by where the dataset is iterated.
 
     In the main process (``num_workers=0``) one thread per core (at most 8) decodes in parallel
@@ -231,11 +231,39 @@ def auto_decode_threads(device: str) -> int:
     if device != "cpu":
         return 0
     info = get_worker_info()
-    # ranks sharing a node share its cores (LOCAL_WORLD_SIZE); a worker asks for its rank's share
-    cores = cores_per_rank(None if info is None else os.getppid())
+    # ranks sharing a node share its cores (LOCAL_WORLD_SIZE): the rank's share, as its own process
+    # counted it (``rank_cores``; the dataset counts them where it is built), else counted here
+    cores = cores_per_rank() if rank_cores is None else rank_cores
     if info is None:
         return max(1, min(MAX_AUTO_DECODE_THREADS, cores))
     return min(MAX_AUTO_DECODE_THREADS, cores // info.num_workers)
+
+
+def _check_size(decoder: VideoDecoder, clip: ClipRef) -> None:
+    """Warn (once per process and pair of sizes) when a clip's frames are not the size its camera's
+    feature declares: the frames are still the ones asked for, but a policy built from the declared
+    shapes would not fit them (wrong metadata, as some conversion tools wrote; LeRobot trains on
+    such datasets, so this warns instead of refusing)."""
+    if clip.size is None:
+        return
+    h, w = decoder.metadata.height, decoder.metadata.width
+    if h is None or w is None or (h, w) == clip.size:
+        return
+    got, (want_h, want_w) = (h, w), clip.size
+    if (got, clip.size) in _warned_size:
+        return
+    _warned_size.add((got, clip.size))
+    warnings.warn(
+        redact(
+            f"{clip.where}: the video's frames are {w}x{h} (width x height), but the camera's feature "
+            f"declares {want_w}x{want_h}; samples hold the frames as decoded"
+        ),
+        RuntimeWarning,
+        stacklevel=2,
+    )
+
+
+_warned_size: set[tuple[tuple[int, int], tuple[int, int]]] = set()  # (decoded, declared): once per process
 
 
 class DecodePool:

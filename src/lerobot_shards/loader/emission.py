@@ -94,11 +94,13 @@ def emit(item: dict[str, Any], decoders: DecodePool, stats: StatSlot) -> dict[st
     return item
 
 
-def decode_pool(decode: DecodeOptions, storage_options: Mapping[str, Any] | None, stats: StatSlot) -> DecodePool:
+def decode_pool(
+    decode: DecodeOptions, storage_options: Mapping[str, Any] | None, stats: StatSlot, rank_cores: int | None = None
+) -> DecodePool:
     """This iteration's decode threads, their decoder caches sharing ``decoder_cache_size``."""
     threads = decode.decode_threads
     if threads is None:
-        threads = auto_decode_threads(decode.video_decode_device)
+        threads = auto_decode_threads(decode.video_decode_device, rank_cores)
     stats.set("decode_threads", threads)
     capacity = decode.decoder_cache_size
     assert capacity is not None  # resolved by the dataset
@@ -127,8 +129,10 @@ def stream_samples(
     read: ReadOptions,
     decode: DecodeOptions,
     equal_samples_per_rank: bool,
+    rank_cores: int | None = None,
 ) -> Iterator[dict[str, Any]]:
-    """The consumer's samples after the ``emitted`` ones its sampler was fast-forwarded over."""
+    """The consumer's samples after the ``emitted`` ones its sampler was fast-forwarded over
+    (``rank_cores``: this rank's cores as counted in its own process, ``video.cores_per_rank``)."""
     per_pass = sum(plan.lengths)
     if sampler.num_samples == emitted or shutdown.exiting():
         return
@@ -141,7 +145,7 @@ def stream_samples(
     reader = EpisodeReader(
         source, plan.episodes, sampler.admission_order(), read.prefetch_episodes, skip_bad=read.on_error == "skip"
     )
-    decoders = decode_pool(decode, read.storage_options, stats)
+    decoders = decode_pool(decode, read.storage_options, stats, rank_cores)
     lookahead = 2 * decoders.threads
     pool: dict[tuple[int, int], ResidentEpisode | None] = {}  # None: skipped (on_error="skip")
     pending: deque[dict[str, Any]] = deque()  # samples whose frames are being decoded, in order

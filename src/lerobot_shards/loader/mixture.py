@@ -115,13 +115,19 @@ class MixtureDataset(IterableDataset):
             self._image_dtype,
             left_out=[_undecoded(ds) for ds in self.sources],
         )
-        for ds, keys in zip(self.sources, layout.sources):
-            # In the source's own names, for the keys it has (the layout pads the others' windows).
-            mine = {keys.source_key(k): v for k, v in (delta_timestamps or {}).items() if k not in keys.missing}
+        # In each source's own names, for the keys it has (the layout pads the others' windows);
+        # every source checked before any is set, so that a refused call changes nothing.
+        per_source = [
+            {keys.source_key(k): v for k, v in (delta_timestamps or {}).items() if k not in keys.missing}
+            for keys in layout.sources
+        ]
+        for ds, keys, mine in zip(self.sources, layout.sources, per_source):
             try:
-                ds.set_delta_timestamps(mine, tolerance_s)
+                ds.frame_offsets(mine, tolerance_s)
             except ValueError as e:
                 raise MixtureError(f"mixture source {keys.name!r} ({ds.fps:g} fps): {e}") from None
+        for ds, mine in zip(self.sources, per_source):
+            ds.set_delta_timestamps(mine, tolerance_s)
         self.layout: MixtureLayout = layout
 
     def _select_cameras(self, cameras: Sequence[str]) -> None:

@@ -31,6 +31,7 @@ from ..filesystems import url_to_fs
 from ..lerobot_v3 import IMAGE_DTYPE, VIDEO_DTYPE, LeRobotV3Source, SourceError, numpy_of, protocols
 from ..names import check_name
 from ..redaction import register_secrets, without_credentials
+from ..resize import feature_size
 from ..safe_io import check_local_file, read_sidecar, read_small
 from ..shard_plan import plan_shards
 from ..timeouts import bounded
@@ -78,6 +79,7 @@ class ClipRef:
     first_frame: int  # index of episode frame 0 inside the clip or mp4
     frame_mappings: str | None  # torchcodec custom_frame_mappings for exact seeks without a scan
     where: str = "clip"  # dataset, shard or file, episode and camera: decode errors name them
+    size: tuple[int, int] | None = None  # (height, width) the camera's feature declares, checked at open
 
 
 @dataclass
@@ -340,8 +342,8 @@ class ShardSource:
 
     def episode_stats(self, episodes: Sequence[int]) -> dict[int, Stats]:
         """The stats the sidecars record for ``episodes`` (one sidecar read per shard holding one of
-        them, checked against the manifest's digest; from object storage all in flight at once, on
-        the fetch threads); episodes converted without stats are left out."""
+        them, checked against the manifest's digest; from object storage several at a time, on the
+        fetch threads); episodes converted without stats are left out."""
         wanted = set(episodes)
         shards = [rec.index for rec in self.manifest.shards if wanted.intersection(rec.episodes)]
         for shard in shards:
@@ -436,8 +438,9 @@ class ShardSource:
     def io_stats(self) -> dict[str, int]:
         return self.counters.snapshot()
 
-    def close(self) -> None:
-        """Release every shard (unfinished downloads are abandoned) and stop the background threads."""
+    def close(self, wait: bool = False) -> None:
+        """Release every shard (unfinished downloads are abandoned) and stop the background threads
+        (with ``wait``, until they have exited: a source opened only to read metadata)."""
         for fut in self._readers.values():
             close_when_open(fut)
         self._readers.clear()
@@ -446,7 +449,7 @@ class ShardSource:
             self._opening = None
         self._sidecar_fetches.clear()
         if self.remote is not None:
-            self.remote.close()
+            self.remote.close(wait)
 
     def _drop(self, shard: int) -> None:
         """Forget what was read of ``shard``: its reader and, when cached, the local copy (fetched again)."""
@@ -521,6 +524,7 @@ class ShardSource:
                 first_frame=0,
                 frame_mappings=clip.frame_mappings_json(),
                 where=f"{where} camera {cam}",
+                size=feature_size(self.info.features.get(cam, {})),
             )
             for cam, clip in entry.clips.items()
         }
@@ -693,6 +697,7 @@ class RawSource:
                 v.first_frame(self.src.fps),
                 None,
                 f"{where} camera {cam} ({v.path})",
+                feature_size(self.info.features.get(cam, {})),
             )
         nbytes = int(table.nbytes)
         release = (lambda: self._release(files)) if files else None
