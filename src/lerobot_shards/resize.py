@@ -143,13 +143,8 @@ def feature_size(spec: Mapping[str, Any]) -> tuple[int, int] | None:
     """The (height, width) a camera feature's ``names`` place in its ``shape``; ``None`` where they
     place none (a shape without names may be channels-first: it says nothing for certain)."""
     names = spec.get("names")
-    if not isinstance(names, (list, tuple)) or not {"height", "width"} <= set(names):
-        return None
-    at = _size_axes(spec)
-    if at is None:
-        return None
-    shape = spec["shape"]
-    return int(shape[at[0]]), int(shape[at[1]])
+    at = _size_axes(spec) if isinstance(names, (list, tuple)) and {"height", "width"} <= set(names) else None
+    return None if at is None else (int(spec["shape"][at[0]]), int(spec["shape"][at[1]]))
 
 
 def resized_features(

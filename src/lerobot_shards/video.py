@@ -809,9 +809,10 @@ def cores_per_rank() -> int:
     ``taskset`` per rank give each rank a mask of its own; NUMA binding gives ranks a node's
     cores, which they split. Counted in the rank's own process (a DataLoader worker cannot tell
     its rank's launcher: a forkserver worker's parent is the fork server). A single rank
-    (``LOCAL_WORLD_SIZE`` unset or 1) counts its own mask. Where the launcher's mask cannot be read, or is narrower than the rank's
-    (a launcher kept on housekeeping cores, SLURM core specialization), a rank's mask narrower
-    than the machine counts as its own, else the machine is split among the ranks.
+    (``LOCAL_WORLD_SIZE`` unset or 1) counts its own mask. Where the launcher's mask cannot be
+    read, or is narrower than the rank's (a launcher kept on housekeeping cores, SLURM core
+    specialization), a rank's mask narrower than the machine counts as its own, else the machine
+    is split among the ranks.
     """
     own = usable_cpus()
     try:

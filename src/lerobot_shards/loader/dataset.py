@@ -261,10 +261,13 @@ class EpisodePoolDataset(IterableDataset):
     def _recorded_episode_stats(self, episodes: Sequence[int]) -> dict[int, Stats] | None:
         """A converted dataset's stats of ``episodes`` from its sidecars (None for a raw source)."""
         source = self._open_source()
+        if not isinstance(source, ShardSource):
+            source.close()
+            return None
         try:
-            return source.episode_stats(episodes) if isinstance(source, ShardSource) else None
+            return source.episode_stats(episodes)
         finally:  # no fetch thread may outlive it: DataLoader workers are forked after meta is read
-            source.close(wait=True) if isinstance(source, ShardSource) else source.close()
+            source.close(wait=True)
 
     def __getattr__(self, name: str) -> Any:
         """An option by its keyword name (``ds.seed``, ``ds.cache_dir``): the resolved value."""

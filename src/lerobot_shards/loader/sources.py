@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import io
 import json
 import logging
@@ -106,6 +107,11 @@ class SourceInfo:
     stats: dict[str, Any]  # the source's meta/stats.json ({} when absent)
     source_info: dict[str, Any] = field(default_factory=dict)  # the source's meta/info.json
     episode_stats: pa.Table | None = None  # meta/episodes' stats/... columns (raw sources only)
+
+    @functools.cached_property
+    def declared_sizes(self) -> dict[str, tuple[int, int] | None]:
+        """Each camera's (height, width) as its feature declares it (``resize.feature_size``)."""
+        return {cam: feature_size(self.features.get(cam, {})) for cam in self.cameras}
 
 
 def table_to_columns(table: pa.Table, features: dict[str, dict[str, Any]], where: str) -> dict[str, np.ndarray]:
@@ -524,7 +530,7 @@ class ShardSource:
                 first_frame=0,
                 frame_mappings=clip.frame_mappings_json(),
                 where=f"{where} camera {cam}",
-                size=feature_size(self.info.features.get(cam, {})),
+                size=self.info.declared_sizes.get(cam),
             )
             for cam, clip in entry.clips.items()
         }
@@ -697,7 +703,7 @@ class RawSource:
                 v.first_frame(self.src.fps),
                 None,
                 f"{where} camera {cam} ({v.path})",
-                feature_size(self.info.features.get(cam, {})),
+                self.info.declared_sizes.get(cam),
             )
         nbytes = int(table.nbytes)
         release = (lambda: self._release(files)) if files else None
