@@ -218,6 +218,55 @@ def test_main_process_and_bad_arguments() -> None:
             SlabCollate(bad)  # type: ignore[arg-type]
 
 
+def _channels_last(t: torch.Tensor) -> bool:
+    """``[..., C, H, W]`` over ``[..., H, W, C]`` memory."""
+    return t.movedim(-3, -1).is_contiguous() and not t.is_contiguous()
+
+
+def test_frames_keep_their_decoded_memory_order_and_contiguous_is_a_choice(synth) -> None:
+    """torchcodec decodes channels-last; the slab stacks frames in that order (a plain copy, not a
+    transposing one) with or without workers; the values are the plain DataLoader's either way."""
+    plain = {
+        w: list(DataLoader(_dataset(synth, image_dtype=torch.uint8), batch_size=BATCH, num_workers=w)) for w in (0, 2)
+    }
+    assert all(b[cam].is_contiguous() for b in plain[2] for cam in CAMS)  # default_collate in a worker
+    layouts = {
+        "workers": slab_loader(_dataset(synth, image_dtype=torch.uint8), batch_size=BATCH, num_workers=2),
+        "main process": slab_loader(_dataset(synth, image_dtype=torch.uint8), batch_size=BATCH, num_workers=0),
+        "contiguous": DataLoader(
+            _dataset(synth, image_dtype=torch.uint8),
+            batch_size=BATCH,
+            num_workers=2,
+            collate_fn=SlabCollate(6, layout="contiguous"),
+        ),
+    }
+    for name, loader in layouts.items():
+        n, expected = 0, plain[loader.num_workers]
+        for n, batch in enumerate(loader, start=1):
+            _assert_same(expected[n - 1], batch)
+            for cam in CAMS:  # a window [B, 2, C, H, W] and a single frame [B, C, H, W]
+                assert _channels_last(batch[cam]) == (name != "contiguous"), (name, cam, batch[cam].stride())
+            assert batch["action"].is_contiguous() and batch["index"].is_contiguous()
+            del batch
+        assert n == len(expected), name
+    floats = DeviceFeeder(slab_loader(_dataset(synth, image_dtype=torch.uint8), batch_size=BATCH, num_workers=2), "cpu")
+    first = next(iter(floats))
+    assert all(first[cam].dtype == torch.float32 and first[cam].is_contiguous() for cam in CAMS)
+
+
+def test_only_dense_samples_keep_their_layout() -> None:
+    collate = SlabCollate()  # the main process: the same planning as a worker's slab
+    transposed = [torch.arange(12).view(3, 4).t() + i for i in range(2)]  # dense, dims swapped
+    expanded = [torch.arange(3).expand(4, 3) for _ in range(2)]  # stride 0: stacked contiguous
+    strided = [torch.arange(20).view(4, 5)[:, ::2] for _ in range(2)]  # gaps: stacked contiguous
+    batch = collate([{"t": a, "e": b, "s": c} for a, b, c in zip(transposed, expanded, strided)])
+    assert batch["t"].stride() == (12, 1, 4) and batch["e"].is_contiguous() and batch["s"].is_contiguous()
+    for key, values in (("t", transposed), ("e", expanded), ("s", strided)):
+        assert torch.equal(batch[key], torch.stack(values)), key
+    with pytest.raises(ValueError, match="layout must be"):
+        SlabCollate(layout="nhwc")  # type: ignore[arg-type]
+
+
 def test_with_slabs_rebuilds_a_loader_built_elsewhere_keeping_its_settings(synth) -> None:
     """As ``lerobot-shards train`` does with the DataLoader LeRobot's trainer built: same settings, slabs."""
     plain = list(DataLoader(_dataset(synth, image_dtype=torch.uint8), batch_size=BATCH, num_workers=2))

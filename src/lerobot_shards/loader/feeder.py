@@ -217,8 +217,8 @@ class DeviceFeeder:
                 if t.is_pinned()
                 else t.pin_memory().to(self.device, non_blocking=True)
             )
-        if t.dtype == torch.uint8:
-            t = t.to(torch.float32).div_(self._scale)
+        if t.dtype == torch.uint8:  # contiguous, as LeRobot's: slab batches may be channels-last (SlabCollate)
+            t = t.to(torch.float32, memory_format=torch.contiguous_format).div_(self._scale)
         return t
 
     # -- observability --------------------------------------------------------------------------
