@@ -170,3 +170,33 @@ def test_counters_and_clear_errors(raw: Path) -> None:
         DeviceFeeder(batches, "cpu", normalize={"x": {"mean": [0.0], "std": [1.0]}}, normalize_keys=["nope"])
     with pytest.raises(KeyError, match=r"'y' is not in the batch"):
         list(DeviceFeeder(batches, "cpu", normalize={"y": {"mean": [0.0], "std": [1.0]}}, normalize_keys=["y"]))
+
+
+def test_a_uint8_feature_that_is_no_image_keeps_its_values(raw: Path, tmp_path: Path) -> None:
+    """Only cameras and image keys become floats in [0, 1]: a uint8 gripper state stays as the float32 loader
+    gives it, whichever keys the feeder is told or finds."""
+    import json
+
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    root = tmp_path / "u8"
+    shutil.copytree(raw, root)
+    info = json.loads((root / "meta/info.json").read_text())
+    info["features"]["observation.gripper"] = {"dtype": "uint8", "shape": [1], "names": ["g"]}
+    (root / "meta/info.json").write_text(json.dumps(info))
+    for path in sorted(root.glob("data/*/*.parquet")):
+        table = pq.read_table(path)
+        values = (np.arange(table.num_rows) * 7 % 256).astype(np.uint8)
+        column = pa.array([[int(v)] for v in values], pa.list_(pa.uint8()))
+        pq.write_table(table.append_column("observation.gripper", column), path)
+    expected = list(_loader(root, torch.float32, num_workers=0))
+    assert expected[0]["observation.gripper"].dtype == torch.uint8
+    told = DeviceFeeder(iter(_loader(root, torch.uint8, num_workers=0)), "cpu", image_keys=[CAM, IMG])
+    for feeder in (DeviceFeeder(_loader(root, torch.uint8, num_workers=0), "cpu"), told):
+        got = list(feeder)
+        assert len(got) == len(expected)
+        for g, e in zip(got, expected):
+            for key in ("observation.gripper", CAM, IMG):
+                assert g[key].dtype == e[key].dtype and torch.equal(g[key], e[key]), key

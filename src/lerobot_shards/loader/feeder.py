@@ -51,10 +51,14 @@ class DeviceFeeder:
             ``(x - mean) / (std + 1e-8)`` after the [0, 1] conversion.
         normalize_keys: keys to normalise (default: the loader dataset's cameras and image keys
             that have stats, or every uint8 key when the loader has no ``dataset``).
+        image_keys: the keys whose uint8 tensors are images, converted to float32 in [0, 1]
+            (default: the loader dataset's ``cameras`` and ``image_keys``; every uint8 tensor
+            when the loader has no dataset that names them). A uint8 feature that is not an
+            image (a gripper state) keeps its dtype and values, as a float32 loader gives it.
 
-    Every uint8 tensor of a batch is converted (the dataset emits uint8 only for images); other
-    tensors keep their dtype, non-tensors (``task`` strings) pass through. ``stats()`` reports
-    queue empty/full events and the time the loop waited per batch.
+    Other tensors keep their dtype, non-tensors (``task`` strings) pass through. Converted images
+    are contiguous (``SlabCollate`` may hand them over channels-last). ``stats()`` reports queue
+    empty/full events and the time the loop waited per batch.
     """
 
     def __init__(
@@ -65,6 +69,7 @@ class DeviceFeeder:
         prefetch: int = 2,
         normalize: Mapping[str, Mapping[str, Any]] | None = None,
         normalize_keys: Sequence[str] | None = None,
+        image_keys: Sequence[str] | None = None,
     ) -> None:
         if not isinstance(prefetch, int) or prefetch < 1:
             raise ValueError(f"prefetch must be an int >= 1, got {prefetch!r}")
@@ -78,6 +83,7 @@ class DeviceFeeder:
         # A device tensor, not a Python scalar: CUDA multiplies by the reciprocal of a host
         # scalar, which may differ from the CPU's division in the last bit.
         self._scale = torch.tensor(255.0, device=self.device)
+        self._images = frozenset(image_keys) if image_keys is not None else self._dataset_images()
         self._norm = self._norm_tensors(normalize, normalize_keys)
         self._norm_default = normalize is not None and normalize_keys is None
         self.batches = self.queue_empty = self.queue_full = 0
@@ -91,9 +97,7 @@ class DeviceFeeder:
                 raise ValueError("normalize_keys given without normalize stats")
             return {}
         if keys is None:
-            dataset = getattr(self.loader, "dataset", None)
-            images = tuple(getattr(dataset, "cameras", ())) + tuple(getattr(dataset, "image_keys", ()))
-            keys = [k for k in images if k in stats] if images else list(stats)
+            keys = [k for k in stats if k in self._images] if self._images is not None else list(stats)
         out = {}
         for key in keys:
             entry = stats.get(key)
@@ -103,6 +107,12 @@ class DeviceFeeder:
             std = torch.as_tensor(np.asarray(entry["std"], dtype=np.float32), device=self.device)
             out[key] = (mean, std + NORM_EPS)
         return out
+
+    def _dataset_images(self) -> frozenset[str] | None:
+        """The loader dataset's cameras and image keys; ``None`` when it names none."""
+        dataset = getattr(self.loader, "dataset", None)
+        images = tuple(getattr(dataset, "cameras", ())) + tuple(getattr(dataset, "image_keys", ()))
+        return frozenset(images) if images else None
 
     def __len__(self) -> int:
         return len(self.loader)  # type: ignore[arg-type]
@@ -196,9 +206,10 @@ class DeviceFeeder:
                 continue
         return False
 
-    def _convert(self, batch: Any) -> Any:
+    def _convert(self, batch: Any, image: bool = True) -> Any:
+        """``batch`` on the device; uint8 tensors under image keys (``image``) as float32 in [0, 1]."""
         if isinstance(batch, Mapping):
-            out = {k: self._convert(v) for k, v in batch.items()}
+            out = {k: self._convert(v, self._images is None or k in self._images) for k, v in batch.items()}
             for key, (mean, std) in self._norm.items():
                 if key not in out:
                     if self._norm_default:
@@ -207,7 +218,7 @@ class DeviceFeeder:
                 out[key] = (out[key] - mean) / std
             return out
         if isinstance(batch, (list, tuple)) and batch and isinstance(batch[0], torch.Tensor):
-            return type(batch)(self._convert(v) for v in batch)
+            return type(batch)(self._convert(v, image) for v in batch)
         if not isinstance(batch, torch.Tensor):
             return batch
         t = batch
@@ -217,7 +228,9 @@ class DeviceFeeder:
                 if t.is_pinned()
                 else t.pin_memory().to(self.device, non_blocking=True)
             )
-        if t.dtype == torch.uint8:  # contiguous, as LeRobot's: slab batches may be channels-last (SlabCollate)
+        if (
+            image and t.dtype == torch.uint8
+        ):  # contiguous, as LeRobot's: slab batches may be channels-last (SlabCollate)
             t = t.to(torch.float32, memory_format=torch.contiguous_format).div_(self._scale)
         return t
 
