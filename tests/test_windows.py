@@ -35,6 +35,14 @@ def test_tolerance_edge(error_s, ok):
     assert delta_frame_offsets(deltas, fps=30, tolerance_s=2e-4)["action"].tolist() == [1]
 
 
+@pytest.mark.parametrize("tolerance", [float("nan"), float("inf"), -1.0, "1e-4", None, True])
+def test_a_tolerance_that_is_no_finite_nonnegative_number_is_refused(tolerance):
+    """NaN used to accept half a frame off the grid and round it away; a negative one refused every delta."""
+    with pytest.raises(ValueError, match="tolerance_s must be a finite number of seconds >= 0"):
+        delta_frame_offsets({"action": [0.0, 1 / 60]}, fps=30, tolerance_s=tolerance)
+    assert delta_frame_offsets({"action": [1 / 30]}, fps=30, tolerance_s=np.float32(0))["action"].tolist() == [1]
+
+
 def test_float_error_deltas_pass():
     deltas = [-0.1, -0.2, -0.1 * 3, float(np.arange(-1.0, 0.0, 0.1)[3]), 0.7]
     assert delta_frame_offsets({"a": deltas}, fps=10)["a"].tolist() == [-1, -2, -3, -7, 7]

@@ -7,6 +7,7 @@ round(delta * fps), and a query past an episode edge repeats the edge frame and 
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Collection, Mapping, Sequence
 
 import numpy as np
@@ -19,6 +20,9 @@ def delta_frame_offsets(
     known_keys: Collection[str] | None = None,
 ) -> dict[str, np.ndarray]:
     """Validated int64 frame offsets per key; ValueError on an off-grid delta or unknown key."""
+    if isinstance(tolerance_s, bool) or not isinstance(tolerance_s, numbers.Real) or not 0 <= tolerance_s < math.inf:
+        # NaN would accept any delta (every comparison false) and round it to a frame silently
+        raise ValueError(f"tolerance_s must be a finite number of seconds >= 0, got {tolerance_s!r}")
     if not fps > 0:
         raise ValueError(f"fps must be positive, got {fps}")
     if known_keys is not None:
