@@ -264,6 +264,21 @@ def test_persistent_workers_follow_load_state_dict(raw: Path) -> None:
     assert [_keys(b) for b in loader] == full[5:]
 
 
+def test_windows_set_after_persistent_workers_started_are_refused_not_ignored(raw: Path) -> None:
+    """A persistent worker's copy holds the windows it started with: it refuses, naming the cause,
+    where it used to emit the old windows; new workers (not persistent) take the new ones."""
+    ds = _dataset(raw, cameras=[], seed=6)
+    loader = DataLoader(ds, batch_size=4, num_workers=2, persistent_workers=True)
+    assert next(iter(loader))["action"].shape == (4, 6)  # no window: one step of 6 values
+    ds.set_delta_timestamps({"action": [0.0, 1 / FPS]}, 1e-4)
+    ds.set_epoch(1)
+    with pytest.raises(RuntimeError, match="delta_timestamps were set after this DataLoader's persistent workers"):
+        next(iter(loader))
+    fresh = DataLoader(ds, batch_size=4, num_workers=2)
+    assert next(iter(fresh))["action"].shape == (4, 2, 6)
+    assert next(iter(DataLoader(ds, batch_size=4)))["action"].shape == (4, 2, 6)
+
+
 def test_resume_state_records_workers_and_resumes_under_another_count(raw: Path) -> None:
     ds = _dataset(raw, cameras=[], seed=9)
     assert "num_workers" not in ds.state_dict(batches_consumed=0, batch_size=4)  # nothing ran yet

@@ -216,6 +216,19 @@ def test_windows_set_after_reading_meta_equal_windows_given_at_construction(vide
     assert [ds.delta_offsets.keys() for ds in later.sources] == [ds.delta_offsets.keys() for ds in given.sources]
 
 
+def test_windows_set_after_persistent_workers_started_are_refused(video: dict[int, Path]) -> None:
+    mix = Mixture(
+        [MixtureSource(str(video[10]), name="a", repeat=1), MixtureSource(str(video[15]), name="b", repeat=1)]
+    )
+    ds = MixtureDataset(mix, seed=4)
+    loader = DataLoader(ds, batch_size=4, num_workers=2, persistent_workers=True)
+    assert FRONT in next(iter(loader)) and next(iter(loader))[FRONT].dim() == 4  # one frame per sample
+    ds.set_delta_timestamps({FRONT: [-0.2, 0.0]}, 1e-4)
+    with pytest.raises(RuntimeError, match="mixture: delta_timestamps were set after this DataLoader's persistent"):
+        next(iter(loader))
+    assert next(iter(DataLoader(ds, batch_size=4, num_workers=2)))[FRONT].shape[1] == 2  # new workers: new windows
+
+
 # -- shared keys ----------------------------------------------------------------------------------
 
 

@@ -5,17 +5,22 @@ Workers hold a pickled copy of the dataset made when they start. Persistent work
 ``load_state_dict`` would never reach them and they would silently replay the old order. The
 epoch and the resume state therefore live in a small shared-memory array created with the
 dataset, which every worker reads at the start of each ``__iter__``; workers write back the
-worker count they run under, so ``state_dict`` can record it.
+worker count they run under, so ``state_dict`` can record it. The windows (``delta_timestamps``)
+are arrays that do not fit there: the array counts their changes instead, and a worker whose copy
+predates the last change refuses to iterate rather than emit the old windows.
 """
 
 from __future__ import annotations
 
 import multiprocessing
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from .elastic import Origin
 
 (_EPOCH, _SEEN_WORKERS, _HAS_RESUME, _R_EPOCH, _R_BATCHES, _R_BATCH_SIZE, _R_WORKERS, _R_WORLD, *_R_ORIGIN) = range(12)
+_WINDOWS = 12  # generation of the windows (``set_delta_timestamps``)
 _UNKNOWN = -1
 
 
@@ -35,7 +40,7 @@ class SharedControl:
     """The epoch, the pending resume state and the observed worker count, in shared memory."""
 
     def __init__(self) -> None:
-        self._array = multiprocessing.Array("q", 12, lock=False)
+        self._array = multiprocessing.Array("q", 13, lock=False)
         self._array[_SEEN_WORKERS] = _UNKNOWN
 
     @property
@@ -46,6 +51,26 @@ class SharedControl:
     @epoch.setter
     def epoch(self, value: int) -> None:
         self._array[_EPOCH] = int(value)
+
+    def new_windows(self) -> int:
+        """Count a change of the windows; the generation the dataset setting them keeps."""
+        self._array[_WINDOWS] += 1
+        return int(self._array[_WINDOWS])
+
+    def stale_windows(self, generation: int, where: str) -> Iterator[Any] | None:
+        """For a copy of the dataset made before its windows last changed (a persistent worker's,
+        pickled when it started, which would emit the old windows): an iterator that raises at its
+        first ``next``, where a DataLoader worker reports the error to the loop (one raised by
+        ``__iter__`` itself kills a persistent worker and loses the message). ``None`` if current."""
+        if int(self._array[_WINDOWS]) == generation:
+            return None
+        return _raising(
+            RuntimeError(
+                f"{where}: delta_timestamps were set after this DataLoader's persistent workers started, and "
+                f"they hold the windows they started with; set them before the DataLoader's first iterator, "
+                f"or build a new DataLoader"
+            )
+        )
 
     @property
     def seen_workers(self) -> int | None:
@@ -90,3 +115,8 @@ class SharedControl:
         for i, v in zip(_R_ORIGIN, values):
             self._array[i] = v
         self._array[_HAS_RESUME] = 1
+
+
+def _raising(error: Exception) -> Iterator[Any]:
+    raise error
+    yield  # a generator: raises when first advanced

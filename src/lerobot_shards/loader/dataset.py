@@ -147,9 +147,9 @@ class EpisodePoolDataset(IterableDataset):
             rank=self.rank,
             world_size=self.world_size,
         )
-        self.set_delta_timestamps(delta_timestamps, tolerance_s)
-        self._control = SharedControl()  # epoch and resume state, read by (persistent) workers
+        self._control = SharedControl()  # epoch, resume state, windows' generation: read by (persistent) workers
         self._stats = SharedStats()
+        self.set_delta_timestamps(delta_timestamps, tolerance_s)
         # this rank's cores, counted here in the rank's process: a DataLoader worker cannot tell its
         # rank's launcher (a forkserver worker's parent is the fork server)
         self._rank_cores = cores_per_rank()
@@ -180,9 +180,11 @@ class EpisodePoolDataset(IterableDataset):
     def set_delta_timestamps(self, delta_timestamps: Mapping[str, Sequence[float]] | None, tolerance_s: float) -> None:
         """Set the windows (``delta_timestamps`` at this source's fps), before any iteration.
 
-        A mixture (``loader.mixture``) sets them once it knows each source's keys.
+        A mixture (``loader.mixture``) sets them once it knows each source's keys. Persistent
+        workers started before keep their copy of the dataset: they refuse to iterate again.
         """
         self.delta_offsets = self.frame_offsets(delta_timestamps, tolerance_s)
+        self._windows = self._control.new_windows()
         self._layout = SampleLayout(
             source_url=self.source_url,
             tasks=tuple(self.tasks),
@@ -369,6 +371,9 @@ class EpisodePoolDataset(IterableDataset):
     def __iter__(self) -> Iterator[dict[str, Any]]:
         info = get_worker_info()
         worker, num_workers = (0, 0) if info is None else (info.id, info.num_workers)
+        stale = self._control.stale_windows(self._windows, self.source_url)
+        if stale is not None:
+            return stale
         stats = self._stats.slot(worker)
         self._control.saw_workers(num_workers)
         plan, sampler, skip = self._order.start(self.epoch, self._control.resume, worker, num_workers)

@@ -88,6 +88,8 @@ class MixtureDataset(IterableDataset):
         if cameras is not None:
             self._select_cameras(cameras)
         self._image_dtype = decode.image_dtype
+        self._control = SharedControl()  # epoch, resume state, windows' generation: read by (persistent) workers
+        self._stats = SharedStats()
         self.set_delta_timestamps(delta_timestamps, tolerance_s)
         try:
             counts = source_counts(self.mixture, [ds.num_frames for ds in self.sources])
@@ -100,8 +102,6 @@ class MixtureDataset(IterableDataset):
         # The state's position and order fields, as a single dataset's (``checkpoint``), with the
         # mixture's identity standing for the shard plan.
         self._state_order = dataclasses.replace(first, shards=(), source_shards_digest=self.digest)
-        self._control = SharedControl()
-        self._stats = SharedStats()
 
     def set_delta_timestamps(self, delta_timestamps: Mapping[str, Sequence[float]] | None, tolerance_s: float) -> None:
         """Set the windows (``delta_timestamps`` in seconds and shared names), before any iteration:
@@ -129,6 +129,7 @@ class MixtureDataset(IterableDataset):
         for ds, mine in zip(self.sources, per_source):
             ds.set_delta_timestamps(mine, tolerance_s)
         self.layout: MixtureLayout = layout
+        self._windows = self._control.new_windows()
 
     def _select_cameras(self, cameras: Sequence[str]) -> None:
         """Narrow every source to the chosen shared camera names it has (``select_cameras``); a source
@@ -288,6 +289,9 @@ class MixtureDataset(IterableDataset):
     def __iter__(self) -> Iterator[dict[str, Any]]:
         info = get_worker_info()
         worker, num_workers = (0, 0) if info is None else (info.id, info.num_workers)
+        stale = self._control.stale_windows(self._windows, "mixture")
+        if stale is not None:
+            return stale
         stats = self._stats.slot(worker)
         self._control.saw_workers(num_workers)
         began = time.perf_counter()
