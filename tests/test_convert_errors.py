@@ -16,6 +16,7 @@ from lerobot_shards.convert.plan import ConvertOptions
 from lerobot_shards.convert.run import ConvertError, convert_dataset
 from lerobot_shards.convert.verify import verify_dataset
 from lerobot_shards.lerobot_v3 import LeRobotV3Source, SourceError
+from lerobot_shards.loader import EpisodePoolDataset
 from lerobot_shards.video import encode_video
 
 FRONT = "videos/observation.images.front/chunk-000"
@@ -101,6 +102,11 @@ def test_skip_bad_episodes_converts_the_rest_and_records_reasons(src: Path, tmp_
     )
     report = verify_dataset(tmp_path / "out", src)
     assert report.ok, str(report)
+    skipped = (
+        r"episodes \[2\] are not in the dataset \(episode 2 was skipped by convert: episode 2: .*not a readable mp4"
+    )
+    with pytest.raises(ValueError, match=skipped):
+        EpisodePoolDataset(str(tmp_path / "out"), episodes=[2])
 
     # without the flag, the same command fails again rather than accepting the skips
     result = run_cli("convert", src, tmp_path / "out", "--episodes-per-shard", "1", "--no-progress")

@@ -307,7 +307,11 @@ class EpisodePoolDataset(IterableDataset):
         wanted = set(int(e) for e in episodes)
         missing = sorted(wanted.difference(*(s.episodes for s in shards)))
         if missing:
-            raise ValueError(f"{self.source_url}: episodes {missing[:10]} are not in the dataset")
+            skipped = self._source_info.skipped
+            why = "; ".join(f"episode {e} was skipped by convert: {skipped[e]}" for e in missing[:10] if e in skipped)
+            raise ValueError(
+                f"{self.source_url}: episodes {missing[:10]} are not in the dataset" + (f" ({why})" if why else "")
+            )
         return filter_shards(shards, wanted)
 
     @property

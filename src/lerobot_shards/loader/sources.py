@@ -107,6 +107,7 @@ class SourceInfo:
     stats: dict[str, Any]  # the source's meta/stats.json ({} when absent)
     source_info: dict[str, Any] = field(default_factory=dict)  # the source's meta/info.json
     episode_stats: pa.Table | None = None  # meta/episodes' stats/... columns (raw sources only)
+    skipped: dict[int, str] = field(default_factory=dict)  # episodes convert left out: episode -> reason
 
     @functools.cached_property
     def declared_sizes(self) -> dict[str, tuple[int, int] | None]:
@@ -312,6 +313,7 @@ class ShardSource:
             shards=[ShardSpec(s.index, s.episodes, self._episode_lengths(s)) for s in m.shards],
             stats=m.source_stats,
             source_info=m.source_info,
+            skipped=dict(m.skipped_episodes),
         )
 
     def _shard_path(self, name: str) -> str:
