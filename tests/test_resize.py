@@ -22,7 +22,7 @@ from lerobot_shards.convert.verify import verify_dataset
 from lerobot_shards.format import MANIFEST_NAME, SHARDS_DIR, ClipInfo, FormatError, FrameTransform, Manifest
 from lerobot_shards.lerobot_v3 import LeRobotV3Source
 from lerobot_shards.loader import EpisodePoolDataset
-from lerobot_shards.resize import parse_resize, parse_size, plan_transform
+from lerobot_shards.resize import parse_resize, parse_size, plan_transform, resized_features
 from lerobot_shards.synth import paint_identity, read_identity
 from lerobot_shards.video import decode_frames, encode_video, reencode_clip, transform_frame, transform_rgb
 
@@ -68,6 +68,25 @@ def test_geometry_of_the_three_modes() -> None:
     for t in (pad, crop, stretch, tall, plan_transform((481, 639), (84, 84), "crop")):
         assert all(v % 2 == 0 for v in (*t.crop, *t.scaled, *t.pad, *t.size)), t  # 4:2:0-exact
     assert FrameTransform.from_dict(json.loads(json.dumps(pad.to_dict()))) == pad
+
+
+def test_resized_features_place_the_size_where_the_shape_holds_it() -> None:
+    """Named axes, LeRobot's (height, width, channels), and an unnamed channels-first shape."""
+    features = {
+        "named": {"dtype": "video", "shape": [3, 480, 640], "names": ["channels", "height", "width"]},
+        "lerobot": {"dtype": "video", "shape": [480, 640, 3], "names": ["height", "width", "channels"]},
+        "bare_first": {"dtype": "video", "shape": [3, 480, 640]},
+        "bare_last": {"dtype": "video", "shape": [480, 640, 3]},
+    }
+    out = resized_features(features, {name: (224, 256) for name in features})
+    shapes = {name: out[name]["shape"] for name in features}
+    assert shapes == {
+        "named": [3, 224, 256],
+        "lerobot": [224, 256, 3],
+        "bare_first": [3, 224, 256],
+        "bare_last": [224, 256, 3],
+    }
+    assert features["bare_first"]["shape"] == [3, 480, 640]  # the input is left as it was
 
 
 def test_size_parsing_and_clear_errors() -> None:

@@ -130,12 +130,21 @@ def map_box(
     return pt + (top - ct) * ys, pl + (left - cl) * xs, pt + (bottom - ct) * ys, pl + (right - cl) * xs
 
 
+CHANNELS = (1, 3, 4)  # gray, RGB, RGBA
+
+
 def _size_axes(spec: Mapping[str, Any]) -> tuple[int, int] | None:
     """Where a camera feature's ``shape`` holds height and width: as its ``names`` place them, else
-    (height, width, channels) as LeRobot writes it; ``None`` for a shape of fewer than 3 sizes."""
+    (height, width, channels) as LeRobot writes it, or (channels, height, width) for an unnamed
+    shape whose first size alone is a channel count; ``None`` for a shape of fewer than 3 sizes."""
     shape, names = spec.get("shape") or [], spec.get("names") or []
     names = list(names) if isinstance(names, (list, tuple)) else []
-    at = (names.index("height"), names.index("width")) if {"height", "width"} <= set(names) else (0, 1)
+    if {"height", "width"} <= set(names):
+        at = (names.index("height"), names.index("width"))
+    elif isinstance(shape, (list, tuple)) and len(shape) == 3 and shape[0] in CHANNELS and shape[2] not in CHANNELS:
+        at = (1, 2)
+    else:
+        at = (0, 1)
     return at if isinstance(shape, (list, tuple)) and len(shape) >= 3 and max(at) < len(shape) else None
 
 
