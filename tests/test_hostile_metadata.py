@@ -131,6 +131,28 @@ def every(key: str, value: Any) -> Callable[[list[dict]], None]:
     return lambda rs: [put(r, **{key: value}) for r in rs] and None
 
 
+def fps_everywhere(fps: int) -> Callable[[dict], None]:
+    """info.json's fps and every camera's video.fps set alike (the files still play at 30)."""
+
+    def f(d: dict) -> None:
+        d["fps"] = fps
+        for spec in d["features"].values():
+            if spec["dtype"] == "video":
+                spec["info"]["video.fps"] = fps
+
+    return f
+
+
+def clip_moved(episode: int, frames: float) -> Callable[[list[dict]], None]:
+    """An episode's front-camera from/to_timestamp moved by a fraction of a frame (at 30 fps)."""
+
+    def f(rs: list[dict]) -> None:
+        for k in ("from_timestamp", "to_timestamp"):
+            rs[episode][f"videos/{CAMS[0]}/{k}"] += frames / 30
+
+    return f
+
+
 def length(n: Any) -> Callable[[list[dict]], None]:
     def f(rs: list[dict]) -> None:
         rs[0]["length"] = n
@@ -459,6 +481,7 @@ CONVERTED: list[tuple[str, Edit, str | None]] = [
 INFO = r"meta/info\.json: .*"
 EPS = r"meta/episodes/chunk-000/file-000\.parquet: episode 0: .*"
 DATA = r"data/chunk-000/file-000\.parquet: episode 0: .*"
+MP4RE = r"videos/observation\.images\.front/chunk-000/file-000\.mp4: "
 
 RAW: list[tuple[str, Edit, str | None]] = [
     ("fps 0", info(lambda d: put(d, fps=0)), INFO + "fps = 0 is not a frame rate"),
@@ -468,7 +491,18 @@ RAW: list[tuple[str, Edit, str | None]] = [
     ("fps 1e9", info(lambda d: put(d, fps=1e9)), INFO + r"fps = 1000000000\.0 is not a frame rate"),
     ("fps '30'", info(lambda d: put(d, fps="30")), INFO + "fps = '30' is not a frame rate"),
     ("fps true", info(lambda d: put(d, fps=True)), INFO + "fps = True is not a frame rate"),
-    ("fps x2", info(lambda d: put(d, fps=60)), r"episode \d camera observation\.images\.front .*cannot decode frame"),
+    (
+        "fps x2",
+        info(lambda d: put(d, fps=60)),
+        MP4RE + r"episode \d camera observation\.images\.front: the mp4 holds 15 frames over 0\.5000 s \(30 fps\), "
+        r"but meta/info\.json has fps = 60",
+    ),
+    (
+        "fps /2, video.fps too",  # the files play at 30: rows at 15 fps reach into the next episode's frames
+        info(fps_everywhere(15)),
+        MP4RE + r"episode 0 field videos/observation\.images\.front/from_timestamp = 0\.0000 s: its 8 rows "
+        r"\(field 'length'\) would take frames 0\.\.7 at meta/info\.json's fps 15, which overlap episode 1's frames",
+    ),
     ("features missing", info(lambda d: d.pop("features")), INFO + "missing field 'features'"),
     ("features a list", info(lambda d: put(d, features=[])), INFO + "features is not an object of feature specs"),
     ("feature dropped", info(lambda d: d["features"].pop(STATE)), HARMLESS),  # as LeRobot: the column is not read
@@ -543,7 +577,8 @@ RAW: list[tuple[str, Edit, str | None]] = [
     (
         "episodes: length 10^6",
         rows(EPISODES, length(10**6)),
-        r"episode 0 has length 1000000 in meta/episodes but the file holds 15 of its rows",
+        MP4RE
+        + r"episode 0 .* its 1000000 rows \(field 'length'\) would take frames 0\.\.999999 .* overlap episode 1's",
     ),
     ("episodes: length 0", rows(EPISODES, length(0)), EPS + "field 'length' = 0 is not an integer in"),
     ("episodes: length nan", rows(EPISODES, length(math.nan)), EPS + "field 'length' = nan is not an integer in"),
@@ -560,7 +595,7 @@ RAW: list[tuple[str, Edit, str | None]] = [
     (
         "episodes: length raised",
         rows(EPISODES, length(9)),
-        r"should belong to episode 0 but field 'episode_index' holds 1",
+        MP4RE + r"episode 0 .* its 9 rows \(field 'length'\) would take frames 0\.\.8 .* overlap episode 1's",
     ),
     ("episodes: length null", rows(EPISODES, first("length", None)), EPS + "missing field 'length'"),
     (
@@ -588,7 +623,19 @@ RAW: list[tuple[str, Edit, str | None]] = [
     (
         "episodes: from_timestamp 1e9",
         rows(EPISODES, first(f"videos/{CAMS[0]}/from_timestamp", 1e9)),
-        r"episode 0 camera observation\.images\.front .*cannot decode frame",
+        MP4RE + r"episode 0 field videos/observation\.images\.front/from_timestamp = 1000000000\.0000 s plus its 8 "
+        r"rows ends at .* outside the video",
+    ),
+    (  # off the frame grid by more than half a frame: its rows would take episode 1's first frame
+        "episodes: from_timestamp + 0.6 frame",
+        rows(EPISODES, clip_moved(0, 0.6)),
+        MP4RE + r"episode 0 field videos/observation\.images\.front/from_timestamp = 0\.0200 s: its 8 rows "
+        r"\(field 'length'\) would take frames 1\.\.8 .* overlap episode 1's frames",
+    ),
+    (  # within half a frame: the nearest frame is the episode's, as the converter reads it
+        "episodes: from_timestamp + 0.3 frame",
+        rows(EPISODES, clip_moved(1, 0.3)),
+        HARMLESS,
     ),
     (
         "episodes: video file 7",
@@ -673,7 +720,7 @@ RAW: list[tuple[str, Edit, str | None]] = [
     (
         "video: garbage",
         lambda r: (r / MP4).write_bytes(b"\0" * 1000),
-        r"episode 0 camera observation\.images\.front \(videos/.*\): cannot decode",
+        r"episode \d: .*" + MP4RE + r"not a readable mp4 with a video stream",
     ),
     (
         "video: missing",
@@ -753,3 +800,25 @@ def test_verify_reports_each_converted_case_without_raising(datasets: tuple[Path
             report.problems,
         )
         shutil.rmtree(root)
+
+
+def test_tasks_renamed_in_tasks_parquet_alone_convert_as_lerobot_reads_them(
+    datasets: tuple[Path, Path], tmp_path: Path, caplog
+) -> None:
+    """A typo fixed in meta/tasks.parquet only (meta/episodes' ``tasks`` still name the old strings):
+    LeRobot gives frames the strings at their task_index, and so do the raw loader and the conversion,
+    which says so once, verifies against its source and loads with the same tasks as the raw folder."""
+    raw = Path(shutil.copytree(datasets[0], tmp_path / "raw"))
+    rows("meta/tasks.parquet", lambda rs: [put(r, __index_level_0__=f"fixed {r['task_index']}") for r in rs] and None)(
+        raw
+    )
+    with caplog.at_level("WARNING", logger="lerobot_shards"):
+        convert_dataset(raw, tmp_path / "out", ConvertOptions(episodes_per_shard=2), progress=False)
+    assert any("3 of 3 episodes (first: episode 0) list tasks" in r.getMessage() for r in caplog.records)
+    report = verify_dataset(tmp_path / "out", raw)
+    assert report.ok, report.problems
+
+    def tasks(root: Path) -> set[tuple[int, str]]:
+        return {(int(s["task_index"]), s["task"]) for s in EpisodePoolDataset(str(root), seed=0)}
+
+    assert tasks(tmp_path / "out") == tasks(raw) == {(0, "fixed 0"), (1, "fixed 1")}

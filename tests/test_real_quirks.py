@@ -7,6 +7,7 @@ the loader checking theirs.
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 from pathlib import Path
@@ -114,3 +115,59 @@ def test_raw_subset_needs_only_its_episodes_files(synth_factory, tmp_path: Path)
         EpisodePoolDataset(str(root), episodes=[1, 2])
     with pytest.raises(SourceError, match=r"missing file"):
         EpisodePoolDataset(str(root))
+
+
+def test_an_fps_the_files_lack_fails_alike_in_converter_and_raw_loader(synth_factory, tmp_path: Path) -> None:
+    """info.json (and video.fps) say 60 while rows and mp4s are at 30: found by position at 60, episode 1's
+    rows would take frames of episode 2 of the same file. The converter and the raw loader refuse it with
+    one error naming the mp4, the episode and the camera, before any frame is cut or returned."""
+    root = Path(shutil.copytree(synth_factory(**SMALL, episodes_per_video_file=4), tmp_path / "src"))
+    info = json.loads((root / "meta/info.json").read_text())
+    info["fps"] = info["features"][CAM]["info"]["video.fps"] = 60
+    (root / "meta/info.json").write_text(json.dumps(info))
+    message = (
+        rf"{root}/videos/cam/chunk-000/file-000\.mp4: episode \d camera cam: the mp4 holds \d+ frames over .* s "
+        r"\(30 fps\), but meta/info\.json has fps = 60"
+    )
+    with pytest.raises(ConvertError, match=message):
+        convert_dataset(root, tmp_path / "out", progress=False)
+    with pytest.raises(SourceError, match=message):
+        _loads_right_frames(root)
+
+
+def _move_clip(root: Path, episode: int, frames: float) -> None:
+    """Move one episode's from_timestamp by a fraction of a frame (30 fps)."""
+    key = f"videos/{CAM}/from_timestamp"
+    edit_episodes(
+        root,
+        lambda t: set_column(
+            t, key, [v + (frames / 30 if i == episode else 0) for i, v in enumerate(t[key].to_pylist())]
+        ),
+    )
+
+
+def test_a_from_timestamp_off_the_grid_takes_the_nearest_frame_or_fails(synth_factory, tmp_path: Path) -> None:
+    """Off the frame grid by under half a frame, an episode starts at the nearest frame (converted and
+    read raw, the right one). By more, its rows reach into the next episode's frames (the raw loader
+    refuses the dataset when it opens it, with the converter's error) or past the video's end (refused
+    when the episode is read)."""
+    clean = synth_factory(**SMALL)  # two episodes per mp4
+    root = Path(shutil.copytree(clean, tmp_path / "near"))
+    _move_clip(root, 1, 0.45)
+    _convert_and_check(root, tmp_path / "out")
+    assert _loads_right_frames(root) >= 24
+    for name, episode, message in [
+        (
+            "into_next",
+            0,
+            r"episode 0 field videos/cam/from_timestamp = 0\.0200 s: its \d+ rows \(field 'length'\) would "
+            r"take frames 1\.\..* overlap episode 1's frames",
+        ),
+        ("past_end", 1, r"episode 1 field videos/cam/from_timestamp = .* rows ends at .* outside the video"),
+    ]:
+        root = Path(shutil.copytree(clean, tmp_path / name))
+        _move_clip(root, episode, 0.6)
+        with pytest.raises(ConvertError, match=message):
+            convert_dataset(root, tmp_path / f"out_{name}", progress=False)
+        with pytest.raises(SourceError, match=message):
+            _loads_right_frames(root)

@@ -8,6 +8,7 @@ names the file, episode and field at fault.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import functools
 import itertools
 import json
@@ -16,7 +17,7 @@ import math
 import os
 import posixpath
 import stat
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,6 +78,14 @@ class VideoRef:
     def first_frame(self, fps: float) -> int:
         """Index of the episode's first frame in the mp4 (files drift from k/fps by < 1 ms)."""
         return int(round(self.from_timestamp * fps))
+
+
+@dataclass(frozen=True)
+class VideoHeader:
+    """What a camera mp4's header says, read without decoding."""
+
+    duration: float  # seconds
+    frames: int  # 0 when the header does not count them
 
 
 @dataclass(frozen=True)
@@ -245,7 +254,7 @@ class LeRobotV3Source:
         self._by_index = {e.episode_index: e for e in self.episodes}
         self._file_sizes, self.missing_files = self._check_files(allow_missing_files)
         self._data_cache: tuple[str, pa.Table] | None = None
-        self._video_durations: dict[str, float] = {}
+        self._video_headers: dict[str, VideoHeader] = {}
 
     # -- metadata -------------------------------------------------------------------------------
 
@@ -543,6 +552,33 @@ class LeRobotV3Source:
                 )
         return rows
 
+    def episode_tasks(self, episode: EpisodeMeta | int, table: pa.Table) -> tuple[str, ...]:
+        """The tasks an episode's frames carry, as LeRobot gives them: meta/tasks.parquet's strings at
+        the rows' ``task_index`` (``table``: the episode's rows).
+
+        meta/episodes' ``tasks`` column says the same in a dataset LeRobot wrote, and its order is
+        kept then. LeRobot reads samples' tasks by ``task_index`` only, so a dataset whose column
+        went stale (tasks.parquet edited alone) still trains there: the rows' tasks win
+        (``stale_task_episodes`` lists such episodes from the metadata).
+        """
+        ep = self.episode(episode) if isinstance(episode, int) else episode
+        if "task_index" not in table.column_names or not table.num_rows:
+            return ep.tasks
+        where = f"{self._abs(ep.data_path)}: episode {ep.episode_index}"
+        used = np.unique(_int64s(table.column("task_index"), f"{where}: column 'task_index'"))
+        if used[0] < 0 or used[-1] >= len(self.tasks):
+            bad = int(used[0] if used[0] < 0 else used[-1])
+            raise SourceError(
+                f"{where}: task_index {bad} is not a task (meta/tasks.parquet has {len(self.tasks)} tasks)"
+            )
+        named = tuple(self.tasks[int(i)] for i in used)
+        return ep.tasks if set(ep.tasks) == set(named) and len(set(ep.tasks)) == len(ep.tasks) else named
+
+    def stale_task_episodes(self) -> list[int]:
+        """Episodes whose meta/episodes ``tasks`` name a task meta/tasks.parquet lacks (``episode_tasks``)."""
+        known = set(self.tasks)
+        return [e.episode_index for e in self.episodes if not set(e.tasks) <= known]
+
     def iter_episode_tables(self, episodes: Iterable[EpisodeMeta | int]) -> Iterator[tuple[EpisodeMeta, pa.Table]]:
         """Rows of many episodes; consecutive episodes of one data file read that file once."""
         for e in episodes:
@@ -551,51 +587,91 @@ class LeRobotV3Source:
 
     # -- video ----------------------------------------------------------------------------------
 
-    def video_duration(self, rel_path: str) -> float:
-        """Duration in seconds of a camera mp4, from its header (no decode)."""
-        if rel_path not in self._video_durations:
+    def video_header(self, rel_path: str, local_path: str | None = None) -> VideoHeader:
+        """Duration and frame count of a camera mp4, from its header (no decode); once per file.
+
+        ``local_path``: a copy of the file on local disk (a raw loader's cache) read instead of storage.
+        """
+        if rel_path not in self._video_headers:
             import av
 
             where = self._abs(rel_path)
             try:
-                with self.open(rel_path) as f, av.open(f) as container:
+                with contextlib.ExitStack() as stack:
+                    f = local_path if local_path is not None else stack.enter_context(self.open(rel_path))
+                    container = stack.enter_context(av.open(f))
                     stream = container.streams.video[0]
                     if stream.duration is not None:
                         duration = float(stream.duration * stream.time_base)
                     else:
                         duration = float(container.duration or 0) / av.time_base
+                    frames = int(stream.frames or 0)
             except (av.FFmpegError, IndexError) as e:
                 raise SourceError(f"{where}: not a readable mp4 with a video stream ({e})") from None
-            self._video_durations[rel_path] = duration
-        return self._video_durations[rel_path]
+            self._video_headers[rel_path] = VideoHeader(duration, frames)
+        return self._video_headers[rel_path]
 
-    def check_episode_videos(self, episode: EpisodeMeta | int) -> None:
-        """Raise unless the episode's rows fit its mp4s.
+    def check_episode_videos(self, episode: EpisodeMeta | int, local_paths: Mapping[str, str] | None = None) -> None:
+        """Raise unless the episode's rows fit its mp4s: the converter's check, and the raw loader's
+        when it admits an episode (``local_paths``: mp4s it already holds on local disk).
 
         The rows decide which frames an episode has: frames [first, first + length) of each camera
-        mp4 must lie inside the video and belong to no other episode of that file. ``to_timestamp``
-        is not trusted (real recordings have it a frame short of the rows while the mp4 holds every
-        frame, and LeRobot reads by the rows' timestamps); ``span_mismatches`` lists such episodes.
+        mp4, first = ``from_timestamp`` * fps rounded (real files drift from k/fps by fractions of a
+        frame), must lie inside the video and belong to no other episode of that file, and the mp4
+        must play at meta/info.json's fps (else every frame found by position is another one).
+        ``to_timestamp`` is not trusted (real recordings have it a frame short of the rows while the
+        mp4 holds every frame, and LeRobot reads by the rows' timestamps); ``span_mismatches`` lists
+        such episodes.
         """
         ep = self.episode(episode) if isinstance(episode, int) else episode
         slack = DURATION_SLACK_FRAMES / self.fps
         for cam, v in ep.videos.items():
             self._require_file(v.path, ep.episode_index)
-            duration = self.video_duration(v.path)
+            try:
+                header = self.video_header(v.path, (local_paths or {}).get(v.path))
+            except SourceError as e:  # the path names the camera
+                raise SourceError(f"episode {ep.episode_index}: {e}") from None
+            self._check_frame_rate(v.path, header, f"episode {ep.episode_index} camera {cam}")
             end = v.from_timestamp + ep.length / self.fps
-            if v.from_timestamp < -slack or end > duration + slack:
+            if v.from_timestamp < -slack or end > header.duration + slack:
                 raise SourceError(
                     f"{self._abs(v.path)}: episode {ep.episode_index} field videos/{cam}/from_timestamp = "
                     f"{v.from_timestamp:.4f} s plus its {ep.length} rows ends at {end:.4f} s, outside the video "
-                    f"(duration {duration:.4f} s): the mp4 lacks frames of this episode"
+                    f"(duration {header.duration:.4f} s): the mp4 lacks frames of this episode"
                 )
+        self.check_episode_frames(ep)
+
+    def _check_frame_rate(self, rel_path: str, header: VideoHeader, at: str) -> None:
+        """Raise unless the mp4's frames fill its duration at meta/info.json's fps (within half a frame
+        over the whole file, so that rounding ``from_timestamp`` * fps finds every episode's first frame)."""
+        if (
+            header.frames
+            and header.duration > 0
+            and abs(header.frames - header.duration * self.fps) > DURATION_SLACK_FRAMES
+        ):
+            raise SourceError(
+                f"{self._abs(rel_path)}: {at}: the mp4 holds {header.frames} frames over {header.duration:.4f} s "
+                f"({header.frames / header.duration:.4g} fps), but meta/info.json has fps = {self.info['fps']!r}: "
+                "frames found at that rate would be other frames"
+            )
+
+    def check_episode_frames(self, episode: EpisodeMeta | int) -> None:
+        """Raise unless, by its rows, the episode's frames in each camera mp4 overlap no other episode's.
+
+        Metadata only (no file is read): the raw loader checks its episodes when it opens the dataset.
+        A ``from_timestamp`` more than half a frame off the frame grid, or an fps that is not the
+        files', shows here as rows reaching into a neighbour's frames.
+        """
+        ep = self.episode(episode) if isinstance(episode, int) else episode
+        for cam, v in ep.videos.items():
             other = self._overlapping_episode(ep, cam)
             if other is not None:
                 first = v.first_frame(self.fps)
                 raise SourceError(
                     f"{self._abs(v.path)}: episode {ep.episode_index} field videos/{cam}/from_timestamp = "
-                    f"{v.from_timestamp:.4f} s: its {ep.length} rows would take frames {first}..{first + ep.length - 1}, "
-                    f"which overlap episode {other}'s frames in that file"
+                    f"{v.from_timestamp:.4f} s: its {ep.length} rows (field 'length') would take frames "
+                    f"{first}..{first + ep.length - 1} at meta/info.json's fps {self.fps:g}, which overlap episode "
+                    f"{other}'s frames in that file"
                 )
 
     @functools.cached_property

@@ -449,6 +449,7 @@ def convert_dataset(
             len(src.episodes),
             mismatched[0],
         )
+    _warn_stale_tasks(src)
     out = Destination(str(dest), storage_options=dest_options)
     record = run_record(_source_url(source), options, plan)
     clear = _check_claim(out, record, overwrite=run.overwrite)
@@ -461,6 +462,22 @@ def convert_dataset(
             return _convert_share(src, source_options, out, dest_options, plan, share, options, record, run)
     except DestinationBusy as e:
         raise ConvertError(str(e)) from None
+
+
+def _warn_stale_tasks(src: LeRobotV3Source) -> None:
+    """Say once when meta/episodes' ``tasks`` name tasks meta/tasks.parquet lacks (it was edited alone):
+    each episode is converted with the tasks its rows' task_index names there, as LeRobot reads them."""
+    stale = src.stale_task_episodes()
+    if stale:
+        log.warning(
+            "%d of %d episodes (first: episode %d) list tasks in %s/meta/episodes that %s/meta/tasks.parquet "
+            "lacks; converting the tasks their rows' task_index names in meta/tasks.parquet, as LeRobot reads them",
+            len(stale),
+            len(src.episodes),
+            stale[0],
+            src.url,
+            src.url,
+        )
 
 
 def _convert_share(

@@ -172,6 +172,7 @@ def episode_members(
     cameras = tuple(sorted(ep.videos))
     try:
         table = source.read_episode_table(ep)
+        tasks = source.episode_tasks(ep, table)
         source.check_episode_videos(ep)
     except SourceError as e:
         message = str(e) if f"episode {episode_index}" in str(e) else f"episode {episode_index}: {e}"
@@ -179,7 +180,7 @@ def episode_members(
     header = EpisodeHeader(
         episode_index=ep.episode_index,
         length=ep.length,
-        tasks=ep.tasks,
+        tasks=tasks,
         fps=source.fps,
         cameras=cameras,
         dataset_from_index=ep.dataset_from_index,

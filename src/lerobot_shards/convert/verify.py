@@ -297,9 +297,9 @@ class _Verifier:
                 check_episode_header(header, entry, self.manifest)
             except FormatError as e:
                 self.report.problem(f"{at}: {e}")
-            if self.source is not None:
-                self._header_against_source(at, header)
             table = pq.read_table(pa.BufferReader(payloads[table_member(entry.key)]))
+            if self.source is not None:
+                self._header_against_source(at, header, table)
             if table.num_rows != entry.length:
                 self.report.problem(
                     f"{at}: {table_member(entry.key)} has {table.num_rows} rows, expected {entry.length}"
@@ -357,14 +357,17 @@ class _Verifier:
         self.report.episodes += 1
         self.report.frames += entry.length
 
-    def _header_against_source(self, at: str, header: EpisodeHeader) -> None:
+    def _header_against_source(self, at: str, header: EpisodeHeader, table: pa.Table) -> None:
+        """The header's tasks are those the source gives the episode's rows (``episode_tasks``, as the
+        converter wrote them; the rows' ``task_index`` values are the converted table's)."""
         assert self.source is not None
         try:
             ep = self.source.episode(header.episode_index)
+            want = self.source.episode_tasks(ep, table)
         except (SourceError, KeyError):
-            return  # reported by the coverage check
-        if tuple(header.tasks) != tuple(ep.tasks):
-            self.report.problem(f"{at}: tasks {list(header.tasks)}, the source's {list(ep.tasks)}")
+            return  # reported by the coverage check, or a task_index by the table's check
+        if tuple(header.tasks) != tuple(want):
+            self.report.problem(f"{at}: tasks {list(header.tasks)}, the source's {list(want)}")
 
     def _sequential(self, at: str, entry: EpisodeEntry, cam: str, data: bytes, source_path: str | None) -> None:
         """Decode every frame of the clip in order with strict error detection; a stream-copied clip's

@@ -576,6 +576,7 @@ class RawSource:
             if missing:
                 listing = "; ".join(f"{p} (needed by episode {ep})" for p, ep in sorted(missing.items()))
                 raise SourceError(f"{self.url}: {len(missing)} missing file(s) for the chosen episodes: {listing}")
+        self._check_frames(episodes)
         plan = plan_shards(self.src.episode_sizes(), target_bytes=shard_bytes, episodes_per_shard=episodes_per_shard)
         self.info = SourceInfo(
             fps=self.src.fps,
@@ -598,6 +599,16 @@ class RawSource:
         self._lock = threading.Lock()  # episodes are released by the training thread
         self._opening: ThreadPoolExecutor | None = None
         self._next: int | None = None  # the virtual shard to prefetch after the next read
+
+    def _check_frames(self, episodes: Sequence[int] | None) -> None:
+        """Refuse, before any episode is read, an episode whose rows would take frames of another in a
+        camera mp4 (``LeRobotV3Source.check_episode_frames``, from metadata alone; an fps or a
+        from_timestamp that is not the files' shows this way). The checks that need the mp4s' headers
+        run as each episode is read (``read_episode``)."""
+        wanted = None if episodes is None else set(episodes)  # unknown ones are refused with the subset
+        for e in self.src.episodes:
+            if wanted is None or e.episode_index in wanted:
+                self.src.check_episode_frames(e)
 
     def io_stats(self) -> dict[str, int]:
         return self.counters.snapshot()
@@ -681,7 +692,9 @@ class RawSource:
     def read_episode(self, shard: int, episode_index: int) -> ResidentEpisode:
         """The episode's rows from its data file; clips point into the source mp4s (cached if possible).
 
-        A failed read names the file and episode, and lets go of the mp4s held for the episode.
+        Its rows must fit its mp4s as the converter requires (``check_episode_videos``: the files'
+        frame rate, the rows inside the video, no other episode's frames), else SourceError before any
+        frame is decoded. A failed read names the file and episode, and lets go of the mp4s held for it.
         """
         ep = self.src.episode(episode_index)
         held = self._hold_videos(episode_index)
@@ -690,6 +703,7 @@ class RawSource:
         try:
             local = self._local_videos(held, episode_index)
             with reading(where):
+                self.src.check_episode_videos(ep, local)  # an mp4's header, from storage without a cache
                 table = self.src.read_episode_table(ep)
             columns = checked_columns(table, self.info, episode_index, ep.length, where, SourceError)
         except BaseException:
