@@ -11,7 +11,7 @@ import av
 import pyarrow.parquet as pq
 import pytest
 
-from convert_helpers import edit_episodes, garble_frames, load, run_cli, set_column
+from convert_helpers import edit_episodes, garble_frames, load, output_files, run_cli, set_column
 from lerobot_shards.convert.plan import ConvertOptions
 from lerobot_shards.convert.run import ConvertError, convert_dataset
 from lerobot_shards.convert.verify import verify_dataset
@@ -167,3 +167,65 @@ def test_corrupt_packet_at_a_clip_boundary_fails_by_default(src: Path, tmp_path:
         ConvertError, match=r"file-001\.mp4: episode 2 camera observation\.images\.front: .*frame 28 does not decode"
     ):
         _convert(src, tmp_path)
+
+
+def _place(src: Path, tmp_path: Path, where: str) -> Path:
+    """An output location that is the source, lies inside it or holds it, directly or through a symlink."""
+    link = tmp_path / "link"
+    link.symlink_to(src, target_is_directory=True)
+    return {
+        "same": src,
+        "same, spelled with ..": src / "meta" / "..",
+        "inside": src / "out",
+        "holds": tmp_path,
+        "symlink to it": link,
+        "inside, through a symlink": link / "out",
+    }[where]
+
+
+@pytest.mark.parametrize(
+    "where",
+    ["same", "same, spelled with ..", "inside", "holds", "symlink to it", "inside, through a symlink"],
+)
+def test_output_overlapping_the_source_is_refused_even_with_overwrite(src: Path, tmp_path: Path, where: str) -> None:
+    """Converting into the source (or into a folder in it, or one holding it) would write manifest,
+    shards and convert.json among the user's files, and --overwrite would replace them: refused
+    before anything is written, whatever the flags."""
+    dest = _place(src, tmp_path, where)
+    before = output_files(tmp_path)
+    relation = {"inside": "lies inside", "inside, through a symlink": "lies inside", "holds": "holds"}.get(where, "is")
+    with pytest.raises(
+        ConvertError, match=rf"{re.escape(str(dest))}: {relation} the source dataset {re.escape(str(src))}"
+    ):
+        convert_dataset(src, dest, ConvertOptions(episodes_per_shard=2), overwrite=True, progress=False)
+    assert output_files(tmp_path) == before
+
+
+def test_cli_convert_into_the_source_does_not_suggest_overwrite(src: Path) -> None:
+    before = output_files(src)
+    for flags in ([], ["--overwrite"]):
+        result = run_cli("convert", src, src, "--no-progress", *flags)
+        assert result.returncode == 1, result.stderr
+        assert f"{src}: is the source dataset {src}" in result.stderr
+        assert "--overwrite" not in result.stderr and "nothing was written" in result.stderr
+    assert output_files(src) == before
+
+
+@pytest.mark.parametrize("n, dest", list(enumerate(["ds", "ds/", "ds/out", "ds/./out", "ds/x/..", "", "ds//out"])))
+def test_bucket_output_overlapping_a_bucket_source_is_refused(s3_server, small_synth: Path, n: int, dest: str) -> None:
+    fs = s3_server.filesystem()
+    bucket = f"overlap-{n}"
+    fs.mkdir(bucket)
+    fs.put(str(small_synth), f"{bucket}/ds", recursive=True)
+    before = sorted(fs.find(bucket))
+    with pytest.raises(ConvertError, match=r"the source dataset s3://overlap-\d+/ds; refusing"):
+        convert_dataset(
+            f"s3://{bucket}/ds",
+            f"s3://{bucket}/{dest}",
+            overwrite=True,
+            source_options=s3_server.storage_options,
+            dest_options=s3_server.storage_options,
+            progress=False,
+        )
+    fs.invalidate_cache()
+    assert sorted(fs.find(bucket)) == before

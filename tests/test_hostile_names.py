@@ -8,9 +8,11 @@ from __future__ import annotations
 import json
 import shutil
 import tarfile
+import unicodedata
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
 from convert_helpers import reseal, run_cli
@@ -25,6 +27,7 @@ from lerobot_shards.loader import EpisodePoolDataset
 from lerobot_shards.loader.cache import FileCache, IOCounters
 from lerobot_shards.loader.sources import ShardSource
 from lerobot_shards.names import UnsafeNameError, check_name, check_relpath, confined_join
+from lerobot_shards.synth import read_identity
 
 # name forms an attacker writes; "{outside}" is a directory next to the dataset holding a real shard
 ATTACKS = {
@@ -230,4 +233,83 @@ def test_camera_key_with_separator(raw_copy: Path) -> None:
     info["features"]["../evil"] = info["features"]["observation.images.front"]
     (raw_copy / "meta/info.json").write_text(json.dumps(info))
     with pytest.raises(SourceError, match=r"meta/info\.json: camera feature name = '\.\./evil'"):
+        LeRobotV3Source(raw_copy)
+
+
+# -- names that are not ASCII: written as they are, read back as they are ---------------------------
+
+NFC = "observation.images.caméra"
+NFD = unicodedata.normalize("NFD", NFC)  # the same word, other code points: another camera
+LONG_UTF8 = "observation.images." + "カメラ" * 12  # 127 bytes of UTF-8: over the ustar name field
+LONG_ASCII = "observation.images." + "c" * 100
+
+
+def _tar_names(out: Path) -> dict[str, int]:
+    """Every member's name and size as ``tarfile`` reads the shards (PAX records applied)."""
+    names = {}
+    for tar in sorted((out / SHARDS_DIR).glob("*.tar")):
+        with tarfile.open(tar) as t:
+            names.update({m.name: m.size for m in t.getmembers()})
+    return names
+
+
+@pytest.mark.parametrize(
+    "cameras", [(NFC,), (NFC, NFD), (LONG_UTF8,), (LONG_ASCII,)], ids=["nfc", "nfc+nfd", "long", "ascii"]
+)
+def test_non_ascii_and_long_camera_keys_convert_verify_and_load(synth_factory, tmp_path: Path, cameras) -> None:
+    """Camera keys become tar member names; the converter writes them exactly as the source spells
+    them (no Unicode normalization: NFC and NFD spellings are two cameras, as in the source), and
+    ``verify`` and the loader read the same names back."""
+    raw = synth_factory(num_episodes=2, length_range=(5, 6), cameras=cameras)
+    out = tmp_path / "out"
+    manifest = convert_dataset(raw, out, ConvertOptions(episodes_per_shard=2), progress=False)
+    assert sorted(manifest.cameras) == sorted(cameras)
+    sidecar = json.loads((out / SHARDS_DIR / "shard-000000.idx.json").read_text())
+    listed = {m["name"]: m["size"] for e in sidecar["episodes"] for m in e["members"]}
+    assert _tar_names(out) == listed
+    assert {f"e000000.{c}.mp4" for c in cameras} <= set(listed)
+    assert verify_dataset(out).ok
+    samples = list(EpisodePoolDataset(str(out), episode_pool_size=2))
+    assert len(samples) == manifest.total_frames
+    for s in samples:
+        for cam in cameras:
+            assert read_identity(s[cam]) == (int(s["episode_index"]), int(s["frame_index"]))
+
+
+def _rename_feature(root: Path, old: str, new: str) -> None:
+    """Rename a tabular feature throughout a LeRobot v3.0 dataset: info.json, stats.json, the data
+    files' columns and the episode metadata's ``stats/<name>/...`` columns."""
+    info = json.loads((root / "meta/info.json").read_text())
+    info["features"] = {new if k == old else k: v for k, v in info["features"].items()}
+    (root / "meta/info.json").write_text(json.dumps(info, ensure_ascii=False))
+    stats = json.loads((root / "meta/stats.json").read_text())
+    (root / "meta/stats.json").write_text(json.dumps({new if k == old else k: v for k, v in stats.items()}))
+    for path in [*root.glob("data/*/*.parquet"), *root.glob("meta/episodes/*/*.parquet")]:
+        table = pq.read_table(path)
+        names = [new if c == old else c.replace(f"stats/{old}/", f"stats/{new}/") for c in table.column_names]
+        pq.write_table(table.rename_columns(names), path)
+
+
+def test_non_ascii_feature_name_round_trips(synth_factory, tmp_path: Path) -> None:
+    raw = tmp_path / "raw"
+    shutil.copytree(synth_factory(num_episodes=2, length_range=(5, 6), cameras=(NFC,)), raw)
+    _rename_feature(raw, "observation.state", "observation.état")
+    out = tmp_path / "out"
+    convert_dataset(raw, out, ConvertOptions(episodes_per_shard=2), progress=False)
+    assert verify_dataset(out, raw).ok
+    expected = {
+        (int(s["episode_index"]), int(s["frame_index"])): s["observation.état"] for s in EpisodePoolDataset(str(raw))
+    }
+    samples = list(EpisodePoolDataset(str(out), episode_pool_size=2))
+    assert len(samples) == len(expected)
+    for s in samples:
+        assert s["observation.état"].tolist() == expected[int(s["episode_index"]), int(s["frame_index"])].tolist()
+
+
+def test_camera_key_that_is_no_text_is_refused(raw_copy: Path) -> None:
+    """A lone surrogate (JSON ``"\\ud800"``) cannot be written as a UTF-8 tar member name."""
+    info = json.loads((raw_copy / "meta/info.json").read_text())
+    info["features"]["observation.images.\ud800"] = info["features"]["observation.images.front"]
+    (raw_copy / "meta/info.json").write_text(json.dumps(info))
+    with pytest.raises(SourceError, match=r"camera feature name = .* is not valid Unicode text"):
         LeRobotV3Source(raw_copy)

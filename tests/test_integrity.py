@@ -8,6 +8,7 @@ import hashlib
 import json
 import logging
 import shutil
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -29,6 +30,7 @@ from lerobot_shards.loader import EpisodePoolDataset
 from lerobot_shards.loader.decode import DecodeError
 from lerobot_shards.loader.integrity import IntegrityError
 from lerobot_shards.synth import read_identity
+from lerobot_shards.tar_headers import TarHeaderError, member_header
 
 CAM = "observation.images.front"
 LENGTHS = {0: 8, 1: 7, 2: 7}  # what synth_factory's seed gives; checked in the fixture
@@ -308,3 +310,154 @@ def test_a_sidecar_cannot_opt_out_of_checksums(converted: Path, tmp_path: Path) 
     reseal(out)
     with pytest.raises(FormatError, match=r"shard-000000\.idx\.json: format_version 1, but the manifest's is 3"):
         _samples(str(out))
+
+
+# -- tar headers: the member's real name is its PAX path record ------------------------------------
+
+ACCENTED = "observation.images.caméra"  # not ASCII: the ustar name field holds "cam?ra"
+
+
+@pytest.mark.parametrize(
+    "name, size",
+    [
+        ("e000000.json", 5),
+        (f"e000000.{ACCENTED}.mp4", 5),
+        ("e000000." + "x" * 120 + ".mp4", 5),  # ASCII over the ustar field's 100 bytes
+        ("e000000.observation.images." + "カメラ" * 12 + ".mp4", 5),  # 100+ bytes of UTF-8
+        ("e000000." + "é" * 400 + ".mp4", 5),  # PAX records over one 512-byte block
+        ("e000000.big.mp4", 10**10),  # over the ustar size field's 8 GiB: a PAX size record
+    ],
+)
+def test_member_header_reads_the_name_and_size_tarfile_writes(name: str, size: int) -> None:
+    info = tarfile.TarInfo(name)
+    info.size = size
+    assert member_header(info.tobuf(tarfile.PAX_FORMAT, tarfile.ENCODING, "surrogateescape")) == (name, size)
+
+
+def _pax_block(path: bytes) -> bytes:
+    """A PAX header (block and records) holding one ``path`` record, as bytes a writer could put."""
+    record = b" path=" + path + b"\n"
+    n = len(record) + len(str(len(record)))
+    record = str(n + (len(str(n)) > len(str(len(record))))).encode() + record
+    header = tarfile.TarInfo("././@PaxHeader")
+    header.type, header.size = tarfile.XHDTYPE, len(record)
+    return header.tobuf(tarfile.USTAR_FORMAT) + record + tarfile.NUL * (-len(record) % 512)
+
+
+def _ustar(name: str, size: int = 5, kind: bytes = tarfile.REGTYPE) -> bytes:
+    info = tarfile.TarInfo(name)
+    info.size, info.type = size, kind
+    return info.tobuf(tarfile.USTAR_FORMAT, "ascii", "replace")
+
+
+@pytest.mark.parametrize(
+    "headers, message",
+    [
+        (b"", "0 bytes of tar headers"),
+        (_ustar("e.json")[:300], "300 bytes of tar headers"),
+        (b"\x00" * 512, "its ustar header is not a tar header"),
+        (_ustar("e.json")[:148] + b"0000000\x00" + _ustar("e.json")[156:], "not a tar header .*checksum"),
+        (_ustar("e", kind=tarfile.SYMTYPE), "type b'2', not a regular file"),
+        (_ustar("e") + _ustar("e"), "type b'0', not a PAX header"),
+        (_pax_block(b"e.mp4")[:512] + _ustar("e"), r"says 14 bytes of records, but 0 bytes lie between"),
+        (_pax_block(b"e.mp4") + b"\x00" * 512 + _ustar("e"), r"says 14 bytes of records, but 1024 bytes lie"),
+        (_pax_block(b"e.mp4").replace(b"14 path", b"15 path") + _ustar("e"), "record at byte 0 .* does not parse"),
+        (_pax_block(b"e.mp4").replace(b"14 path", b"x4 path") + _ustar("e"), "record at byte 0 .* does not parse"),
+        (
+            _pax_block(b"e.mp4").replace(b"path=e.mp4\n", b"path=e.mp4 ") + _ustar("e"),
+            "record at byte 0 .* does not parse",
+        ),
+        (_pax_block(b"cam\xff\xfe.mp4") + _ustar("e"), r"path record b'cam\\xff\\xfe\.mp4' is not UTF-8"),
+    ],
+)
+def test_member_header_refuses_damaged_or_foreign_headers(headers: bytes, message: str) -> None:
+    with pytest.raises(TarHeaderError, match=message):
+        member_header(headers)
+
+
+@pytest.fixture(scope="module")
+def accented(tmp_path_factory, synth_factory) -> Path:
+    raw = synth_factory(num_episodes=2, length_range=(5, 6), cameras=(ACCENTED,))
+    out = tmp_path_factory.mktemp("accented") / "out"
+    convert_dataset(raw, out, ConvertOptions(episodes_per_shard=2), progress=False)
+    return out
+
+
+def test_non_ascii_camera_loads_and_verifies(accented: Path) -> None:
+    """The hostile tester's case: convert and verify said OK, the loader refused every episode."""
+    samples = list(EpisodePoolDataset(str(accented), episode_pool_size=2))
+    assert len(samples) == sum(e.length for e in _sidecar(accented, 0).episodes)
+    for s in samples:
+        assert read_identity(s[ACCENTED]) == (int(s["episode_index"]), int(s["frame_index"]))
+    assert verify_dataset(accented).ok
+
+
+def _clip_headers(out: Path, episode: int) -> tuple[Path, int, bytes]:
+    """(tar, offset of the PAX header, PAX header + ustar header) of an episode's camera member."""
+    m = _sidecar(out, 0).episodes[episode].members[clip_member(f"e{episode:06d}", ACCENTED)]
+    tar = out / SHARDS_DIR / "shard-000000.tar"
+    start = m.offset - 3 * 512
+    return tar, start, tar.read_bytes()[start : m.offset]
+
+
+def _replace_headers(out: Path, episode: int, edit) -> str:
+    """Edit the camera member's headers of ``episode`` in place (same length: no offset moves), make
+    the shard's size and sha256 agree again, and return the member's name."""
+    tar, start, headers = _clip_headers(out, episode)
+    assert headers[156:157] == tarfile.XHDTYPE and f"path=e{episode:06d}.{ACCENTED}".encode() in headers
+    new = edit(headers)
+    assert len(new) == len(headers)
+    data = bytearray(tar.read_bytes())
+    data[start : start + len(new)] = new
+    tar.write_bytes(bytes(data))
+    _rewrite_shard_sums(out, 0, {})
+    return clip_member(f"e{episode:06d}", ACCENTED)
+
+
+def _gnu_long_name(headers: bytes) -> bytes:
+    """The same name as a GNU long-name header instead of a PAX one: ``tarfile`` reads it, the loader
+    (which only reads what the converter writes) does not."""
+    name = headers[512 : 512 + 1024].split(b"path=", 1)[1].split(b"\n", 1)[0]
+    long = tarfile.TarInfo("././@LongLink")
+    long.type, long.size = tarfile.GNUTYPE_LONGNAME, len(name) + 1
+    return long.tobuf(tarfile.GNU_FORMAT) + (name + b"\x00").ljust(512, b"\x00") + headers[-512:]
+
+
+HEADER_EDITS = {
+    "PAX path names another member": (
+        lambda h: h.replace("caméra.mp4".encode(), "camérb.mp4".encode()),
+        r"where the tar holds e000001\.observation\.images\.camérb\.mp4",
+    ),
+    "PAX record length wrong": (lambda h: h.replace(b"47 path", b"48 path"), "PAX header's record at byte 0"),
+    "PAX path not UTF-8": (lambda h: h.replace("é".encode(), b"\xff\xfe"), "PAX path record .* is not UTF-8"),
+    "GNU long name": (_gnu_long_name, "type b'L', not a PAX header"),
+}
+
+
+@pytest.mark.parametrize("edit", sorted(HEADER_EDITS))
+def test_tar_headers_that_lie_or_do_not_parse_are_integrity_errors(accented: Path, tmp_path: Path, edit: str) -> None:
+    """Headers edited with the shard's sha256 made to agree and the member's data untouched (its
+    checksum still matches): the loader refuses the episode naming shard, episode and member,
+    ``on_error="skip"`` drops just that episode, and ``verify`` reports it too."""
+    out = _copy(accented, tmp_path)
+    change, message = HEADER_EDITS[edit]
+    name = _replace_headers(out, 1, change)
+    with pytest.raises(IntegrityError, match=rf"shards/shard-000000\.tar: episode 1: .*{message}"):
+        list(EpisodePoolDataset(str(out), episode_pool_size=2))
+    skipped = list(EpisodePoolDataset(str(out), episode_pool_size=2, on_error="skip"))
+    assert {int(s["episode_index"]) for s in skipped} == {0}
+    report = verify_dataset(out)
+    assert not report.ok and any(name in p or "not a readable tar" in p for p in report.problems), str(report)
+
+
+def test_verify_reads_member_headers_as_the_loader_does(accented: Path, tmp_path: Path) -> None:
+    """A GNU long-name header is a tar that ``tarfile`` reads without complaint, but not one the
+    loader reads: ``verify`` says so instead of OK."""
+    out = _copy(accented, tmp_path)
+    name = _replace_headers(out, 1, _gnu_long_name)
+    report = verify_dataset(out)
+    at = _sidecar(out, 0).episodes[1].members[name].offset
+    assert report.problems == [
+        f"{out}/shards/shard-000000.tar: member {name} at byte {at}: the header in front of its ustar header "
+        "is of type b'L', not a PAX header"
+    ]

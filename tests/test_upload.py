@@ -293,3 +293,16 @@ def test_a_shard_that_is_no_file_of_the_conversion_is_not_sent(
     fs.invalidate_cache()
     remote = sorted(p.rsplit("/", 1)[1] for p in fs.find(bucket))
     assert "shard-000001.tar" not in remote and "manifest.json" not in remote, remote
+
+
+@pytest.mark.parametrize("where", ["same", "inside", "holds", "file URL"])
+def test_upload_into_the_conversion_itself_is_refused(converted: Path, tmp_path: Path, where: str) -> None:
+    """Uploading a conversion into itself, a folder inside it or one holding it would write into
+    (with --overwrite, clear) the files being sent: refused before anything is written."""
+    out = Path(shutil.copytree(converted, tmp_path / "converted"))
+    dest = {"same": str(out), "inside": str(out / "up"), "holds": str(tmp_path), "file URL": f"file://{out}"}[where]
+    before = output_files(tmp_path)
+    relation = {"inside": "lies inside", "holds": "holds"}.get(where, "is")
+    with pytest.raises(UploadError, match=rf"{re.escape(dest)}: {relation} the conversion {re.escape(str(out))}"):
+        upload_dataset(out, dest, overwrite=True, progress=False)
+    assert output_files(tmp_path) == before

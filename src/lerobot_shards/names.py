@@ -31,6 +31,10 @@ def _problem_with_name(value: object) -> str | None:
         return "contains a path separator"
     if value in (".", ".."):
         return "is a directory reference"
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:  # JSON's "\\ud800", or bytes a reader could not decode: not a name as text
+        return "is not valid Unicode text (a lone surrogate, or bytes that are not UTF-8)"
     return None
 
 

@@ -84,6 +84,60 @@ class DestinationBusy(LeRobotShardsError, RuntimeError):
     """Another conversion is writing the same shards into this destination."""
 
 
+def _protocols(fs: Any) -> frozenset[str]:
+    """The names a file system answers to (s3fs: ``s3``, ``s3a``; local: ``file``, ``local``)."""
+    return frozenset((fs.protocol,) if isinstance(fs.protocol, str) else fs.protocol)
+
+
+def _ancestors(path: str) -> Iterator[str]:
+    """``path`` and every folder above it, up to the file system root."""
+    while True:
+        yield path
+        parent = os.path.dirname(path)
+        if parent == path:
+            return
+        path = parent
+
+
+def _local_inside(path: str, root: str) -> bool:
+    """Whether the local ``path`` is ``root`` or lies under it: both resolved (symlinks followed), or
+    a folder on ``path``'s way is ``root`` itself (the same folder reached another way: a bind mount)."""
+    real, base = os.path.realpath(path), os.path.realpath(root)
+    if os.path.commonpath([real, base]) == base:
+        return True
+    if not os.path.isdir(base):
+        return False
+    return any(os.path.isdir(p) and os.path.samefile(p, base) for p in _ancestors(real))
+
+
+def _remote_inside(path: str, root: str) -> bool:
+    """Whether the object-store prefix ``path`` is ``root`` or lies under it, literally or once ``.``,
+    ``..`` and doubled slashes are normalized (whichever a store applies, both are caught)."""
+    for p, r in ((path.strip("/"), root.strip("/")), (_normal(path), _normal(root))):
+        if p == r or r in ("", ".") or p.startswith(r + "/"):
+            return True
+    return False
+
+
+def _normal(path: str) -> str:
+    return posixpath.normpath("/" + path.strip("/")).strip("/")
+
+
+def overlap(fs_a: Any, root_a: str, fs_b: Any, root_b: str) -> str | None:
+    """How location a relates to location b when they overlap: ``"is"``, ``"lies inside"`` or
+    ``"holds"``; None when writing to one cannot touch the other. Local paths are resolved
+    (symlinks, ``..``); URLs compare by protocol and normalized path (different endpoints with the
+    same bucket count as the same place: a refusal, never a write into the source)."""
+    local_a, local_b = "file" in _protocols(fs_a), "file" in _protocols(fs_b)
+    if local_a != local_b or not (local_a or _protocols(fs_a) & _protocols(fs_b)):
+        return None
+    inside = _local_inside if local_a else _remote_inside
+    a_in_b, b_in_a = inside(root_a, root_b), inside(root_b, root_a)
+    if a_in_b and b_in_a:
+        return "is"
+    return "lies inside" if a_in_b else "holds" if b_in_a else None
+
+
 def tmp_name(final: str) -> str:
     """A temporary name next to ``final`` that no other process or call uses."""
     return f"{final}.{os.getpid()}-{secrets.token_hex(4)}{TMP_SUFFIX}"

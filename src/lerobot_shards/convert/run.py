@@ -45,7 +45,7 @@ from ..lerobot_v3 import LeRobotV3Source
 from ..redaction import quiet_storage_loggers, without_credentials
 from ..resize import resized_features
 from ..shard_plan import PlannedShard
-from .destination import LOCK_NAME, RUN_RECORD, Destination, DestinationBusy
+from .destination import LOCK_NAME, RUN_RECORD, Destination, DestinationBusy, overlap
 from .plan import DEFAULT_RUN, ConvertOptions, RunOptions, make_plan, plan_digest, task_share
 from .shard_status import shard_status
 from .shard_writer import EpisodeCallback, build_shard
@@ -451,6 +451,7 @@ def convert_dataset(
         )
     _warn_stale_tasks(src)
     out = Destination(str(dest), storage_options=dest_options)
+    _refuse_source_as_output(src, out)
     record = run_record(_source_url(source), options, plan)
     clear = _check_claim(out, record, overwrite=run.overwrite)
     if run.finalize_only:
@@ -475,8 +476,20 @@ def _warn_stale_tasks(src: LeRobotV3Source) -> None:
             len(stale),
             len(src.episodes),
             stale[0],
-            src.url,
-            src.url,
+            without_credentials(src.url),
+            without_credentials(src.url),
+        )
+
+
+def _refuse_source_as_output(src: LeRobotV3Source, out: Destination) -> None:
+    """Refuse a destination that is the source, lies inside it or holds it, before anything is
+    written: shards, manifest and ``convert.json`` would be written into the user's dataset (and
+    with ``--overwrite`` its files replaced), so no flag allows it."""
+    relation = overlap(out.fs, out.root, src.fs, src.root)
+    if relation is not None:
+        raise ConvertError(
+            f"{without_credentials(out.url)}: {relation} the source dataset {without_credentials(src.url)}; "
+            "refusing to write the conversion there (nothing was written): choose a destination outside the source"
         )
 
 

@@ -44,8 +44,9 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 from ..exceptions import LeRobotShardsError
 from ..format import MANIFEST_NAME, MAX_MANIFEST_BYTES, SHARDS_DIR, FormatError, Manifest
+from ..redaction import without_credentials
 from ..safe_io import check_local_file, read_sidecar, read_small
-from .destination import HASH_CHUNK, RUN_RECORD, Destination, DestinationBusy
+from .destination import HASH_CHUNK, RUN_RECORD, Destination, DestinationBusy, overlap
 from .run import claim
 
 log = logging.getLogger(__name__)
@@ -205,6 +206,7 @@ def upload_dataset(
     shards = local_shards(out, manifest)
 
     dest = Destination(url, storage_options=storage_options)
+    _refuse_upload_into_itself(out, dest)
     try:
         with dest.lock(None):  # a local destination: no convert or upload writes there meanwhile
             return _upload(
@@ -212,6 +214,17 @@ def upload_dataset(
             )
     except DestinationBusy as e:
         raise UploadError(str(e)) from None
+
+
+def _refuse_upload_into_itself(out: Path, dest: Destination) -> None:
+    """Refuse a destination that is the conversion, lies inside it or holds it: the upload would
+    write into (or with ``--overwrite`` clear) the very files it sends."""
+    relation = overlap(dest.fs, dest.root, LocalFileSystem(), str(out.absolute()))
+    if relation is not None:
+        raise UploadError(
+            f"{without_credentials(dest.url)}: {relation} the conversion {out} being uploaded; refusing to "
+            "upload there (nothing was written): choose a destination outside it"
+        )
 
 
 def _upload(

@@ -48,6 +48,7 @@ from ..format import (
 from ..lerobot_v3 import LeRobotV3Source, SourceError
 from ..names import UnsafeNameError, check_name
 from ..safe_io import check_local_file
+from ..tar_headers import TarHeaderError, member_header
 from ..timeouts import open_bounded
 from ..video import ClipError, decode_frames, decoded_frames, probe_clip, transform_rgb
 from .destination import Destination
@@ -111,20 +112,42 @@ class VerifyReport:
 
 
 class _HashingReader:
-    """Read-through wrapper: hashes every byte the tar parser reads, then the rest."""
+    """Read-through wrapper: hashes every byte the tar parser reads, then the rest.
+
+    It also keeps the raw bytes from ``keep_from`` on, so that each member's tar headers can be
+    parsed again the way the loader parses them (``tar_headers.member_header``) without holding
+    the members' data twice."""
 
     def __init__(self, raw: Any) -> None:
         self.raw = raw
         self.sha = hashlib.sha256()
         self.size = 0
+        self._kept = bytearray()  # raw bytes from max(_kept_from, ...) up to size
+        self._kept_from = 0
 
     def read(self, n: int = -1) -> bytes:
         data = self.raw.read(n)
         self.sha.update(data)
+        skip = max(0, self._kept_from - self.size)
+        if skip < len(data):
+            self._kept += data[skip:]
         self.size += len(data)
         return data
 
+    def raw_bytes(self, start: int, end: int) -> bytes:
+        """Bytes ``start..end`` of the tar as read (shorter when some were dropped or not yet read)."""
+        if start < self._kept_from:
+            return b""
+        return bytes(self._kept[start - self._kept_from : end - self._kept_from])
+
+    def keep_from(self, position: int) -> None:
+        """Drop the kept bytes before ``position``, and keep none read before it from now on."""
+        if position > self._kept_from:
+            del self._kept[: position - self._kept_from]
+            self._kept_from = position
+
     def finish(self) -> None:
+        self.keep_from(1 << 62)  # nothing more is parsed
         while self.read(8 * 1024 * 1024):
             pass
 
@@ -213,11 +236,14 @@ class _Verifier:
                 reader = _HashingReader(raw)
                 with tarfile.open(fileobj=reader, mode="r|") as tar:  # type: ignore[call-overload]
                     for info in tar:
+                        headers = reader.raw_bytes(info.offset, info.offset_data)
+                        reader.keep_from(info.offset_data + info.size)  # the data is read through tarfile
                         try:
                             check_name(info.name, f"{where}: tar member name")
                         except UnsafeNameError as e:
                             self.report.problem(str(e))
                             continue
+                        self._loader_header(where, info, headers)
                         key = info.name.split(".", 1)[0]  # the WebDataset key
                         offsets[info.name] = (info.offset_data, info.size)
                         data = tar.extractfile(info).read() if info.isfile() else b""
@@ -259,6 +285,20 @@ class _Verifier:
         self.report.bytes += reader.size
         keys = {name.split(".", 1)[0] for name in offsets}
         return [e.episode_index for e in sidecar.episodes if e.key in keys]
+
+    def _loader_header(self, where: str, info: tarfile.TarInfo, headers: bytes) -> None:
+        """The member's tar headers read as the loader reads them (``tar_headers.member_header``)
+        give the name and size ``tarfile`` read: a header the loader would refuse is a problem here."""
+        try:
+            got = member_header(headers)
+        except TarHeaderError as e:
+            self.report.problem(f"{where}: member {info.name} at byte {info.offset_data}: {e}")
+            return
+        if got != (info.name, info.size):
+            self.report.problem(
+                f"{where}: member {info.name} ({info.size} bytes) at byte {info.offset_data} reads as "
+                f"{got[0]} ({got[1]} bytes) to the loader"
+            )
 
     def _against_source(self, where: str, sidecar: Sidecar) -> None:
         """With a source: each episode's length and the clips' first frames are the source's."""

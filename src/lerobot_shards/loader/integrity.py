@@ -10,10 +10,9 @@ when the user chose ``on_error="skip"``).
 
 from __future__ import annotations
 
-import tarfile
-
 from .. import format as fmt
 from ..exceptions import LeRobotShardsError
+from ..tar_headers import TarHeaderError, header_start, member_header
 
 
 class IntegrityError(LeRobotShardsError, ValueError):
@@ -22,36 +21,38 @@ class IntegrityError(LeRobotShardsError, ValueError):
 
 def check_episode_bytes(entry: fmt.EpisodeEntry, blob: bytes, start: int, where: str) -> None:
     """Raise unless every member of ``entry`` in ``blob`` (the bytes from offset ``start``) matches
-    its checksum, and every member whose tar header lies in ``blob`` (all but the first) is the one
-    that header names. Format 1 members carry no checksum and only get the header check.
+    its checksum, and every member whose tar headers lie in ``blob`` (all but the first) is the one
+    those headers name. Format 1 members carry no checksum and only get the header check.
 
-    The header check costs one 512-byte parse per member; it catches a sidecar that points a
-    camera at another camera's clip with matching checksums (two members' names swapped), which
-    the checksums alone cannot, since they travel with the names."""
+    The header check parses the few blocks between one member's end and the next one's data;
+    it catches a sidecar that points a camera at another camera's clip with matching checksums
+    (two members' names swapped), which the checksums alone cannot, since they travel with the
+    names. Members are taken in tar order, so each one's headers start where the previous ends."""
+    previous_end: int | None = None
     with memoryview(blob) as view:
-        for name, m in entry.members.items():
+        for m in sorted(entry.members.values(), key=lambda m: m.offset):
             at = m.offset - start
             if m.xxh3_128 is not None:
                 got = fmt.member_checksum(view[at : at + m.size])
                 if got != m.xxh3_128:
                     raise IntegrityError(
-                        f"{where}: member {name} (bytes {m.offset}..{m.offset + m.size}) has checksum {got}, "
+                        f"{where}: member {m.name} (bytes {m.offset}..{m.offset + m.size}) has checksum {got}, "
                         f"the sidecar says {m.xxh3_128}"
                     )
-            if at >= tarfile.BLOCKSIZE:
-                _check_tar_header(bytes(view[at - tarfile.BLOCKSIZE : at]), name, m.size, m.offset, where)
+            if previous_end is not None:
+                _check_tar_headers(view[header_start(previous_end) - start : at], m, where)
+            previous_end = m.offset + m.size
 
 
-def _check_tar_header(block: bytes, name: str, size: int, offset: int, where: str) -> None:
-    """The tar header just before a member's bytes names that member (its first 100 bytes: a longer
-    name sits in a PAX record before it) with that size."""
+def _check_tar_headers(headers: memoryview, m: fmt.Member, where: str) -> None:
+    """The tar headers in front of a member's bytes (the PAX ``path`` record, where there is one,
+    names it) give that member's name and size."""
     try:
-        info = tarfile.TarInfo.frombuf(block, "utf-8", "surrogateescape")
-    except tarfile.HeaderError as e:
-        raise IntegrityError(f"{where}: member {name} at byte {offset} has no tar header before it ({e})") from None
-    want = name.encode("utf-8", "surrogateescape")[: tarfile.LENGTH_NAME].decode("utf-8", "surrogateescape")
-    if info.name != want or info.size != size:
+        name, size = member_header(headers)
+    except TarHeaderError as e:
+        raise IntegrityError(f"{where}: member {m.name} at byte {m.offset}: {e}") from None
+    if name != m.name or size != m.size:
         raise IntegrityError(
-            f"{where}: the sidecar puts member {name} ({size} bytes) at byte {offset}, where the tar holds "
-            f"{info.name} ({info.size} bytes)"
+            f"{where}: the sidecar puts member {m.name} ({m.size} bytes) at byte {m.offset}, where the tar holds "
+            f"{name} ({size} bytes)"
         )
