@@ -14,6 +14,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
+from lerobot_shards.lerobot_v3 import SourceError
 from lerobot_shards.loader import DeviceFeeder, EpisodePoolDataset
 from lerobot_shards.synth import read_identity, synth_dataset
 
@@ -127,7 +128,8 @@ def test_loader_errors_are_raised_in_the_loop(raw: Path, tmp_path: Path) -> None
     shutil.copytree(raw, broken)
     (broken / "videos" / CAM / "chunk-000" / "file-002.mp4").write_bytes(b"not an mp4")
     feeder = DeviceFeeder(_loader(broken, torch.uint8), "cpu")
-    with pytest.raises(RuntimeError, match=r"DataLoader worker(.|\n)*file-002\.mp4"):
+    # the worker's own error, raised in the loop: the episode's mp4 is refused as it is read (SourceError)
+    with pytest.raises(SourceError, match=r"DataLoader worker(.|\n)*episode 2: .*file-002\.mp4: not a readable mp4"):
         for _ in feeder:
             pass
     assert not _feeder_threads()
