@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+import threading
 from pathlib import Path
 
 import pytest
@@ -171,3 +172,23 @@ def test_a_from_timestamp_off_the_grid_takes_the_nearest_frame_or_fails(synth_fa
             convert_dataset(root, tmp_path / f"out_{name}", progress=False)
         with pytest.raises(SourceError, match=message):
             _loads_right_frames(root)
+
+
+def test_a_raw_episodes_mp4_headers_are_read_together_from_a_bucket(fixture_root: Path, s3_server, monkeypatch) -> None:
+    """Admitting an episode checks its rows against each camera mp4's header; from a bucket each
+    header costs round trips, so the cameras' headers are read at once, not one after another."""
+    fs = s3_server.filesystem()
+    fs.mkdir("raw-headers")
+    fs.put(str(fixture_root), "raw-headers/", recursive=True)
+    meet = threading.Barrier(2, timeout=30)
+    header = LeRobotV3Source.video_header
+
+    def together(self, rel_path, local_path=None):
+        if rel_path not in self._video_headers:
+            meet.wait()  # BrokenBarrierError after 30 s alone
+        return header(self, rel_path, local_path)
+
+    monkeypatch.setattr(LeRobotV3Source, "video_header", together)
+    ds = EpisodePoolDataset(f"s3://raw-headers/{fixture_root.name}", storage_options=s3_server.storage_options)
+    sample = next(iter(ds))
+    assert sample["observation.images.front"].shape[0] == 3 and sample["observation.images.top"].shape[0] == 3

@@ -18,6 +18,7 @@ import os
 import posixpath
 import stat
 from collections.abc import Iterable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -625,6 +626,7 @@ class LeRobotV3Source:
         """
         ep = self.episode(episode) if isinstance(episode, int) else episode
         slack = DURATION_SLACK_FRAMES / self.fps
+        self._read_headers([v.path for v in ep.videos.values()], local_paths or {})
         for cam, v in ep.videos.items():
             self._require_file(v.path, ep.episode_index)
             try:
@@ -640,6 +642,21 @@ class LeRobotV3Source:
                     f"(duration {header.duration:.4f} s): the mp4 lacks frames of this episode"
                 )
         self.check_episode_frames(ep)
+
+    def _read_headers(self, paths: list[str], local_paths: Mapping[str, str]) -> None:
+        """Read the headers of several mp4s not read yet at once: from object storage each takes a few
+        round trips, which the cameras of an episode would otherwise wait out one after another. A
+        failure is left to the caller's own read, which names the episode and camera."""
+        todo = [p for p in dict.fromkeys(paths) if p not in self._video_headers and p not in self.missing_files]
+        if len(todo) < 2 or all(p in local_paths or self.local_path(p) for p in todo):
+            return
+
+        def read(path: str) -> None:
+            with contextlib.suppress(SourceError):
+                self.video_header(path, local_paths.get(path))
+
+        with ThreadPoolExecutor(len(todo), thread_name_prefix="mp4-headers") as pool:
+            list(pool.map(read, todo))
 
     def _check_frame_rate(self, rel_path: str, header: VideoHeader, at: str) -> None:
         """Raise unless the mp4's frames fill its duration at meta/info.json's fps (within half a frame
