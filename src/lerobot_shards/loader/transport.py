@@ -304,8 +304,9 @@ class _Batch:
 
 
 def _stack(samples: list[Any], collate: Callable[[list[Any]], Any], layout: Layout) -> Any:
-    """The batch made in this process (no workers): as the slab path lays it out, in fresh memory."""
-    batch = _Batch.plan(samples, collate, layout) if layout == "sample" else None
+    """The batch made in this process (no workers): as the slab path lays it out, in fresh memory
+    (``default_collate`` here would keep a window's channels-last order even for ``"contiguous"``)."""
+    batch = _Batch.plan(samples, collate, layout)
     if batch is None:
         return collate(samples)
     stacked = {
