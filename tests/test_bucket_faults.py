@@ -113,10 +113,14 @@ def test_dead_endpoint_errors_name_the_file_and_episode_not_the_endpoint(synth_f
             assert text.startswith(f"{mp4}: episode 2: cannot read it ("), text
             assert "EndpointConnectionError" in text and "check that the storage server is up" in text, text
             assert not raw_cached._files and not raw_cached._refs, "the failed episode still holds its mp4"
-            with pytest.raises(OSError) as failure:
+            with pytest.raises(OSError) as failure:  # its mp4's header was read with episode 0's: the parquet fails
+                raw_ranged.read_episode(0, 1)
+            text = _hides_endpoint(failure.value, server.endpoint_url)
+            assert text.startswith("s3://dead/raw/data/chunk-000/file-001.parquet: episode 1: cannot read it ("), text
+            with pytest.raises(OSError) as failure:  # its own mp4's header is read first, and named
                 raw_ranged.read_episode(0, 3)
             text = _hides_endpoint(failure.value, server.endpoint_url)
-            assert text.startswith("s3://dead/raw/data/chunk-000/file-003.parquet: episode 3: cannot read it ("), text
+            assert text.startswith(f"{mp4}: episode 3 camera {CAM}: cannot read it ("), text
             with pytest.raises(DecodeError) as failure:
                 DecoderCache(1, storage_options=options).frames(clip, [0])
             text = _hides_endpoint(failure.value, server.endpoint_url)

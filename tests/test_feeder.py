@@ -55,9 +55,9 @@ def _waiting_in(thread_id: int, function: str) -> bool:
     return False
 
 
-def _loader(root: Path, dtype: torch.dtype, num_workers: int = 2, **kwargs) -> DataLoader:
+def _loader(root: Path, dtype: torch.dtype, num_workers: int = 2, window: dict | None = WINDOW, **kwargs) -> DataLoader:
     ds = EpisodePoolDataset(
-        str(root), delta_timestamps=WINDOW, episodes_per_shard=1, episode_pool_size=2, seed=3, image_dtype=dtype
+        str(root), delta_timestamps=window, episodes_per_shard=1, episode_pool_size=2, seed=3, image_dtype=dtype
     )
     return DataLoader(ds, batch_size=4, num_workers=num_workers, **kwargs)
 
@@ -174,16 +174,14 @@ def test_counters_and_clear_errors(raw: Path) -> None:
         list(DeviceFeeder(batches, "cpu", normalize={"y": {"mean": [0.0], "std": [1.0]}}, normalize_keys=["y"]))
 
 
-def test_a_uint8_feature_that_is_no_image_keeps_its_values(raw: Path, tmp_path: Path) -> None:
-    """Only cameras and image keys become floats in [0, 1]: a uint8 gripper state stays as the float32 loader
-    gives it, whichever keys the feeder is told or finds."""
+def _with_gripper(raw: Path, root: Path) -> Path:
+    """A copy of ``raw`` with a uint8 ``observation.gripper`` state (0..255, not an image)."""
     import json
 
     import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    root = tmp_path / "u8"
     shutil.copytree(raw, root)
     info = json.loads((root / "meta/info.json").read_text())
     info["features"]["observation.gripper"] = {"dtype": "uint8", "shape": [1], "names": ["g"]}
@@ -193,12 +191,26 @@ def test_a_uint8_feature_that_is_no_image_keeps_its_values(raw: Path, tmp_path: 
         values = (np.arange(table.num_rows) * 7 % 256).astype(np.uint8)
         column = pa.array([[int(v)] for v in values], pa.list_(pa.uint8()))
         pq.write_table(table.append_column("observation.gripper", column), path)
-    expected = list(_loader(root, torch.float32, num_workers=0))
-    assert expected[0]["observation.gripper"].dtype == torch.uint8
-    told = DeviceFeeder(iter(_loader(root, torch.uint8, num_workers=0)), "cpu", image_keys=[CAM, IMG])
-    for feeder in (DeviceFeeder(_loader(root, torch.uint8, num_workers=0), "cpu"), told):
-        got = list(feeder)
-        assert len(got) == len(expected)
-        for g, e in zip(got, expected):
-            for key in ("observation.gripper", CAM, IMG):
-                assert g[key].dtype == e[key].dtype and torch.equal(g[key], e[key]), key
+    return root
+
+
+def test_a_uint8_feature_that_is_no_image_keeps_its_values(raw: Path, tmp_path: Path) -> None:
+    """Only cameras and image keys become floats in [0, 1]: a uint8 gripper state stays as the float32 loader
+    gives it, whichever keys the feeder is told or finds, and in a dataset without any image too."""
+    root = _with_gripper(raw, tmp_path / "u8")
+    bare = synth_dataset(tmp_path / "bare", num_episodes=2, cameras=(), length_range=(8, 10), seed=5)
+    no_images = _with_gripper(bare, tmp_path / "u8-no-images")
+    for dataset, keys, window in (
+        (root, (CAM, IMG, "observation.gripper"), WINDOW),
+        (no_images, ("observation.gripper",), None),
+    ):
+        expected = list(_loader(dataset, torch.float32, num_workers=0, window=window))
+        assert expected[0]["observation.gripper"].dtype == torch.uint8
+        loader = _loader(dataset, torch.uint8, num_workers=0, window=window)
+        told = DeviceFeeder(iter(loader), "cpu", image_keys=[CAM, IMG])
+        for feeder in (DeviceFeeder(_loader(dataset, torch.uint8, num_workers=0, window=window), "cpu"), told):
+            got = list(feeder)
+            assert len(got) == len(expected)
+            for g, e in zip(got, expected):
+                for key in keys:
+                    assert g[key].dtype == e[key].dtype and torch.equal(g[key], e[key]), key

@@ -253,9 +253,10 @@ def test_frames_keep_their_decoded_memory_order_and_contiguous_is_a_choice(synth
             assert batch["action"].is_contiguous() and batch["index"].is_contiguous()
             del batch
         assert n == len(expected), name
-    floats = DeviceFeeder(slab_loader(_dataset(synth, image_dtype=torch.uint8), batch_size=BATCH, num_workers=2), "cpu")
-    first = next(iter(floats))
-    assert all(first[cam].dtype == torch.float32 and first[cam].is_contiguous() for cam in CAMS)
+    for dtype in (torch.uint8, torch.float32):  # converted by the feeder, or a float32 loader's
+        floats = DeviceFeeder(slab_loader(_dataset(synth, image_dtype=dtype), batch_size=BATCH, num_workers=2), "cpu")
+        first = next(iter(floats))
+        assert all(first[cam].dtype == torch.float32 and first[cam].is_contiguous() for cam in CAMS), dtype
 
 
 def test_only_dense_samples_keep_their_layout() -> None:
@@ -263,10 +264,13 @@ def test_only_dense_samples_keep_their_layout() -> None:
     transposed = [torch.arange(12).view(3, 4).t() + i for i in range(2)]  # dense, dims swapped
     expanded = [torch.arange(3).expand(4, 3) for _ in range(2)]  # stride 0: stacked contiguous
     strided = [torch.arange(20).view(4, 5)[:, ::2] for _ in range(2)]  # gaps: stacked contiguous
-    batch = collate([{"t": a, "e": b, "s": c} for a, b, c in zip(transposed, expanded, strided)])
+    grads = [torch.ones(2, requires_grad=True) for _ in range(2)]  # default_collate's: autograd records the stack
+    samples = [{"t": a, "e": b, "s": c, "g": d} for a, b, c, d in zip(transposed, expanded, strided, grads)]
+    batch = collate(samples)
     assert batch["t"].stride() == (12, 1, 4) and batch["e"].is_contiguous() and batch["s"].is_contiguous()
-    for key, values in (("t", transposed), ("e", expanded), ("s", strided)):
+    for key, values in (("t", transposed), ("e", expanded), ("s", strided), ("g", grads)):
         assert torch.equal(batch[key], torch.stack(values)), key
+    assert batch["g"].requires_grad
     with pytest.raises(ValueError, match="layout must be"):
         SlabCollate(layout="nhwc")  # type: ignore[arg-type]
 

@@ -81,6 +81,9 @@ class VideoRef:
         return int(round(self.from_timestamp * fps))
 
 
+HEADER_BLOCK_BYTES = 1 << 20  # an mp4's header read: its moov (often at the end) without 8 MiB blocks of frames
+
+
 @dataclass(frozen=True)
 class VideoHeader:
     """What a camera mp4's header says, read without decoding."""
@@ -599,7 +602,13 @@ class LeRobotV3Source:
             where = self._abs(rel_path)
             try:
                 with contextlib.ExitStack() as stack:
-                    f = local_path if local_path is not None else stack.enter_context(self.open(rel_path))
+                    f = (
+                        local_path
+                        if local_path is not None
+                        else stack.enter_context(
+                            open_bounded(self.fs, self._abs(rel_path), block_size=HEADER_BLOCK_BYTES)
+                        )
+                    )
                     container = stack.enter_context(av.open(f))
                     stream = container.streams.video[0]
                     if stream.duration is not None:
@@ -626,7 +635,7 @@ class LeRobotV3Source:
         """
         ep = self.episode(episode) if isinstance(episode, int) else episode
         slack = DURATION_SLACK_FRAMES / self.fps
-        self._read_headers([v.path for v in ep.videos.values()], local_paths or {})
+        self.read_video_headers([v.path for v in ep.videos.values()], local_paths or {})
         for cam, v in ep.videos.items():
             self._require_file(v.path, ep.episode_index)
             try:
@@ -643,16 +652,16 @@ class LeRobotV3Source:
                 )
         self.check_episode_frames(ep)
 
-    def _read_headers(self, paths: list[str], local_paths: Mapping[str, str]) -> None:
+    def read_video_headers(self, paths: Iterable[str], local_paths: Mapping[str, str]) -> None:
         """Read the headers of several mp4s not read yet at once: from object storage each takes a few
         round trips, which the cameras of an episode would otherwise wait out one after another. A
-        failure is left to the caller's own read, which names the episode and camera."""
+        failure is left to the caller's own ``video_header`` call, which names the episode and camera."""
         todo = [p for p in dict.fromkeys(paths) if p not in self._video_headers and p not in self.missing_files]
         if len(todo) < 2 or all(p in local_paths or self.local_path(p) for p in todo):
             return
 
         def read(path: str) -> None:
-            with contextlib.suppress(SourceError):
+            with contextlib.suppress(Exception):  # raised again, with its context, by the caller's read
                 self.video_header(path, local_paths.get(path))
 
         with ThreadPoolExecutor(len(todo), thread_name_prefix="mp4-headers") as pool:

@@ -53,11 +53,11 @@ class DeviceFeeder:
             that have stats, or every uint8 key when the loader has no ``dataset``).
         image_keys: the keys whose uint8 tensors are images, converted to float32 in [0, 1]
             (default: the loader dataset's ``cameras`` and ``image_keys``; every uint8 tensor
-            when the loader has no dataset that names them). A uint8 feature that is not an
+            when the loader has no dataset that says which keys are images). A uint8 feature that is not an
             image (a gripper state) keeps its dtype and values, as a float32 loader gives it.
 
-    Other tensors keep their dtype, non-tensors (``task`` strings) pass through. Converted images
-    are contiguous (``SlabCollate`` may hand them over channels-last). ``stats()`` reports queue
+    Other tensors keep their dtype, non-tensors (``task`` strings) pass through. Images come out
+    contiguous, float ones too (``SlabCollate`` may hand them over channels-last). ``stats()`` reports queue
     empty/full events and the time the loop waited per batch.
     """
 
@@ -109,10 +109,12 @@ class DeviceFeeder:
         return out
 
     def _dataset_images(self) -> frozenset[str] | None:
-        """The loader dataset's cameras and image keys; ``None`` when it names none."""
+        """The loader dataset's cameras and image keys (none, for a dataset without images); ``None``
+        when the loader has no dataset that says which keys are images."""
         dataset = getattr(self.loader, "dataset", None)
-        images = tuple(getattr(dataset, "cameras", ())) + tuple(getattr(dataset, "image_keys", ()))
-        return frozenset(images) if images else None
+        if not (hasattr(dataset, "cameras") or hasattr(dataset, "image_keys")):
+            return None
+        return frozenset(tuple(getattr(dataset, "cameras", ())) + tuple(getattr(dataset, "image_keys", ())))
 
     def __len__(self) -> int:
         return len(self.loader)  # type: ignore[arg-type]
@@ -228,10 +230,11 @@ class DeviceFeeder:
                 if t.is_pinned()
                 else t.pin_memory().to(self.device, non_blocking=True)
             )
-        if (
-            image and t.dtype == torch.uint8
-        ):  # contiguous, as LeRobot's: slab batches may be channels-last (SlabCollate)
+        # Images come out contiguous, as LeRobot's: slab batches may be channels-last (SlabCollate).
+        if image and t.dtype == torch.uint8:
             t = t.to(torch.float32, memory_format=torch.contiguous_format).div_(self._scale)
+        elif image and t.is_floating_point():  # a float32 loader's images
+            t = t.contiguous()
         return t
 
     # -- observability --------------------------------------------------------------------------

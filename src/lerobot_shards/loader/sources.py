@@ -702,8 +702,14 @@ class RawSource:
         where = f"{self.url}/{ep.data_path}: episode {episode_index}"
         try:
             local = self._local_videos(held, episode_index)
+            self.src.read_video_headers([v.path for v in ep.videos.values()], local)
+            for cam, v in ep.videos.items():  # a transport failure names the mp4; the file's own faults,
+                # named with the episode, come from the checks below (the headers are then read)
+                with reading(f"{self.url}/{v.path}: episode {episode_index} camera {cam}"):
+                    with contextlib.suppress(SourceError, FileNotFoundError):
+                        self.src.video_header(v.path, local.get(v.path))
+            self.src.check_episode_videos(ep, local)
             with reading(where):
-                self.src.check_episode_videos(ep, local)  # an mp4's header, from storage without a cache
                 table = self.src.read_episode_table(ep)
             columns = checked_columns(table, self.info, episode_index, ep.length, where, SourceError)
         except BaseException:

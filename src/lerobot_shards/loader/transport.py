@@ -289,11 +289,14 @@ class _Batch:
             if (
                 isinstance(first, torch.Tensor)
                 and first.device.type == "cpu"
+                and first.layout == torch.strided
                 and all(
                     isinstance(v, torch.Tensor)
                     and v.dtype == first.dtype
                     and v.shape == first.shape
                     and v.device == first.device
+                    and v.layout == torch.strided
+                    and not v.requires_grad  # stack(out=...) records no autograd: default_collate's then
                     for v in values
                 )
             ):
