@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from lerobot_shards.integrations.lerobot_train import choose_layout
+from lerobot_shards.integrations.lerobot_train import choose_layout, slab_layout
 
 
 def test_without_lerobot_one_line_names_the_supported_versions_and_the_install() -> None:
@@ -50,3 +50,13 @@ def test_without_lerobot_one_line_names_the_supported_versions_and_the_install()
 )
 def test_layout_choice(cpus: int, ranks: int, want: tuple[int, int]) -> None:
     assert choose_layout(cpus, ranks) == want
+
+
+def test_the_slab_layout_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("LEROBOT_SHARDS_SLAB_LAYOUT", raising=False)
+    assert slab_layout() == "sample"
+    monkeypatch.setenv("LEROBOT_SHARDS_SLAB_LAYOUT", "contiguous")
+    assert slab_layout() == "contiguous"
+    monkeypatch.setenv("LEROBOT_SHARDS_SLAB_LAYOUT", "nchw")
+    with pytest.raises(ValueError, match="LEROBOT_SHARDS_SLAB_LAYOUT must be 'sample' or 'contiguous', got 'nchw'"):
+        slab_layout()

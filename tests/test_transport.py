@@ -293,6 +293,10 @@ def test_with_slabs_rebuilds_a_loader_built_elsewhere_keeping_its_settings(synth
     )
     loader = with_slabs(built)
     assert isinstance(loader.collate_fn, SlabCollate) and loader.collate_fn.slabs == 3 + 2
+    assert (
+        loader.collate_fn.layout == "sample"
+        and with_slabs(built, layout="contiguous").collate_fn.layout == "contiguous"
+    )
     assert loader.collate_fn.pin_memory is False
     kept = ("dataset", "batch_size", "num_workers", "prefetch_factor", "persistent_workers", "generator", "drop_last")
     kept += ("pin_memory", "pin_memory_device", "timeout", "worker_init_fn", "multiprocessing_context", "in_order")

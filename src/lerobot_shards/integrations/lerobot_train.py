@@ -28,7 +28,8 @@ Forking leaves the global RNG untouched in both runs, so a resume continues bit-
 
 Options beyond ``lerobot-train``'s arguments come from the environment:
 ``LEROBOT_SHARDS_STORAGE_OPTIONS`` (JSON fsspec options), ``LEROBOT_SHARDS_CACHE_DIR``,
-``LEROBOT_SHARDS_EPISODE_POOL_SIZE``; ``LEROBOT_SHARDS_SAMPLE_LOG=DIR`` appends each batch's
+``LEROBOT_SHARDS_EPISODE_POOL_SIZE``, ``LEROBOT_SHARDS_SLAB_LAYOUT`` (``slab_layout``);
+``LEROBOT_SHARDS_SAMPLE_LOG=DIR`` appends each batch's
 ``index`` values to ``DIR/rank<R>.txt`` (which frames each rank trained on).
 """
 
@@ -51,7 +52,7 @@ from ..loader import EpisodePoolDataset, MixtureDataset
 from ..loader.decode import MAX_AUTO_DECODE_THREADS
 from ..loader.mixture import open_dataset
 from ..loader.mixture_spec import is_mixture_file
-from ..loader.transport import with_slabs
+from ..loader.transport import Layout, with_slabs
 from ..video import cores_per_rank
 
 log = logging.getLogger(__name__)
@@ -116,6 +117,16 @@ def _storage_options() -> dict[str, Any] | None:
     if not isinstance(options, dict):
         raise ValueError("LEROBOT_SHARDS_STORAGE_OPTIONS must be a JSON object of fsspec options")
     return options
+
+
+def slab_layout() -> Layout:
+    """``LEROBOT_SHARDS_SLAB_LAYOUT``: ``sample`` (default; image batches keep the decoded frames'
+    channels-last memory, one plain copy per batch in the workers) or ``contiguous`` (as
+    ``default_collate``, for a policy that ``.view``s image batches across the channel axis)."""
+    value = os.environ.get("LEROBOT_SHARDS_SLAB_LAYOUT", "sample")
+    if value not in ("sample", "contiguous"):
+        raise ValueError(f"LEROBOT_SHARDS_SLAB_LAYOUT must be 'sample' or 'contiguous', got {value!r}")
+    return "contiguous" if value == "contiguous" else "sample"
 
 
 def _is_our_source(url: str, storage_options: dict[str, Any] | None) -> bool:
@@ -306,7 +317,7 @@ def _accelerator_class(base: type, run: type[_Run]) -> type:
             for arg, mine in zip(args, ours):
                 if mine:
                     state = run.resume or {}
-                    loader = with_slabs(arg)
+                    loader = with_slabs(arg, layout=slab_layout())
                     if loader is not arg:
                         print(
                             f"lerobot-shards train: {loader.num_workers} workers hand batches over in reused "

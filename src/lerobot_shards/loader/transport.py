@@ -193,11 +193,13 @@ def slab_loader(
     prefetch_factor: int = 2,
     slabs: int | None = None,
     pin_memory: bool = False,
+    layout: Layout = "sample",
     **kwargs: Any,
 ) -> DataLoader[Any]:
     """A stock ``DataLoader`` with ``SlabCollate`` as its ``collate_fn`` (``slabs`` default:
-    ``prefetch_factor + 2``); every other keyword goes to the DataLoader as is."""
-    collate = SlabCollate(prefetch_factor + 2 if slabs is None else slabs, pin_memory=pin_memory)
+    ``prefetch_factor + 2``; ``layout`` as ``SlabCollate``'s); every other keyword goes to the
+    DataLoader as is."""
+    collate = SlabCollate(prefetch_factor + 2 if slabs is None else slabs, pin_memory=pin_memory, layout=layout)
     extra = dict(kwargs)
     if num_workers:
         extra["prefetch_factor"] = prefetch_factor
@@ -206,10 +208,10 @@ def slab_loader(
     )
 
 
-def with_slabs(loader: DataLoader[Any], slabs: int | None = None) -> DataLoader[Any]:
+def with_slabs(loader: DataLoader[Any], slabs: int | None = None, layout: Layout = "sample") -> DataLoader[Any]:
     """``loader`` itself, or, when it has workers and collates with torch's default (``collate_fn``
     unset or ``default_collate``), the same DataLoader with ``SlabCollate`` (``slabs`` default:
-    ``prefetch_factor + 2``) and every other setting kept. For a loader built by someone else (a
+    ``prefetch_factor + 2``; ``layout`` as ``SlabCollate``'s) and every other setting kept. For a loader built by someone else (a
     trainer), before its first iterator; iterable datasets only (a map-style loader's sampler
     is not carried over).
 
@@ -228,7 +230,7 @@ def with_slabs(loader: DataLoader[Any], slabs: int | None = None) -> DataLoader[
         batch_size=loader.batch_size,
         drop_last=loader.drop_last,
         num_workers=loader.num_workers,
-        collate_fn=SlabCollate(prefetch + 2 if slabs is None else slabs, pin_memory=loader.pin_memory),
+        collate_fn=SlabCollate(prefetch + 2 if slabs is None else slabs, pin_memory=loader.pin_memory, layout=layout),
         pin_memory=loader.pin_memory,
         pin_memory_device=loader.pin_memory_device,
         timeout=loader.timeout,
