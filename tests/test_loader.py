@@ -301,6 +301,13 @@ def test_resume_state_records_workers_and_resumes_under_another_count(raw: Path)
     assert _epoch(again, 1) == _epoch(single, 0)[2:]  # 0 and 1 workers make the same single stream
 
 
+def test_fewer_episodes_than_ranks_in_equal_count_mode_fail_when_the_dataset_is_built(raw: Path) -> None:
+    episodes = _dataset(raw, cameras=[]).num_episodes
+    with pytest.raises(ValueError, match=rf"{episodes} episodes cannot give each of the {episodes + 1} consumers"):
+        _dataset(raw, cameras=[], rank=0, world_size=episodes + 1)
+    _dataset(raw, cameras=[], rank=0, world_size=episodes + 1, equal_samples_per_rank=False)  # exactly once: fine
+
+
 def test_default_equal_counts_only_for_several_ranks(raw: Path) -> None:
     assert _dataset(raw, cameras=[]).equal_samples_per_rank is False
     ranks = [_dataset(raw, cameras=[], rank=r, world_size=2) for r in range(2)]

@@ -260,3 +260,17 @@ def test_no_uneven_warning_when_the_split_is_within_one_episode():
     assert plan.warnings == ()
     uneven = assignment_warnings([[0], [1]], [1000, 1300], slack=200)
     assert len(uneven) == 1 and "uneven: min 1000, max 1300" in uneven[0]
+
+
+def test_too_few_episodes_for_equal_counts_says_how_many_workers_fit() -> None:
+    """3 episodes for 2 ranks x 2 workers: one consumer would read none; the error names the counts and the fixes."""
+    shards = [ShardSpec(i, (i,), (10,)) for i in range(3)]
+    equal = PlanOptions(equal_samples_per_rank=True)
+    with pytest.raises(
+        ValueError, match=r"3 episodes cannot give each of the 4 consumers \(2 ranks x 2 DataLoader"
+    ) as e:
+        plan_consumer(shards, seed=0, epoch=0, consumer=Consumer(0, 2, 0, 2), options=equal)
+    assert "at most 1 DataLoader workers per rank, or equal_samples_per_rank=False" in str(e.value)
+    plan_consumer(shards, seed=0, epoch=0, consumer=Consumer(0, 2, 0, 1), options=equal)  # 2 consumers: fine
+    exact = PlanOptions(equal_samples_per_rank=False)  # every frame once: an idle worker is only warned about
+    assert plan_consumer(shards, seed=0, epoch=0, consumer=Consumer(0, 2, 0, 2), options=exact).warnings

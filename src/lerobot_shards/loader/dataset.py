@@ -35,7 +35,7 @@ from .elastic import SubsetSampler
 from .emission import SampleLayout, stream_samples
 from .meta import DatasetMeta, Stats, dataset_meta, episode_stats_rows
 from .options import DecodeOptions, OrderOptions, ReadOptions, check_episodes, group_options
-from .partition import ConsumerPlan, PlanOptions, ShardSpec, filter_shards
+from .partition import Consumer, ConsumerPlan, PlanOptions, ShardSpec, filter_shards, too_few_episodes
 from .remote import with_timeouts
 from .sampling import PoolSampler
 from .sources import EpisodeSource, ShardSource, SourceMetadata, open_source
@@ -147,6 +147,9 @@ class EpisodePoolDataset(IterableDataset):
             rank=self.rank,
             world_size=self.world_size,
         )
+        if order.equal_samples_per_rank and self.num_episodes < self.world_size:  # some rank would read none
+            one = Consumer(self.rank, self.world_size, 0, 1)
+            raise ValueError(f"{self.source_url}: {too_few_episodes(self.num_episodes, one)}")
         self._control = SharedControl()  # epoch, resume state, windows' generation: read by (persistent) workers
         self._stats = SharedStats()
         self.set_delta_timestamps(delta_timestamps, tolerance_s)

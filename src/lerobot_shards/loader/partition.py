@@ -187,6 +187,22 @@ def equal_sample_count(assignment: Sequence[Sequence[int]], shard_frames: Sequen
     return sum(frames) // len(frames)
 
 
+def too_few_episodes(episodes: int, consumer: Consumer) -> str:
+    """Why equal counts cannot be given: fewer episodes than (rank x worker) consumers, so one would
+    read none (an episode is never split between consumers), and what to change."""
+    exact = "equal_samples_per_rank=False (every frame once; ranks may then run different batch counts)"
+    fix = (
+        f"{exact}, or fewer ranks"
+        if episodes < consumer.world_size
+        else f"at most {episodes // consumer.world_size} DataLoader workers per rank, or {exact}"
+    )
+    return (
+        f"{episodes} episodes cannot give each of the {consumer.count} consumers ({consumer.world_size} ranks x "
+        f"{consumer.num_workers} DataLoader workers, 1 for num_workers=0) at least one, which equal samples per "
+        f"rank (the default with several ranks) needs: use {fix}"
+    )
+
+
 def split_shards(
     shards: Sequence[ShardSpec], num_consumers: int, *, seed: int, epoch: int, shuffle: bool = True
 ) -> list[list[ShardSpec]]:
@@ -300,6 +316,8 @@ def plan_consumer(
     starts = [0, *itertools.accumulate(len(mine) for mine in units)]
     assignment = [list(range(a, b)) for a, b in itertools.pairwise(starts)]
     if options.equal_samples_per_rank:
+        if not all(consumer_frames(assignment, shard_frames)):
+            raise ValueError(too_few_episodes(sum(len(s.episodes) for s in shards), consumer))
         counts = [equal_sample_count(assignment, shard_frames)] * len(assignment)
     else:
         counts = consumer_frames(assignment, shard_frames)
