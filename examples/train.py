@@ -129,6 +129,12 @@ def main() -> None:
     p.add_argument("--cache-dir", default=None, help="local directory for downloaded shards")
     p.add_argument("--episodes-per-shard", type=int, default=None, help="virtual shards of a raw LeRobot dataset")
     args = p.parse_args()
+    for name in ("ckpt_every", "log_every", "epochs", "batch_size", "pool"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    for name in ("max_steps", "workers"):
+        if getattr(args, name) < 0:
+            p.error(f"--{name.replace('_', '-')} must be at least 0, got {getattr(args, name)}")
 
     world = int(os.environ.get("WORLD_SIZE", 1))
     distributed = world > 1

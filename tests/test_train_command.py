@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from lerobot_shards.integrations.lerobot_train import choose_layout, slab_layout
+from lerobot_shards.integrations.lerobot_train import _pool_size, _storage_options, choose_layout, slab_layout
 
 
 def test_without_lerobot_one_line_names_the_supported_versions_and_the_install() -> None:
@@ -60,3 +60,14 @@ def test_the_slab_layout_comes_from_the_environment(monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv("LEROBOT_SHARDS_SLAB_LAYOUT", "nchw")
     with pytest.raises(ValueError, match="LEROBOT_SHARDS_SLAB_LAYOUT must be 'sample' or 'contiguous', got 'nchw'"):
         slab_layout()
+
+
+def test_environment_options_name_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LEROBOT_SHARDS_EPISODE_POOL_SIZE", "abc")
+    with pytest.raises(ValueError, match="LEROBOT_SHARDS_EPISODE_POOL_SIZE must be a whole number >= 1, got 'abc'"):
+        _pool_size()
+    monkeypatch.setenv("LEROBOT_SHARDS_EPISODE_POOL_SIZE", "4")
+    assert _pool_size() == 4
+    monkeypatch.setenv("LEROBOT_SHARDS_STORAGE_OPTIONS", "notjson")
+    with pytest.raises(ValueError, match="LEROBOT_SHARDS_STORAGE_OPTIONS is not JSON"):
+        _storage_options()

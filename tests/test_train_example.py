@@ -88,3 +88,12 @@ def test_sigkill_mid_epoch_and_relaunch_ends_with_the_same_parameters(tmp_path: 
     assert epoch == 0 and 0 < batch == step  # mid-epoch 0: the loader had to fast-forward
     assert "final-params-sha256" not in "".join(lines)
     assert _sha(resumed) == _sha(_finish(reference))
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--ckpt-every", "0"), ("--log-every", "0"), ("--max-steps", "-1")])
+def test_a_count_out_of_range_is_refused_naming_the_flag(flag: str, value: str, tmp_path: Path) -> None:
+    """They used to divide by zero mid-run, or stop after one step."""
+    proc = subprocess.run(
+        [sys.executable, str(EXAMPLE), str(tmp_path), flag, value], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 2 and f"{flag} must be at least" in proc.stderr, proc.stderr

@@ -472,8 +472,14 @@ def inspect_cmd(path: str, storage_options: str | None) -> None:
     type=click.Path(file_okay=False),
     help="Folder for the default dataset, its conversion and nothing else.",
 )
-@click.option("--batches", default=30, show_default=True, help="Batches to stream.")
-@click.option("--workers", default=2, show_default=True, help="Conversion processes and DataLoader workers.")
+@click.option("--batches", default=30, show_default=True, type=click.IntRange(min=1), help="Batches to stream.")
+@click.option(
+    "--workers",
+    default=2,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Conversion processes and DataLoader workers.",
+)
 def demo(out: str, batches: int, workers: int) -> None:
     """The main job on the built-in default dataset: synthesize, convert, stream, report throughput."""
     from .demo import format_result, run_demo

@@ -113,10 +113,23 @@ def _storage_options() -> dict[str, Any] | None:
     text = os.environ.get("LEROBOT_SHARDS_STORAGE_OPTIONS")
     if not text:
         return None
-    options = json.loads(text)
+    try:
+        options = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(
+            f"LEROBOT_SHARDS_STORAGE_OPTIONS is not JSON ({e}): give a JSON object of fsspec options"
+        ) from None
     if not isinstance(options, dict):
         raise ValueError("LEROBOT_SHARDS_STORAGE_OPTIONS must be a JSON object of fsspec options")
     return options
+
+
+def _pool_size() -> int:
+    """``LEROBOT_SHARDS_EPISODE_POOL_SIZE`` (default 16): episodes resident per consumer."""
+    text = os.environ.get("LEROBOT_SHARDS_EPISODE_POOL_SIZE", "16")
+    if not text.strip().isdigit() or int(text) < 1:
+        raise ValueError(f"LEROBOT_SHARDS_EPISODE_POOL_SIZE must be a whole number >= 1, got {text!r}")
+    return int(text)
 
 
 def slab_layout() -> Layout:
@@ -258,7 +271,7 @@ def _make_datasets(original: Any, run: type[_Run], argv: Sequence[str]) -> Any:
                 )
         else:
             common["episodes"] = cfg.dataset.episodes
-        pool = int(os.environ.get("LEROBOT_SHARDS_EPISODE_POOL_SIZE", "16"))
+        pool = _pool_size()
         dataset = open_dataset(
             url,
             seed=cfg.seed if cfg.seed is not None else 0,
