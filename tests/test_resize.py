@@ -327,3 +327,16 @@ def test_transform_rgb_matches_the_converter_closely() -> None:
         b = transform_rgb(decode_frames(src, range(4)), info.transform).float()
         assert a.shape == b.shape and float((a - b).abs().mean()) < 6, mode
     assert np.isfinite(float(a.mean()))
+
+
+def test_verify_compares_a_downscaled_clip_with_the_source_scaled_as_the_converter_scales(
+    synth_factory, tmp_path: Path
+) -> None:
+    """A lossless (crf 0) downscale of small frames: verify's reference is the converter's own area scale
+    in YUV; an RGB bilinear reference put it at 27-28 dB, below the 30 dB threshold."""
+    small = synth_factory(num_episodes=2, height=32, width=48, length_range=(8, 10), seed=7)
+    out = tmp_path / "out"
+    convert_dataset(small, out, _options(resize={"*": (16, 24)}, crf=0), progress=False)
+    report = verify_dataset(out, small, 4, progress=False)
+    assert report.ok, report.problems
+    assert report.frames_compared and report.min_psnr_db >= 40
