@@ -154,6 +154,28 @@ def test_wrong_sized_cached_file_is_fetched_again(tmp_path: Path) -> None:
     pool.shutdown()
 
 
+def test_a_file_without_a_known_digest_damaged_in_place_is_fetched_again(tmp_path: Path) -> None:
+    """A raw mp4 has no sha256 to check: the xxh3 of the bytes written is recorded and re-checked."""
+    cache, counters, pool = _cache(tmp_path, 10**6)
+    data = _blob(4000, 6)
+    for _ in range(2):  # downloaded, then a hit: an intact copy is not fetched again
+        f = cache.acquire(_fetcher(data), "ds/v.mp4", 4000, None, "v.mp4")
+        f.wait()
+        f.close()
+    assert counters.snapshot()["cache_misses"] == 1 and counters.snapshot()["cache_hits"] == 1
+    path = tmp_path / "ds/v.mp4"
+    damaged = bytearray(data)
+    damaged[2000:2016] = bytes(b ^ 1 for b in damaged[2000:2016])
+    path.write_bytes(bytes(damaged))  # same size, other bytes
+    f = cache.acquire(_fetcher(data), "ds/v.mp4", 4000, None, "v.mp4")
+    assert f.read(0, 4000) == data
+    f.wait()
+    f.close()
+    assert path.read_bytes() == data
+    assert counters.snapshot()["cache_misses"] == 2
+    pool.shutdown()
+
+
 def test_a_download_that_fails_its_checksum_is_not_kept(tmp_path: Path) -> None:
     cache, _, pool = _cache(tmp_path, 10**6)
     data = _blob(3000, 5)
