@@ -287,6 +287,9 @@ def test_corrupt_remote_shard_never_enters_the_cache(s3_server, bucket: str, con
     [
         ({"delta_timestamps": {"action": 0.1}}, r"delta_timestamps\['action'\] = 0\.1 is not a list of seconds"),
         ({"delta_timestamps": {CAM: "0.0"}}, rf"delta_timestamps\['{CAM}'\] = '0\.0' is not a list"),
+        ({"delta_timestamps": {"action": ["0"]}}, r"delta_timestamps\['action'\] has '0', which is not a number"),
+        ({"delta_timestamps": {"action": [True]}}, r"delta_timestamps\['action'\] has True, which is not a number"),
+        ({"cameras": CAM}, rf"cameras must be a list of camera keys, got the string '{CAM}'; write \['{CAM}'\]"),
         ({"seed": -1}, "seed must be a non-negative int, got -1"),
         ({"seed": 1.5}, "seed must be a non-negative int, got 1.5"),
         ({"prefetch_episodes": 0}, "prefetch_episodes must be an int >= 1"),
