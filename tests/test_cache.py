@@ -5,13 +5,16 @@ from __future__ import annotations
 import hashlib
 import multiprocessing
 import os
+import subprocess
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
+from lerobot_shards.exceptions import LeRobotShardsError
 from lerobot_shards.loader.cache import (
+    CacheDirError,
     CacheEntry,
     FileCache,
     IOCounters,
@@ -173,6 +176,31 @@ def test_a_file_without_a_known_digest_damaged_in_place_is_fetched_again(tmp_pat
     f.close()
     assert path.read_bytes() == data
     assert counters.snapshot()["cache_misses"] == 2
+    pool.shutdown()
+
+
+def test_an_unusable_cache_dir_is_one_error_naming_it(tmp_path: Path) -> None:
+    pool = ThreadPoolExecutor(1)
+    blocked = tmp_path / "blocked"
+    blocked.mkdir()
+    (blocked / ".locks").write_text("a file where the cache keeps its index")
+    with pytest.raises(CacheDirError, match=rf"cache_dir {blocked}: .*\.locks\); a file stands where the cache keeps"):
+        FileCache(str(blocked), 10**6, pool, IOCounters())
+    readonly = tmp_path / "readonly"
+    readonly.mkdir()
+    if os.geteuid() == 0:  # root writes through permissions: make the folder immutable instead
+        if subprocess.run(["chattr", "+i", str(readonly)], capture_output=True).returncode:
+            pytest.skip("running as root without chattr +i: cannot make an unwritable folder")
+    else:
+        readonly.chmod(0o500)
+    try:
+        with pytest.raises(CacheDirError, match=rf"cache_dir {readonly}: .*; .*choose another cache_dir") as e:
+            FileCache(str(readonly), 10**6, pool, IOCounters())
+        assert isinstance(e.value, LeRobotShardsError) and "\n" not in str(e.value)
+    finally:
+        if os.geteuid() == 0:
+            subprocess.run(["chattr", "-i", str(readonly)], check=True)
+        readonly.chmod(0o700)
     pool.shutdown()
 
 

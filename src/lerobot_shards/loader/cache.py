@@ -32,6 +32,7 @@ shard does not wait for the whole shard.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import os
@@ -44,12 +45,14 @@ from concurrent.futures import CancelledError, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from ..exceptions import LeRobotShardsError
 from ..format import TMP_SUFFIX, member_hasher
 from ..names import check_relpath
 from ..redaction import redact
 from ..safe_io import UnsafePathError, is_inside
 from ..timeouts import bounded
 from .integrity import IntegrityError
+from .remote import LOCAL_HINTS
 
 CHUNK_BYTES = 8 << 20  # one ranged request: large enough to amortise a request's latency
 READ_AHEAD_CHUNKS = 4  # without a cache: chunks requested ahead of the reader
@@ -62,11 +65,31 @@ GLOBAL_LOCK = ".cache.lock"
 COUNTERS = ("storage_bytes", "cache_hits", "cache_misses", "cache_evictions", "cache_bytes_peak")
 
 
+class CacheDirError(LeRobotShardsError, OSError):
+    """``cache_dir`` cannot be used (not writable, read-only, a file where the cache keeps a folder)."""
+
+
+def check_cache_dir(root: str) -> None:
+    """Make the cache's folders and its global lock now, so an unusable ``cache_dir`` is one error
+    naming it when the source opens, not a bare ``PermissionError`` from a download thread."""
+    locks = os.path.join(root, LOCKS_DIR)
+    try:
+        os.makedirs(locks, exist_ok=True)
+        os.close(os.open(os.path.join(root, GLOBAL_LOCK), os.O_RDWR | os.O_CREAT, 0o644))
+        if not os.access(locks, os.W_OK | os.X_OK):  # made by another user: no entry could be added
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), locks)
+    except OSError as e:
+        hint = LOCAL_HINTS.get(e.errno or 0, "choose a writable local directory for cache_dir")
+        if e.errno == errno.EPERM:
+            hint = LOCAL_HINTS[errno.EACCES]
+        raise CacheDirError(e.errno, f"cache_dir {root}: {e.strerror} ({e.filename}); {hint}") from None
+
+
 def default_cache_bytes(cache_dir: str) -> int:
     """The cap used when only ``cache_dir`` is given: half of the space the cache could use (its
     filesystem's free space plus what it already holds), at most ``DEFAULT_CACHE_CAP``. Half,
     because the node's other jobs and checkpoints need the disk too."""
-    os.makedirs(cache_dir, exist_ok=True)
+    check_cache_dir(cache_dir)
     free = shutil.disk_usage(cache_dir).free
     held = sum(e.size for e in scan(cache_dir, probe=False))
     return int(min(DEFAULT_CACHE_CAP, DEFAULT_CACHE_FRACTION * (free + held)))
@@ -331,7 +354,7 @@ class FileCache:
         self.pool = pool
         self.counters = counters
         self.chunk = chunk
-        os.makedirs(os.path.join(root, LOCKS_DIR), exist_ok=True)
+        check_cache_dir(root)
 
     def acquire(
         self,
