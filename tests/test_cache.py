@@ -5,13 +5,16 @@ from __future__ import annotations
 import hashlib
 import multiprocessing
 import os
+import subprocess
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
+from lerobot_shards.exceptions import LeRobotShardsError
 from lerobot_shards.loader.cache import (
+    CacheDirError,
     CacheEntry,
     FileCache,
     IOCounters,
@@ -151,6 +154,53 @@ def test_wrong_sized_cached_file_is_fetched_again(tmp_path: Path) -> None:
     f.close()
     assert path.read_bytes() == data
     assert counters.snapshot()["cache_misses"] == 2
+    pool.shutdown()
+
+
+def test_a_file_without_a_known_digest_damaged_in_place_is_fetched_again(tmp_path: Path) -> None:
+    """A raw mp4 has no sha256 to check: the xxh3 of the bytes written is recorded and re-checked."""
+    cache, counters, pool = _cache(tmp_path, 10**6)
+    data = _blob(4000, 6)
+    for _ in range(2):  # downloaded, then a hit: an intact copy is not fetched again
+        f = cache.acquire(_fetcher(data), "ds/v.mp4", 4000, None, "v.mp4")
+        f.wait()
+        f.close()
+    assert counters.snapshot()["cache_misses"] == 1 and counters.snapshot()["cache_hits"] == 1
+    path = tmp_path / "ds/v.mp4"
+    damaged = bytearray(data)
+    damaged[2000:2016] = bytes(b ^ 1 for b in damaged[2000:2016])
+    path.write_bytes(bytes(damaged))  # same size, other bytes
+    f = cache.acquire(_fetcher(data), "ds/v.mp4", 4000, None, "v.mp4")
+    assert f.read(0, 4000) == data
+    f.wait()
+    f.close()
+    assert path.read_bytes() == data
+    assert counters.snapshot()["cache_misses"] == 2
+    pool.shutdown()
+
+
+def test_an_unusable_cache_dir_is_one_error_naming_it(tmp_path: Path) -> None:
+    pool = ThreadPoolExecutor(1)
+    blocked = tmp_path / "blocked"
+    blocked.mkdir()
+    (blocked / ".locks").write_text("a file where the cache keeps its index")
+    with pytest.raises(CacheDirError, match=rf"cache_dir {blocked}: .*\.locks\); a file stands where the cache keeps"):
+        FileCache(str(blocked), 10**6, pool, IOCounters())
+    readonly = tmp_path / "readonly"
+    readonly.mkdir()
+    if os.geteuid() == 0:  # root writes through permissions: make the folder immutable instead
+        if subprocess.run(["chattr", "+i", str(readonly)], capture_output=True).returncode:
+            pytest.skip("running as root without chattr +i: cannot make an unwritable folder")
+    else:
+        readonly.chmod(0o500)
+    try:
+        with pytest.raises(CacheDirError, match=rf"cache_dir {readonly}: .*; .*choose another cache_dir") as e:
+            FileCache(str(readonly), 10**6, pool, IOCounters())
+        assert isinstance(e.value, LeRobotShardsError) and "\n" not in str(e.value)
+    finally:
+        if os.geteuid() == 0:
+            subprocess.run(["chattr", "-i", str(readonly)], check=True)
+        readonly.chmod(0o700)
     pool.shutdown()
 
 

@@ -238,6 +238,28 @@ def test_damaged_cached_shard_is_fetched_again(
     assert sorted(p.name for p in cached.parent.iterdir()) == ["shard-000000.tar", "shard-000001.tar"]
 
 
+def test_damaged_cached_raw_mp4_is_fetched_again(s3_server, synth_factory, tmp_path: Path) -> None:
+    """A raw dataset's mp4s carry no checksum: the cache records what it wrote and re-checks it."""
+    raw = synth_factory(num_episodes=3, length_range=(6, 8), cameras=(CAM,))
+    fs = s3_server.filesystem()
+    fs.mkdir("integ-raw-mp4")
+    fs.put(str(raw) + "/", "integ-raw-mp4/ds", recursive=True)
+    cache = tmp_path / "cache"
+    opts = s3_server.storage_options
+    samples, _ = _samples("s3://integ-raw-mp4/ds", cache_dir=str(cache), storage_options=opts)
+    _assert_exact(samples, {0, 1, 2})
+    cached = sorted(cache.rglob("*.mp4"))[0]
+    good = cached.read_bytes()
+    damaged = bytearray(good)
+    middle = len(good) // 2
+    damaged[middle : middle + 16] = bytes(b ^ 1 for b in damaged[middle : middle + 16])
+    cached.write_bytes(bytes(damaged))  # same size
+    samples, ds = _samples("s3://integ-raw-mp4/ds", cache_dir=str(cache), storage_options=opts)
+    _assert_exact(samples, {0, 1, 2})
+    assert cached.read_bytes() == good
+    assert ds.stats()["total"]["cache_misses"] >= 1
+
+
 def test_corrupt_remote_shard_never_enters_the_cache(s3_server, bucket: str, converted: Path, tmp_path: Path) -> None:
     fs = s3_server.filesystem()
     data = bytearray((converted / SHARDS_DIR / "shard-000001.tar").read_bytes())
@@ -265,6 +287,9 @@ def test_corrupt_remote_shard_never_enters_the_cache(s3_server, bucket: str, con
     [
         ({"delta_timestamps": {"action": 0.1}}, r"delta_timestamps\['action'\] = 0\.1 is not a list of seconds"),
         ({"delta_timestamps": {CAM: "0.0"}}, rf"delta_timestamps\['{CAM}'\] = '0\.0' is not a list"),
+        ({"delta_timestamps": {"action": ["0"]}}, r"delta_timestamps\['action'\] has '0', which is not a number"),
+        ({"delta_timestamps": {"action": [True]}}, r"delta_timestamps\['action'\] has True, which is not a number"),
+        ({"cameras": CAM}, rf"cameras must be a list of camera keys, got the string '{CAM}'; write \['{CAM}'\]"),
         ({"seed": -1}, "seed must be a non-negative int, got -1"),
         ({"seed": 1.5}, "seed must be a non-negative int, got 1.5"),
         ({"prefetch_episodes": 0}, "prefetch_episodes must be an int >= 1"),

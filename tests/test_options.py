@@ -84,6 +84,14 @@ BAD_LOADER_OPTIONS = [
     ("decode", "num_ffmpeg_threads", 1.5, r"num_ffmpeg_threads must be an int >= 0; 0 = FFmpeg's choice, got 1.5"),
     ("decode", "decoder_cache_size", 0, r"decoder_cache_size must be an int >= 1 \(None: pool size x cameras\)"),
     ("decode", "resize", (63, 64), r"resize size \(63, 64\) \(height, width\) must be two even numbers"),
+    ("decode", "resize", (2.5, 4), r"resize size \(2\.5, 4\) \(height, width\) must be two even numbers .*\(ints\)"),
+    ("decode", "resize", (True, 2), r"resize size \(True, 2\) \(height, width\) must be two even numbers"),
+    (
+        "decode",
+        "resize",
+        (10**6, 10**6),
+        r"resize size \(1000000, 1000000\) .* must be two even numbers >= 2 and <= 8192",
+    ),
     ("decode", "resize", {"top": 224}, r"resize 'top': \(height, width\) expected, got 224"),
     ("decode", "resize_mode", "squash", r"resize mode 'squash' is not one of pad, crop, stretch"),
 ]

@@ -12,6 +12,7 @@ Every size and offset the plan produces is even, so 4:2:0 chroma planes crop and
 from __future__ import annotations
 
 import copy
+import numbers
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -20,6 +21,7 @@ from .format import RESIZE_MODES, FrameTransform
 
 DEFAULT_MODE = "pad"
 FILTER = "area"  # libswscale's area averaging: the anti-aliased downscale
+MAX_SIDE = 8192  # pixels a side: beyond 8K video (7680x4320) a size is a typo, not a training resolution
 _SIZE_RE = re.compile(r"^\s*(\d+)\s*[xX]\s*(\d+)\s*$")
 
 
@@ -34,10 +36,16 @@ def parse_size(text: str) -> tuple[int, int]:
 
 
 def check_size(size: Sequence[int], what: str = "") -> None:
-    """Stored sizes must be even and positive: 4:2:0 video has half-size chroma planes."""
-    if len(size) != 2 or any(int(v) < 2 or int(v) % 2 for v in size):
+    """Stored sizes must be even and positive: 4:2:0 video has half-size chroma planes. Ints only
+    (2.5 would be truncated silently, True is not a size), and at most ``MAX_SIDE``: a typo such
+    as 10**6 would otherwise pass and allocate terabytes at the first frame."""
+    if len(size) != 2 or any(
+        isinstance(v, bool) or not isinstance(v, numbers.Integral) or not 2 <= v <= MAX_SIDE or v % 2 for v in size
+    ):
         label = f"{what!r}: " if what else ""
-        raise ValueError(f"{label}resize size {tuple(size)} (height, width) must be two even numbers >= 2")
+        raise ValueError(
+            f"{label}resize size {tuple(size)} (height, width) must be two even numbers >= 2 and <= {MAX_SIDE} (ints)"
+        )
 
 
 def check_mode(mode: str) -> None:

@@ -19,7 +19,10 @@ when a process dies:
   lock file in ``.locks/``, made before its first download); a user's files in ``cache_dir`` are
   never counted or deleted, and no symlinked folder or entry is followed.
 - Verified: a download is checked against its expected size and sha256 before it gets its final
-  name; a cached file of the wrong size (truncated, replaced) is deleted and fetched again.
+  name; a cached file of the wrong size (truncated, replaced) is deleted and fetched again. A file
+  with no known digest (a raw dataset's mp4) has the xxh3-128 of the bytes written recorded next
+  to its lock (``.locks/<entry>.xxh3``), and every acquire re-hashes the cached copy against it (a
+  100 MB mp4 costs a few ms), so a copy damaged in place, size kept, is fetched again, not served.
 
 Downloads are large ranged requests (``CHUNK_BYTES``) issued in order by a thread pool, and a reader
 can read any byte range as soon as the chunks covering it have landed: the first episode of a
@@ -29,6 +32,7 @@ shard does not wait for the whole shard.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import os
@@ -41,12 +45,14 @@ from concurrent.futures import CancelledError, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..format import TMP_SUFFIX
+from ..exceptions import LeRobotShardsError
+from ..format import TMP_SUFFIX, member_hasher
 from ..names import check_relpath
 from ..redaction import redact
 from ..safe_io import UnsafePathError, is_inside
 from ..timeouts import bounded
 from .integrity import IntegrityError
+from .remote import LOCAL_HINTS
 
 CHUNK_BYTES = 8 << 20  # one ranged request: large enough to amortise a request's latency
 READ_AHEAD_CHUNKS = 4  # without a cache: chunks requested ahead of the reader
@@ -59,11 +65,31 @@ GLOBAL_LOCK = ".cache.lock"
 COUNTERS = ("storage_bytes", "cache_hits", "cache_misses", "cache_evictions", "cache_bytes_peak")
 
 
+class CacheDirError(LeRobotShardsError, OSError):
+    """``cache_dir`` cannot be used (not writable, read-only, a file where the cache keeps a folder)."""
+
+
+def check_cache_dir(root: str) -> None:
+    """Make the cache's folders and its global lock now, so an unusable ``cache_dir`` is one error
+    naming it when the source opens, not a bare ``PermissionError`` from a download thread."""
+    locks = os.path.join(root, LOCKS_DIR)
+    try:
+        os.makedirs(locks, exist_ok=True)
+        os.close(os.open(os.path.join(root, GLOBAL_LOCK), os.O_RDWR | os.O_CREAT, 0o644))
+        if not os.access(locks, os.W_OK | os.X_OK):  # made by another user: no entry could be added
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), locks)
+    except OSError as e:
+        hint = LOCAL_HINTS.get(e.errno or 0, "choose a writable local directory for cache_dir")
+        if e.errno == errno.EPERM:
+            hint = LOCAL_HINTS[errno.EACCES]
+        raise CacheDirError(e.errno, f"cache_dir {root}: {e.strerror} ({e.filename}); {hint}") from None
+
+
 def default_cache_bytes(cache_dir: str) -> int:
     """The cap used when only ``cache_dir`` is given: half of the space the cache could use (its
     filesystem's free space plus what it already holds), at most ``DEFAULT_CACHE_CAP``. Half,
     because the node's other jobs and checkpoints need the disk too."""
-    os.makedirs(cache_dir, exist_ok=True)
+    check_cache_dir(cache_dir)
     free = shutil.disk_usage(cache_dir).free
     held = sum(e.size for e in scan(cache_dir, probe=False))
     return int(min(DEFAULT_CACHE_CAP, DEFAULT_CACHE_FRACTION * (free + held)))
@@ -148,6 +174,38 @@ def _lock_name(rel: str) -> str:
     return hashlib.sha1(rel.encode()).hexdigest() + ".lock"
 
 
+def _digest_name(rel: str) -> str:
+    """Where the xxh3 of an entry with no known digest is recorded: under ``LOCKS_DIR``, which
+    ``scan`` skips, so it is neither counted against the cap nor evicted."""
+    return hashlib.sha1(rel.encode()).hexdigest() + ".xxh3"
+
+
+def _recorded(path: str, size: int) -> str | None:
+    """The xxh3 recorded for an entry of ``size`` bytes; None if none was (or it was for another size)."""
+    try:
+        with open(path) as f:
+            got_size, digest = f.read().split()
+    except (FileNotFoundError, ValueError):
+        return None
+    return digest if got_size == str(size) else None
+
+
+def _record(path: str, size: int, digest: str) -> None:
+    """Record an entry's xxh3 atomically (a concurrent ``_recorded`` sees the old text or the new)."""
+    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}{TMP_SUFFIX}"
+    with open(tmp, "w") as f:
+        f.write(f"{size} {digest}\n")
+    os.replace(tmp, path)
+
+
+def _xxh3(path: str) -> str:
+    h = member_hasher()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(CHUNK_BYTES), b""):
+            h.update(block)
+    return str(h.hexdigest())
+
+
 def _entry_rel(root: str, path: str) -> str:
     """The cache-relative name of the entry ``path`` belongs to (a download's temporary name included)."""
     rel = os.path.relpath(path, root).replace(os.sep, "/")
@@ -199,9 +257,9 @@ def _evict(path: str) -> bool:
     return True
 
 
-def _lease(path: str, size: int, sha256: str | None = None) -> int | None:
+def _lease(path: str, size: int, sha256: str | None = None, xxh3: str | None = None) -> int | None:
     """A descriptor of ``path`` holding its shared lock, if it exists with ``size`` bytes (and
-    ``sha256`` when given); touches it."""
+    ``sha256``, ``xxh3`` when given); touches it."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)  # NONBLOCK: a FIFO put there opens, not hangs
     except FileNotFoundError:
@@ -212,7 +270,13 @@ def _lease(path: str, size: int, sha256: str | None = None) -> int | None:
         same = os.stat(path).st_ino == st.st_ino  # not evicted between open and lock
     except FileNotFoundError:
         same = False
-    if not same or not stat.S_ISREG(st.st_mode) or st.st_size != size or (sha256 and _sha256(path) != sha256):
+    if (
+        not same
+        or not stat.S_ISREG(st.st_mode)
+        or st.st_size != size
+        or (sha256 and _sha256(path) != sha256)
+        or (xxh3 and _xxh3(path) != xxh3)
+    ):
         os.close(fd)
         return None
     with contextlib.suppress(PermissionError):  # another user's file: its owner's uses order it
@@ -290,7 +354,7 @@ class FileCache:
         self.pool = pool
         self.counters = counters
         self.chunk = chunk
-        os.makedirs(os.path.join(root, LOCKS_DIR), exist_ok=True)
+        check_cache_dir(root)
 
     def acquire(
         self,
@@ -304,23 +368,25 @@ class FileCache:
     ) -> CachedFile | None:
         """The cached file ``rel`` (downloading it with ``fetch(start, end)`` if absent), or None
         when it cannot fit; the caller then reads from storage. ``where`` names it in errors.
-        ``rehash``: check a cached copy's sha256 too (files whose parts carry no checksums)."""
+        ``rehash``: check a cached copy's sha256 too (files whose parts carry no checksums). Without
+        ``sha256`` a cached copy is always checked against the xxh3 recorded when it was downloaded
+        (one with none recorded is fetched again)."""
         final = os.path.join(self.root, *check_relpath(rel, f"{where}: cache path").split("/"))
         _check_ours(self.root, final, where)
-        check = sha256 if rehash else None
-        fd = _lease(final, size, check)
+        digest = os.path.join(self.root, LOCKS_DIR, _digest_name(rel)) if sha256 is None else None
+        fd = self._valid(final, size, sha256 if rehash else None, digest)
         if fd is not None:
             return self._hit(fd, final, size)
         lock_path = os.path.join(self.root, LOCKS_DIR, _lock_name(rel))
         lock = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(lock, fcntl.LOCK_EX)  # another consumer downloading it: wait, then find it
-            fd = _lease(final, size, check)
+            fd = self._valid(final, size, sha256 if rehash else None, digest)
             if fd is not None:
                 os.close(lock)
                 return self._hit(fd, final, size)
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(final)  # a copy of the wrong size (truncated or replaced): fetch it again
+                os.unlink(final)  # a copy of the wrong size or digest (truncated, damaged): fetch it again
             tmp = self._reserve(final, size)
         except BaseException:
             os.close(lock)
@@ -329,7 +395,17 @@ class FileCache:
             os.close(lock)
             return None
         self.counters.add("cache_misses", 1)
-        return self._download(fetch, tmp, final, size, sha256, lock, where)
+        return self._download(fetch, tmp, final, size, sha256, lock, where, digest)
+
+    @staticmethod
+    def _valid(final: str, size: int, sha256: str | None, digest: str | None) -> int | None:
+        """``_lease`` of a cached copy that checks out: size, ``sha256`` if given, and with a
+        ``digest`` file the xxh3 recorded there (no record: not trusted, as a copy this cache did
+        not verify)."""
+        if digest is None:
+            return _lease(final, size, sha256)
+        recorded = _recorded(digest, size)
+        return None if recorded is None else _lease(final, size, xxh3=recorded)
 
     def _hit(self, fd: int, path: str, size: int) -> CachedFile:
         self.counters.add("cache_hits", 1)
@@ -367,6 +443,7 @@ class FileCache:
         sha256: str | None,
         lock: int,
         where: str,
+        digest: str | None,
     ) -> CachedFile:
         fd, tmp = reserved
         f = CachedFile(fd, final, size, self.chunk)
@@ -390,6 +467,8 @@ class FileCache:
                 for p in f._parts:
                     p.result()
                 _verify(tmp, size, sha256, where)
+                if digest is not None:  # before the rename: a copy under its final name has its record
+                    _record(digest, size, _xxh3(tmp))
                 # Under the global lock: a reservation's scan that listed ``tmp`` and then found
                 # neither name (renamed between its listing and its stat) would not count this
                 # file, and reserve past the cap (seen: 30,720 bytes on disk against 20,480).

@@ -164,6 +164,8 @@ class EpisodePoolDataset(IterableDataset):
         shared names the source has.
         """
         info = self._source_info
+        if isinstance(cameras, (str, bytes)):  # iterating it would name each character as a camera
+            raise ValueError(f"cameras must be a list of camera keys, got the string {cameras!r}; write [{cameras!r}]")
         if cameras is None:
             cameras = info.cameras
         unknown = sorted(set(cameras) - set(info.cameras))

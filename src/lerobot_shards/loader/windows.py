@@ -38,7 +38,13 @@ def delta_frame_offsets(
         if len(deltas) == 0:
             raise ValueError(f"delta_timestamps[{key!r}] is empty; give at least one delta")
         steps: list[int] = []
-        for d in deltas:
+        for given in deltas:
+            try:  # "0" or True is a typo, not seconds: float() would take them
+                if isinstance(given, (str, bytes, bool, np.bool_)):
+                    raise TypeError
+                d = float(given)
+            except (TypeError, ValueError):
+                raise ValueError(f"delta_timestamps[{key!r}] has {given!r}, which is not a number of seconds") from None
             if not math.isfinite(d):
                 raise ValueError(f"delta_timestamps[{key!r}] has a non-finite delta {d}")
             nearest = round(d * fps)
