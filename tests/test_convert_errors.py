@@ -322,3 +322,22 @@ def test_destination_holding_a_lerobot_dataset_is_refused_even_with_overwrite(
 def test_verify_on_a_raw_dataset_says_so(small_synth: Path) -> None:
     report = verify_dataset(small_synth)
     assert "a raw LeRobot dataset (meta/info.json), not a conversion" in str(report)
+
+
+def test_destination_that_is_a_file_is_named_in_one_line(small_synth: Path, tmp_path: Path) -> None:
+    dest = tmp_path / "afile"
+    dest.write_text("mine")
+    result = run_cli("convert", small_synth, dest, "--overwrite", "--no-progress")
+    assert result.returncode == 1
+    assert (
+        result.stderr.strip().splitlines()[-1]
+        == f"Error: {dest}: exists and is not a folder; choose another destination (nothing was written)"
+    )
+    assert dest.read_text() == "mine"
+
+
+def test_negative_shuffle_seed_names_the_option(small_synth: Path, tmp_path: Path) -> None:
+    result = run_cli("convert", small_synth, tmp_path / "out", "--shuffle-episodes=-1", "--no-progress")
+    assert result.returncode == 2 and "--shuffle-episodes" in result.stderr
+    with pytest.raises(ValueError, match="shuffle_seed"):
+        ConvertOptions(shuffle_seed=-1)

@@ -79,6 +79,8 @@ def _check_claim(dest: Destination, record: dict[str, Any], *, overwrite: bool) 
 
     Returns True when the destination must be cleared (``overwrite`` of other output).
     """
+    if dest.is_local and os.path.lexists(dest.root) and not os.path.isdir(dest.root):
+        raise ConvertError(f"{dest.root}: exists and is not a folder; choose another destination (nothing was written)")
     refuse_lerobot_dataset(dest)
     if dest.exists(RUN_RECORD):
         try:
