@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import av
 import pyarrow.parquet as pq
 import pytest
 
-from convert_helpers import edit_episodes, garble_frames, load, output_files, run_cli, set_column
+from convert_helpers import CLI, edit_episodes, garble_frames, load, output_files, reseal, run_cli, set_column
 from lerobot_shards.convert.plan import ConvertOptions
 from lerobot_shards.convert.run import ConvertError, convert_dataset
 from lerobot_shards.convert.verify import verify_dataset
@@ -229,3 +232,112 @@ def test_bucket_output_overlapping_a_bucket_source_is_refused(s3_server, small_s
         )
     fs.invalidate_cache()
     assert sorted(fs.find(bucket)) == before
+
+
+def test_another_tasks_run_record_temporary_does_not_make_the_destination_foreign(src: Path, tmp_path: Path) -> None:
+    """An array task started at the same moment may have its ``convert.json`` still under its temporary
+    name (and the lock file) when this task looks: that is this conversion's own output, not foreign."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / ".lock").touch()
+    (out / "convert.json.12345-0123abcd.tmp").write_text("{")
+    result = run_cli(
+        "convert", src, out, "--episodes-per-shard", "1", "--num-tasks", "2", "--task-index", "0", "--no-progress"
+    )
+    assert result.returncode == 0, result.stderr
+    assert (out / "convert.json").is_file()
+
+
+def test_array_tasks_started_together_both_convert(src: Path, tmp_path: Path) -> None:
+    """Two real task processes started at once on an empty destination: neither refuses it."""
+    out = tmp_path / "out"
+    args = ["convert", src, out, "--episodes-per-shard", "1", "--num-tasks", "2", "--no-progress"]
+    procs = [
+        subprocess.Popen([*CLI, *map(str, args), "--task-index", str(i)], stderr=subprocess.PIPE, text=True)
+        for i in range(2)
+    ]
+    errors = [p.communicate(timeout=120)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], errors
+    assert (out / "manifest.json").is_file()
+
+
+def test_fifo_mp4_is_refused_in_one_line_not_read(src: Path, tmp_path: Path) -> None:
+    fifo = src / FRONT / "file-000.mp4"
+    fifo.unlink()
+    os.mkfifo(fifo)
+    result = subprocess.run(
+        [*CLI, "convert", str(src), str(tmp_path / "out"), "--no-progress"], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 1 and f"{fifo}: not a regular file" in result.stderr.strip().splitlines()[-1]
+    loader = f"from lerobot_shards.loader import EpisodePoolDataset; list(EpisodePoolDataset({str(src)!r}))"
+    result = subprocess.run([sys.executable, "-c", loader], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert (
+        result.stderr.strip().splitlines()[-1] == f"lerobot_shards.lerobot_v3.SourceError: {fifo}: not a regular file"
+    )
+
+
+def test_skip_bad_episodes_with_every_episode_bad_fails(src: Path, tmp_path: Path) -> None:
+    for name in ("file-000.mp4", "file-001.mp4"):
+        (src / FRONT / name).write_bytes(b"not an mp4")
+    result = run_cli("convert", src, tmp_path / "out", "--skip-bad-episodes", "--no-progress")
+    assert result.returncode == 1
+    assert re.search(
+        r"no episode was converted \(4 skipped; episode 0: .*file-000\.mp4: not a readable mp4", result.stderr
+    )
+    assert not (tmp_path / "out/manifest.json").exists()
+
+
+def test_verify_reports_a_conversion_without_episodes(small_synth: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    convert_dataset(small_synth, out, progress=False)
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest.update(
+        shards=[],
+        skipped_episodes={str(e): f"episode {e}: bad" for e in range(4)},
+        totals={"episodes": 0, "frames": 0, "bytes": 0, "shards": 0},
+    )
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    reseal(out)
+    report = verify_dataset(out)
+    assert not report.ok and "lists no episodes (all 4 skipped; episode 0: episode 0: bad)" in str(report)
+
+
+@pytest.mark.parametrize("command", ["convert", "upload"])
+def test_destination_holding_a_lerobot_dataset_is_refused_even_with_overwrite(
+    small_synth: Path, tmp_path: Path, command: str
+) -> None:
+    other = Path(shutil.copytree(small_synth, tmp_path / "other"))
+    before = sorted(p.relative_to(other) for p in other.rglob("*"))
+    what = small_synth
+    if command == "upload":
+        what = tmp_path / "conv"
+        convert_dataset(small_synth, what, progress=False)
+    result = run_cli(command, what, other, "--overwrite", "--no-progress")
+    assert result.returncode == 1
+    assert f"{other}/meta/info.json: {other} holds a LeRobot dataset; refusing" in result.stderr
+    assert sorted(p.relative_to(other) for p in other.rglob("*")) == before
+
+
+def test_verify_on_a_raw_dataset_says_so(small_synth: Path) -> None:
+    report = verify_dataset(small_synth)
+    assert "a raw LeRobot dataset (meta/info.json), not a conversion" in str(report)
+
+
+def test_destination_that_is_a_file_is_named_in_one_line(small_synth: Path, tmp_path: Path) -> None:
+    dest = tmp_path / "afile"
+    dest.write_text("mine")
+    result = run_cli("convert", small_synth, dest, "--overwrite", "--no-progress")
+    assert result.returncode == 1
+    assert (
+        result.stderr.strip().splitlines()[-1]
+        == f"Error: {dest}: exists and is not a folder; choose another destination (nothing was written)"
+    )
+    assert dest.read_text() == "mine"
+
+
+def test_negative_shuffle_seed_names_the_option(small_synth: Path, tmp_path: Path) -> None:
+    result = run_cli("convert", small_synth, tmp_path / "out", "--shuffle-episodes=-1", "--no-progress")
+    assert result.returncode == 2 and "--shuffle-episodes" in result.stderr
+    with pytest.raises(ValueError, match="shuffle_seed"):
+        ConvertOptions(shuffle_seed=-1)

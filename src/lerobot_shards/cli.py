@@ -221,7 +221,7 @@ _STORAGE_OPTIONS = click.option(
 @click.option(
     "--shuffle-episodes",
     "shuffle_seed",
-    type=int,
+    type=click.IntRange(min=0),
     metavar="SEED",
     help="Assign episodes to shards in a seeded random order instead of source order.",
 )

@@ -470,11 +470,16 @@ class LeRobotV3Source:
     def open(self, rel_path: str) -> Any:
         """Open a file of the dataset for reading; from object storage every fetch is bounded
         (``timeouts.open_bounded``)."""
+        _regular(self.fs, self._abs(rel_path))
         return open_bounded(self.fs, self._abs(rel_path))
 
     def local_path(self, rel_path: str) -> str | None:
-        """The file's local path when the root is on local disk, else None."""
-        return self._abs(rel_path) if "file" in protocols(self.fs) else None
+        """The file's local path when the root is on local disk, else None. A path that is not a
+        regular file is refused here, before any reader opens it: a FIFO would block that forever."""
+        if "file" not in protocols(self.fs):
+            return None
+        _regular(self.fs, self._abs(rel_path))
+        return self._abs(rel_path)
 
     def episode_sizes(self) -> list[EpisodeSize]:
         """Estimated shard bytes per episode, from metadata and file sizes only (for planning)."""
@@ -600,6 +605,8 @@ class LeRobotV3Source:
             import av
 
             where = self._abs(rel_path)
+            if local_path is None:
+                _regular(self.fs, where)
             try:
                 with contextlib.ExitStack() as stack:
                     f = (

@@ -43,6 +43,12 @@ OWN_SHARD_FILE = re.compile(
     r"shard-\d{6}\.(tar|idx\.json)(\.\d+-[0-9a-f]{8}\.tmp)?"
 )  # shard_name, sidecar_name, tmp_name
 RUN_RECORD = "convert.json"  # the run's options, written first: tells own output from foreign content
+# Top-level names a conversion writes besides the shards: its lock and (while writing) the temporary
+# names of its run record and manifest. Another array task's ``convert.json.<pid>-<hex>.tmp`` seen
+# before its rename must not make the destination look like foreign content.
+OWN_TOP_FILE = re.compile(
+    rf"{re.escape(LOCK_NAME)}|({re.escape(RUN_RECORD)}|{re.escape(MANIFEST_NAME)})\.\d+-[0-9a-f]{{8}}\.tmp"
+)
 
 RETRY_ATTEMPTS = 5  # tries per remote write: waits of about 0.5, 1, 2, 4 s in between (with jitter)
 RETRY_FIRST_WAIT_S = 0.5

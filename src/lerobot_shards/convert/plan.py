@@ -75,6 +75,10 @@ class ConvertOptions:
         object.__setattr__(self, "shard_bytes", shard_bytes)
         if self.reencode is not None and self.reencode not in CODECS:
             raise ValueError(f"reencode must be one of {', '.join(CODECS)}, got {self.reencode!r}")
+        if self.shuffle_seed is not None and self.shuffle_seed < 0:  # numpy's seeds are non-negative
+            raise ValueError(
+                f"shuffle_seed (--shuffle-episodes) must be a non-negative integer, got {self.shuffle_seed}"
+            )
         if self.gop < 1:
             raise ValueError(f"gop must be at least 1, got {self.gop}")
         check_mode(self.resize_mode)

@@ -45,7 +45,7 @@ from ..lerobot_v3 import LeRobotV3Source
 from ..redaction import quiet_storage_loggers, without_credentials
 from ..resize import resized_features
 from ..shard_plan import PlannedShard
-from .destination import LOCK_NAME, RUN_RECORD, Destination, DestinationBusy, overlap
+from .destination import OWN_TOP_FILE, RUN_RECORD, Destination, DestinationBusy, overlap
 from .plan import DEFAULT_RUN, ConvertOptions, RunOptions, make_plan, plan_digest, task_share
 from .shard_status import shard_status
 from .shard_writer import EpisodeCallback, build_shard
@@ -53,6 +53,7 @@ from .shard_writer import EpisodeCallback, build_shard
 log = logging.getLogger(__name__)
 
 RUN_RECORD_FORMAT = "lerobot-shards-convert"
+LEROBOT_INFO = "meta/info.json"  # marks a raw LeRobot dataset
 
 
 def _source_url(source: str | Path) -> str:
@@ -78,6 +79,9 @@ def _check_claim(dest: Destination, record: dict[str, Any], *, overwrite: bool) 
 
     Returns True when the destination must be cleared (``overwrite`` of other output).
     """
+    if dest.is_local and os.path.lexists(dest.root) and not os.path.isdir(dest.root):
+        raise ConvertError(f"{dest.root}: exists and is not a folder; choose another destination (nothing was written)")
+    refuse_lerobot_dataset(dest)
     if dest.exists(RUN_RECORD):
         try:
             theirs = json.loads(dest.read_bytes(RUN_RECORD))
@@ -93,7 +97,7 @@ def _check_claim(dest: Destination, record: dict[str, Any], *, overwrite: bool) 
                 f"{', '.join(diff)}); pass --overwrite to replace it or choose another destination"
             )
         return True
-    if [e for e in dest.entries() if e != LOCK_NAME] and not overwrite:
+    if [e for e in dest.entries() if not OWN_TOP_FILE.fullmatch(e)] and not overwrite:
         raise ConvertError(
             f"{dest.url} is not empty and holds no {RUN_RECORD}, so it is not lerobot-shards output: "
             f"refusing to write into it (pass --overwrite to replace its shards, or choose another destination)"
@@ -101,15 +105,29 @@ def _check_claim(dest: Destination, record: dict[str, Any], *, overwrite: bool) 
     return overwrite
 
 
+def refuse_lerobot_dataset(dest: Destination) -> None:
+    """Refuse, whatever the flags, a destination holding a LeRobot dataset (``meta/info.json``): a
+    conversion written beside it would shadow it (loaders read ``manifest.json`` first)."""
+    if dest.exists(LEROBOT_INFO):
+        raise ConvertError(
+            f"{dest.path(LEROBOT_INFO)}: {without_credentials(dest.url)} holds a LeRobot dataset; refusing to write "
+            "a conversion into it, even with --overwrite (nothing was written): choose another destination"
+        )
+
+
 def _claim(dest: Destination, record: dict[str, Any], *, clear: bool) -> None:
     """Write the run record (after clearing a replaced conversion's files)."""
     if clear:
         dest.clear_own_files()
-        foreign = [e for e in dest.entries() if e not in (SHARDS_DIR, LOCK_NAME)]
+        foreign = [e for e in dest.entries() if e != SHARDS_DIR and not OWN_TOP_FILE.fullmatch(e)]
         if foreign:
             log.warning("--overwrite: leaving unrelated entries in %s alone: %s", dest.url, ", ".join(foreign))
     if not dest.exists(RUN_RECORD):
         dest.write_bytes(RUN_RECORD, json.dumps(record, indent=1, sort_keys=True).encode())
+    elif not clear:
+        # Re-checked here, under the lock: a task started at the same moment may have written its
+        # record after our first look (its temporary name alone did not stop us).
+        _check_claim(dest, record, overwrite=False)
 
 
 def claim(dest: Destination, record: dict[str, Any], *, overwrite: bool) -> None:
@@ -327,6 +345,13 @@ def finalize(
             f"incomplete: {'; '.join(missing)}. Run the tasks that own them (shard i belongs to task i % num_tasks)."
         )
     skipped = {ep: reason for s in sidecars for ep, reason in s.skipped.items()}
+    if not any(s.episodes for s in sidecars):
+        # Every episode was skipped (--skip-bad-episodes): an empty dataset is a failure, not a result.
+        first = min(skipped, default=None)
+        why = f"; episode {first}: {skipped[first]}" if first is not None else ""
+        raise ConvertError(
+            f"{dest.url}: no episode was converted ({len(skipped)} skipped{why}); {MANIFEST_NAME} not written"
+        )
     video = options.video_settings()
     sizes = options.camera_sizes(source.camera_keys)
     if options.reencode is None:

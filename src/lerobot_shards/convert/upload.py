@@ -47,7 +47,7 @@ from ..format import MANIFEST_NAME, MAX_MANIFEST_BYTES, SHARDS_DIR, FormatError,
 from ..redaction import without_credentials
 from ..safe_io import check_local_file, read_sidecar, read_small
 from .destination import HASH_CHUNK, RUN_RECORD, Destination, DestinationBusy, overlap
-from .run import claim
+from .run import claim, refuse_lerobot_dataset
 
 log = logging.getLogger(__name__)
 
@@ -207,6 +207,7 @@ def upload_dataset(
 
     dest = Destination(url, storage_options=storage_options)
     _refuse_upload_into_itself(out, dest)
+    refuse_lerobot_dataset(dest)  # before the lock: nothing is written there
     try:
         with dest.lock(None):  # a local destination: no convert or upload writes there meanwhile
             return _upload(

@@ -543,11 +543,20 @@ def verify_dataset(
     try:
         manifest = Manifest.from_json(out.read_bytes(MANIFEST_NAME), where=out.path(MANIFEST_NAME))
     except FileNotFoundError:
-        report.problem(f"{out.path(MANIFEST_NAME)}: missing (conversion unfinished? run convert --finalize)")
+        if out.exists("meta/info.json"):
+            report.problem(
+                f"{out.url}: a raw LeRobot dataset (meta/info.json), not a conversion: verify checks convert's output"
+            )
+        else:
+            report.problem(f"{out.path(MANIFEST_NAME)}: missing (conversion unfinished? run convert --finalize)")
         return report
     except (FormatError, ValueError, KeyError) as e:
         report.problem(f"{out.path(MANIFEST_NAME)}: unreadable ({e})")
         return report
+    if manifest.total_episodes == 0:  # a dataset nothing can train on is a failed conversion, not an OK one
+        first = next(iter(sorted(manifest.skipped_episodes.items())), None)
+        why = f" (all {len(manifest.skipped_episodes)} skipped; episode {first[0]}: {first[1]})" if first else ""
+        report.problem(f"{out.path(MANIFEST_NAME)}: lists no episodes{why}")
     src = None
     if source is not None:
         try:
