@@ -97,6 +97,8 @@ def test_size_parsing_and_clear_errors() -> None:
             parse_size(bad)
     with pytest.raises(ValueError, match="twice"):
         parse_resize(["224x224", "96x96"])
+    with pytest.raises(ValueError, match=r"resize size \(2\.5, 4\)"):  # the Python API: refused, not truncated to 2
+        ConvertOptions(resize={"*": (2.5, 4)})
     with pytest.raises(ValueError, match="not one of"):
         plan_transform((480, 640), SIZE, "squash")
     pad = plan_transform((480, 640), SIZE, "pad").to_dict()

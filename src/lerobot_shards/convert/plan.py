@@ -82,10 +82,10 @@ class ConvertOptions:
         if self.gop < 1:
             raise ValueError(f"gop must be at least 1, got {self.gop}")
         check_mode(self.resize_mode)
-        entries = self.resize.items() if isinstance(self.resize, Mapping) else ((c, s) for c, *s in self.resize)
+        entries = list(self.resize.items() if isinstance(self.resize, Mapping) else ((c, s) for c, *s in self.resize))
+        for camera, size in entries:  # before any int(): 2.5 must be refused, not truncated
+            check_size(tuple(size), str(camera))
         resize = tuple(sorted((str(c), int(size[0]), int(size[1])) for c, size in entries))
-        for camera, height, width in resize:
-            check_size((height, width), camera)
         if len({c for c, _, _ in resize}) != len(resize):
             raise ValueError(f"resize names a camera twice: {resize}")
         object.__setattr__(self, "resize", resize)
