@@ -148,13 +148,18 @@ def test_wrong_sized_cached_file_is_fetched_again(tmp_path: Path) -> None:
     cache.acquire(_fetcher(data), "ds/s.tar", 4000, sha, "s.tar").close()
     path = tmp_path / "ds/s.tar"
     path.write_bytes(data[:1234])  # truncated behind the cache's back
-    f = cache.acquire(_fetcher(data), "ds/s.tar", 4000, sha, "s.tar")
-    assert f.read(0, 4000) == data
-    f.wait()
-    f.close()
+    _read_whole(cache, data, "ds/s.tar", sha)
     assert path.read_bytes() == data
     assert counters.snapshot()["cache_misses"] == 2
     pool.shutdown()
+
+
+def _read_whole(cache: FileCache, data: bytes, key: str, sha: str | None) -> None:
+    """Take ``key`` into use once more and read it whole: the bytes are the fetched ones."""
+    f = cache.acquire(_fetcher(data), key, len(data), sha, key.rsplit("/", 1)[-1])
+    assert f.read(0, len(data)) == data
+    f.wait()
+    f.close()
 
 
 def test_a_file_without_a_known_digest_damaged_in_place_is_fetched_again(tmp_path: Path) -> None:
@@ -170,10 +175,7 @@ def test_a_file_without_a_known_digest_damaged_in_place_is_fetched_again(tmp_pat
     damaged = bytearray(data)
     damaged[2000:2016] = bytes(b ^ 1 for b in damaged[2000:2016])
     path.write_bytes(bytes(damaged))  # same size, other bytes
-    f = cache.acquire(_fetcher(data), "ds/v.mp4", 4000, None, "v.mp4")
-    assert f.read(0, 4000) == data
-    f.wait()
-    f.close()
+    _read_whole(cache, data, "ds/v.mp4", None)
     assert path.read_bytes() == data
     assert counters.snapshot()["cache_misses"] == 2
     pool.shutdown()
