@@ -467,12 +467,14 @@ class FileCache:
                 for p in f._parts:
                     p.result()
                 _verify(tmp, size, sha256, where)
-                if digest is not None:  # before the rename: a copy under its final name has its record
-                    _record(digest, size, _xxh3(tmp))
+                written = _xxh3(tmp) if digest is not None else None  # hashed before taking the lock
                 # Under the global lock: a reservation's scan that listed ``tmp`` and then found
                 # neither name (renamed between its listing and its stat) would not count this
-                # file, and reserve past the cap (seen: 30,720 bytes on disk against 20,480).
+                # file, and reserve past the cap (seen: 30,720 bytes on disk against 20,480). The
+                # record comes first: a copy under its final name has its record.
                 with _locked(os.path.join(self.root, GLOBAL_LOCK)):
+                    if digest is not None and written is not None:
+                        _record(digest, size, written)
                     os.replace(tmp, final)
                 f.done.set_result(final)
             except BaseException as e:
