@@ -42,6 +42,7 @@ _WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG}
 OWN_SHARD_FILE = re.compile(
     r"shard-\d{6}\.(tar|idx\.json)(\.\d+-[0-9a-f]{8}\.tmp)?"
 )  # shard_name, sidecar_name, tmp_name
+LEROBOT_INFO = "meta/info.json"  # marks a raw LeRobot dataset (a source, never a destination)
 RUN_RECORD = "convert.json"  # the run's options, written first: tells own output from foreign content
 # Top-level names a conversion writes besides the shards: its lock and (while writing) the temporary
 # names of its run record and manifest. Another array task's ``convert.json.<pid>-<hex>.tmp`` seen

@@ -11,7 +11,7 @@ from ..format import MANIFEST_NAME, SHARDS_DIR, FormatError, FrameTransform, Man
 from ..lerobot_v3 import LeRobotV3Source, SourceError
 from ..safe_io import read_sidecar
 from ..shard_plan import DEFAULT_SHARD_BYTES, plan_shards
-from .destination import Destination
+from .destination import LEROBOT_INFO, Destination
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
@@ -148,7 +148,7 @@ def inspect_path(path: str | Path, *, storage_options: dict[str, Any] | None = N
     dest = Destination(str(path), storage_options=storage_options)
     if dest.exists(MANIFEST_NAME):
         return inspect_converted(dest)
-    if dest.exists("meta/info.json"):
+    if dest.exists(LEROBOT_INFO):
         return inspect_source(LeRobotV3Source(str(path), storage_options=storage_options))
     raise SourceError(f"{path}: neither a converted dataset ({MANIFEST_NAME}) nor a LeRobot dataset (meta/info.json)")
 

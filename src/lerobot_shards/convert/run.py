@@ -45,7 +45,7 @@ from ..lerobot_v3 import LeRobotV3Source
 from ..redaction import quiet_storage_loggers, without_credentials
 from ..resize import resized_features
 from ..shard_plan import PlannedShard
-from .destination import OWN_TOP_FILE, RUN_RECORD, Destination, DestinationBusy, overlap
+from .destination import LEROBOT_INFO, OWN_TOP_FILE, RUN_RECORD, Destination, DestinationBusy, overlap
 from .plan import DEFAULT_RUN, ConvertOptions, RunOptions, make_plan, plan_digest, task_share
 from .shard_status import shard_status
 from .shard_writer import EpisodeCallback, build_shard
@@ -53,7 +53,6 @@ from .shard_writer import EpisodeCallback, build_shard
 log = logging.getLogger(__name__)
 
 RUN_RECORD_FORMAT = "lerobot-shards-convert"
-LEROBOT_INFO = "meta/info.json"  # marks a raw LeRobot dataset
 
 
 def _source_url(source: str | Path) -> str:

@@ -52,7 +52,7 @@ from ..safe_io import check_local_file
 from ..tar_headers import TarHeaderError, member_header
 from ..timeouts import open_bounded
 from ..video import ClipError, decode_frames, decoded_frames, probe_clip, transform_frame
-from .destination import Destination
+from .destination import LEROBOT_INFO, Destination
 from .shard_status import shard_status
 
 log = logging.getLogger(__name__)
@@ -543,7 +543,7 @@ def verify_dataset(
     try:
         manifest = Manifest.from_json(out.read_bytes(MANIFEST_NAME), where=out.path(MANIFEST_NAME))
     except FileNotFoundError:
-        if out.exists("meta/info.json"):
+        if out.exists(LEROBOT_INFO):
             report.problem(
                 f"{out.url}: a raw LeRobot dataset (meta/info.json), not a conversion: verify checks convert's output"
             )

@@ -576,7 +576,8 @@ class RawSource:
             if missing:
                 listing = "; ".join(f"{p} (needed by episode {ep})" for p, ep in sorted(missing.items()))
                 raise SourceError(f"{self.url}: {len(missing)} missing file(s) for the chosen episodes: {listing}")
-        self._check_frames(episodes)
+        if src is None:  # a given ``src`` was checked by the source that read it (a worker's parent)
+            self._check_frames(episodes)
         plan = plan_shards(self.src.episode_sizes(), target_bytes=shard_bytes, episodes_per_shard=episodes_per_shard)
         self.info = SourceInfo(
             fps=self.src.fps,
