@@ -7,8 +7,8 @@
   per sample as the loader does) made without I/O, through the same DataLoader: the most any
   DataLoader-based loader can deliver here.
 - ``pure-decode``: the library's own ``DecoderCache`` decoding the frames of random samples of
-  pool-resident episodes, in this one process (one core): the decode limit per core. The limit
-  for N workers is N times that, as long as N <= cores (workers=0: as many as its decode threads).
+  pool-resident episodes, in as many processes at once as the case has workers (workers=0: as
+  many as its decode threads), at most one per CPU: the decode limit for that parallelism.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import torch  # noqa: E402
 from torch.utils.data import DataLoader, IterableDataset, default_collate, get_worker_info  # noqa: E402
 
 from harness.cases import camera_offsets, delta_timestamps  # noqa: E402
-from harness.measure import drive, run_main, tree_cpu_seconds  # noqa: E402
+from harness.measure import drive, run_main  # noqa: E402
 
 DTYPES = {"uint8": torch.uint8, "float32": torch.float32}
 
@@ -202,13 +202,16 @@ def run_ceiling(spec: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-def run_pure_decode(spec: dict[str, Any]) -> dict[str, Any]:
+def _decode_alone(spec: dict[str, Any], seed: int, go: Any, out: Any) -> None:
+    """One decoder's share of the pure-decode limit: random samples of pool-resident episodes
+    decoded by the library's ``DecoderCache``, timed from ``go`` (set when every share is ready);
+    puts (samples, frames, wall s, CPU s of this process, decode s) on ``out``."""
     from lerobot_shards.loader.decode import DecoderCache
     from lerobot_shards.loader.sources import open_source
 
     case = spec["case"]
     source = open_source(spec["paths"]["converted-local"])
-    rng = random.Random(spec["seed"])
+    rng = random.Random(seed)
     resident = []
     for shard in rng.sample(source.info.shards, len(source.info.shards)):
         resident += [source.read_episode(shard.index, e) for e in shard.episodes]
@@ -220,28 +223,45 @@ def run_pure_decode(spec: dict[str, Any]) -> dict[str, Any]:
     n = (spec["warmup_batches"] + spec["batches"]) * case["batch_size"]
     max_seconds = spec.get("max_seconds")
     samples = frames = 0
-    cpu0, start = tree_cpu_seconds(), time.perf_counter()
+    go.wait()
+    cpu0, start = time.process_time(), time.perf_counter()
     while samples < n and not (max_seconds and time.perf_counter() - start >= max_seconds):
         ep = rng.choice(resident)
         f = rng.randrange(ep.length)
         for cam in spec["cameras"]:
             frames += len(cache.frames(ep.clips[cam], [min(max(f + o, 0), ep.length - 1) for o in offsets]))
         samples += 1
-    wall, cpu = time.perf_counter() - start, tree_cpu_seconds() - cpu0
-    per_core = samples / wall
-    cpus = os.cpu_count() or 1
-    cores = min(case["workers"] or main_process_threads(), cpus)
+    out.put((samples, frames, time.perf_counter() - start, time.process_time() - cpu0, cache.decode_seconds))
+
+
+def run_pure_decode(spec: dict[str, Any]) -> dict[str, Any]:
+    """As many decoders as the case has workers (or decode threads at 0 workers, at most the CPUs),
+    each in its own process and all at once: what decoding alone reaches with that parallelism on
+    this machine, cores sharing caches and memory bandwidth as the loader's workers do."""
+    case = spec["case"]
+    cores = min(case["workers"] or main_process_threads(), os.cpu_count() or 1)
+    context = multiprocessing.get_context("fork")
+    go, out = context.Event(), context.Queue()
+    shares = [context.Process(target=_decode_alone, args=(spec, spec["seed"] + i, go, out)) for i in range(cores)]
+    for p in shares:
+        p.start()
+    go.set()
+    results = [out.get() for _ in shares]
+    for p in shares:
+        p.join()
+    samples = sum(r[0] for r in results)
+    wall, cpu = max(r[2] for r in results), sum(r[3] for r in results)
+    rate = sum(r[0] / r[2] for r in results)  # each share's own rate: none waits for the slowest
     return {
         "samples": samples,
         "wall_s": round(wall, 3),
-        "time_capped": samples < n,
-        "per_core_samples_per_s": round(per_core, 2),
-        "per_core_frames_per_s": round(frames / wall, 1),
+        "time_capped": samples < cores * (spec["warmup_batches"] + spec["batches"]) * case["batch_size"],
         "cores": cores,
-        "samples_per_s": round(per_core * cores, 2),  # the limit for this case's worker count
-        "frames_per_s": round(frames / wall * cores, 1),
+        "samples_per_s": round(rate, 2),  # the limit for this case's worker count
+        "per_core_samples_per_s": round(rate / cores, 2),
+        "frames_per_s": round(sum(r[1] / r[2] for r in results), 1),
         "cpu_ms_per_sample": round(cpu * 1000 / samples, 2),
-        "decode_seconds": round(cache.decode_seconds, 3),
+        "decode_seconds": round(sum(r[4] for r in results), 3),
     }
 
 
