@@ -319,3 +319,104 @@ def test_with_slabs_rebuilds_a_loader_built_elsewhere_keeping_its_settings(synth
 
 def _no_op(worker_id: int) -> None:
     pass
+
+
+# -- staging: frames decoded straight into the slot of the slab their batch travels in -------------
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.float32])
+def test_frames_are_written_into_their_batch_slot_and_equal_the_plain_loaders(synth, dtype) -> None:
+    """After a worker's first batch (its layout is the plan), each camera's frames go straight into
+    their slot of the next batch's slab as they are decoded: collation finds them there. The
+    windowed camera and the single-frame one, both dtypes, two epochs of persistent workers."""
+    plain_ds, ds = _dataset(synth, image_dtype=dtype), _dataset(synth, image_dtype=dtype)
+    plain_loader = DataLoader(plain_ds, batch_size=BATCH, num_workers=2)
+    loader = slab_loader(ds, batch_size=BATCH, num_workers=2, slabs=8, persistent_workers=True)  # never short
+    values = 0
+    for epoch in (0, 1):
+        plain_ds.set_epoch(epoch)
+        ds.set_epoch(epoch)
+        plain = list(plain_loader)
+        values += len(CAMS) * sum(len(b["index"]) for b in plain)
+        assert _compare(plain, iter(loader)) == len(plain)
+    stats = loader.collate_fn.stats()["workers"]
+    assert stats["fallback_batches"] == 0 and stats["slabs_retired"] == 0
+    # all but each worker's first batches and the samples made before those were collated
+    assert values // 2 <= stats["staged_values"] <= values
+    assert stats["stage_cpu_s"] > 0
+
+
+class _Regrouped(torch.utils.data.IterableDataset):
+    """Another dataset's samples with one left out: the DataLoader's batches no longer fall where
+    the inner dataset's staging expected them."""
+
+    def __init__(self, inner: EpisodePoolDataset, drop: int) -> None:
+        super().__init__()
+        self.inner, self.drop = inner, drop
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        for i, sample in enumerate(self.inner):
+            if i != self.drop:
+                yield sample
+
+
+def test_samples_regrouped_by_a_wrapper_are_copied_and_staging_stops(synth) -> None:
+    plain = list(DataLoader(_Regrouped(_dataset(synth, image_dtype=torch.uint8), 13), batch_size=BATCH, num_workers=1))
+    loader = slab_loader(_Regrouped(_dataset(synth, image_dtype=torch.uint8), 13), batch_size=BATCH, num_workers=1)
+    assert _compare(plain, iter(loader)) == len(plain)
+    stats = loader.collate_fn.stats()["workers"]
+    assert stats["slabs_retired"] >= 1  # the slab whose slots were given to samples of other batches
+    assert 0 < stats["staged_values"] < len(CAMS) * 13  # before the regrouping only
+    assert stats["fallback_batches"] == 0
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_an_abandoned_epoch_leaves_no_staged_frames_behind(synth, drop_last) -> None:
+    """Persistent workers: an epoch left after 3 batches (its next batch's slab reserved, frames
+    perhaps still being decoded into it) or ended by ``drop_last``; the next epoch is exact."""
+    ds = _dataset(synth, image_dtype=torch.uint8)
+    loader = slab_loader(ds, batch_size=BATCH, num_workers=2, persistent_workers=True, drop_last=drop_last)
+    for epoch in (0, 1):
+        ds.set_epoch(epoch)
+        it = iter(loader)
+        for _ in range(3):
+            del _
+            next(it)
+        del it
+        plain_ds = _dataset(synth, image_dtype=torch.uint8)
+        plain_ds.set_epoch(epoch)
+        plain = list(DataLoader(plain_ds, batch_size=BATCH, num_workers=2, drop_last=drop_last))
+        assert _compare(plain, iter(loader)) == len(plain)
+    assert loader.collate_fn.stats()["workers"]["staged_values"] > 0
+
+
+class _Cached(torch.utils.data.IterableDataset):
+    """Keeps the first epoch's samples and yields them again in later ones (an in-memory cache)."""
+
+    def __init__(self, inner: EpisodePoolDataset) -> None:
+        super().__init__()
+        self.inner = inner
+        self.kept: list[dict[str, Any]] | None = None
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        if self.kept is None:
+            self.kept = []
+            for sample in self.inner:
+                self.kept.append(sample)
+                yield sample
+        else:
+            yield from self.kept
+
+
+def test_samples_kept_beyond_their_batch_keep_their_frames(synth) -> None:
+    """A staged sample's frames live in its batch's slab: a wrapper that keeps samples (a cache)
+    keeps that slab from being written again, so the kept frames never change."""
+    plain_loader = DataLoader(_Cached(_dataset(synth, image_dtype=torch.uint8)), batch_size=BATCH, num_workers=1)
+    plain = [list(plain_loader) for _ in range(1)][0]  # a new worker per epoch: its cache is fresh
+    loader = slab_loader(
+        _Cached(_dataset(synth, image_dtype=torch.uint8)), batch_size=BATCH, num_workers=1, persistent_workers=True
+    )
+    for _ in range(3):  # epoch 1 fills the worker's cache, epochs 2 and 3 read it
+        assert _compare(plain, iter(loader)) == len(plain)
+    stats = loader.collate_fn.stats()["workers"]
+    assert stats["staged_values"] > 0 and stats["slabs_retired"] > 0

@@ -109,7 +109,10 @@ def cpu_split(result: dict[str, Any], loader: DataLoader, loader_stats: dict[str
     if total is None or stats is None:
         return {}
     workers = stats["workers"]
-    collate = 1000 * workers["collate_cpu_s"] / workers["samples"] if workers["samples"] else 0.0
+    # collation: the collate_fn's CPU, and the slab transport's copies of frames into their slots
+    # made by the decode threads as they decode (``transport.Staging``)
+    copies = workers["collate_cpu_s"] + workers.get("stage_cpu_s", 0.0)
+    collate = 1000 * copies / workers["samples"] if workers["samples"] else 0.0
     emitted = (loader_stats or {}).get("frames_emitted") or 0
     decode = 1000 * loader_stats["decode_cpu_seconds"] / emitted if loader_stats and emitted else 0.0
     out = {
@@ -118,7 +121,7 @@ def cpu_split(result: dict[str, Any], loader: DataLoader, loader_stats: dict[str
         "rest_ms": round(total - decode - collate, 2),
     }
     if "slab_batches" in workers:
-        out["transport"] = {k: v for k, v in workers.items() if k not in ("samples", "collate_cpu_s")}
+        out["transport"] = {k: v for k, v in workers.items() if k not in ("samples", "collate_cpu_s", "stage_cpu_s")}
         out["transport"]["main"] = stats["main"]
     return out
 

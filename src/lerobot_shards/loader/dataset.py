@@ -391,12 +391,18 @@ class EpisodePoolDataset(IterableDataset):
         sampler.skip(skip)
         stats.add("fast_forward_samples", skip)
         stats.add("fast_forward_seconds", time.perf_counter() - start)
-        return self.stream(plan, sampler, skip, stats)
+        return self.stream(plan, sampler, skip, stats, stage=True)
 
     def stream(
-        self, plan: ConsumerPlan, sampler: PoolSampler | SubsetSampler, skip: int, stats: StatSlot
+        self,
+        plan: ConsumerPlan,
+        sampler: PoolSampler | SubsetSampler,
+        skip: int,
+        stats: StatSlot,
+        stage: bool = False,
     ) -> Iterator[dict[str, Any]]:
-        """The samples of ``sampler`` (fast-forwarded over ``skip``) on ``plan``'s episodes, read and decoded."""
+        """The samples of ``sampler`` (fast-forwarded over ``skip``) on ``plan``'s episodes, read and
+        decoded (``stage``: as ``stream_samples``'s, for the dataset's own iteration only)."""
         return stream_samples(
             self._open_source,
             plan,
@@ -408,6 +414,7 @@ class EpisodePoolDataset(IterableDataset):
             decode=self.decode,
             equal_samples_per_rank=self._order.equal_samples_per_rank,
             rank_cores=self._rank_cores,
+            stage=stage,
         )
 
     # -- observability --------------------------------------------------------------------------

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import sys
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
@@ -20,6 +21,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.utils.data import get_worker_info
 
 from . import shutdown
 from .decode import DecodePool, DecoderCache, auto_decode_threads, decode_image
@@ -30,6 +32,7 @@ from .reader import EpisodeReader, ReaderClosed
 from .sampling import PoolSampler
 from .sources import EpisodeSource, ResidentEpisode
 from .stats import StatSlot
+from .transport import Staging
 from .windows import window_indices
 
 log = logging.getLogger(__name__)
@@ -47,8 +50,11 @@ class SampleLayout:
     resize_sizes: Mapping[str, tuple[int, int]]  # cameras decoded at another size
     image_dtype: torch.dtype
 
-    def sample(self, episode: ResidentEpisode, frame: int, decoders: DecodePool) -> dict[str, Any]:
-        """One sample; its camera frames are futures (``DecodePool``) until ``emit``."""
+    def sample(
+        self, episode: ResidentEpisode, frame: int, decoders: DecodePool, staging: Staging | None = None, seq: int = 0
+    ) -> dict[str, Any]:
+        """One sample; its camera frames are futures (``DecodePool``) until ``emit``. With ``staging``,
+        each camera's frames are written into the slot ``staging`` gives sample ``seq``."""
         item: dict[str, Any] = {}
         for name, column in episode.columns.items():
             offsets = self.delta_offsets.get(name)
@@ -65,11 +71,12 @@ class SampleLayout:
         for cam in self.cameras:
             offsets = self.delta_offsets.get(cam)
             size = self.resize_sizes.get(cam)
+            slot = None if staging is None else staging.destination(seq, cam)
             if offsets is None:
-                item[cam] = decoders.submit(episode.clips[cam], [frame], size, lambda f: self.images(f)[0])
+                item[cam] = decoders.submit(episode.clips[cam], [frame], size, self._finish(False, slot, staging))
             else:
                 idx, pad = window_indices(frame, episode.length, offsets)
-                item[cam] = decoders.submit(episode.clips[cam], idx.tolist(), size, self.images)
+                item[cam] = decoders.submit(episode.clips[cam], idx.tolist(), size, self._finish(True, slot, staging))
                 item[f"{cam}_is_pad"] = torch.from_numpy(pad)
         item["task"] = self.tasks[int(episode.columns["task_index"][frame])]
         return item
@@ -77,6 +84,30 @@ class SampleLayout:
     def images(self, frames: torch.Tensor) -> torch.Tensor:
         """uint8 frames in the sample's dtype."""
         return frames.float().div_(255) if self.image_dtype == torch.float32 else frames
+
+    def _finish(
+        self, window: bool, slot: torch.Tensor | None, staging: Staging | None
+    ) -> Callable[[torch.Tensor], torch.Tensor]:
+        """What the decode thread makes of a camera's decoded frames: the camera's value (the window,
+        or its one frame), written into ``slot`` when it fits there (the same values ``images``
+        gives, in the slab the batch will travel in, while the frames are still in cache)."""
+
+        def finish(frames: torch.Tensor) -> torch.Tensor:
+            value = frames if window else frames[0]
+            if slot is None or staging is None or not _fits(value, slot, self.image_dtype):
+                return self.images(value)
+            start = time.thread_time()
+            slot.copy_(value)
+            if self.image_dtype == torch.float32:
+                slot.div_(255)
+            staging.staged(time.thread_time() - start)
+            return slot
+
+        return finish
+
+
+def _fits(value: torch.Tensor, slot: torch.Tensor, dtype: torch.dtype) -> bool:
+    return value.device.type == "cpu" and value.shape == slot.shape and slot.dtype == dtype
 
 
 def emit(item: dict[str, Any], decoders: DecodePool, stats: StatSlot) -> dict[str, Any]:
@@ -130,9 +161,12 @@ def stream_samples(
     decode: DecodeOptions,
     equal_samples_per_rank: bool,
     rank_cores: int | None = None,
+    stage: bool = False,
 ) -> Iterator[dict[str, Any]]:
     """The consumer's samples after the ``emitted`` ones its sampler was fast-forwarded over
-    (``rank_cores``: this rank's cores as counted in its own process, ``video.cores_per_rank``)."""
+    (``rank_cores``: this rank's cores as counted in its own process, ``video.cores_per_rank``).
+    ``stage``: these are the samples a DataLoader worker batches as they come (the dataset's own
+    iteration, not a mixture's source), so frames may be decoded into their batch's slab (``Staging``)."""
     per_pass = sum(plan.lengths)
     if sampler.num_samples == emitted or shutdown.exiting():
         return
@@ -146,6 +180,8 @@ def stream_samples(
         source, plan.episodes, sampler.admission_order(), read.prefetch_episodes, skip_bad=read.on_error == "skip"
     )
     decoders = decode_pool(decode, read.storage_options, stats, rank_cores)
+    # frames decoded straight into the slabs of this worker's SlabCollate (CPU frames only)
+    staging = Staging() if stage and decode.video_decode_device == "cpu" and get_worker_info() is not None else None
     lookahead = 2 * decoders.threads
     pool: dict[tuple[int, int], ResidentEpisode | None] = {}  # None: skipped (on_error="skip")
     pending: deque[dict[str, Any]] = deque()  # samples whose frames are being decoded, in order
@@ -183,7 +219,7 @@ def stream_samples(
                     stats.add("samples_substituted", owed)
                     owed = 0
             for chosen, frame in picks:
-                pending.append(layout.sample(chosen, frame, decoders))
+                pending.append(layout.sample(chosen, frame, decoders, staging, queued))
                 queued += 1
             if episode is None:
                 continue

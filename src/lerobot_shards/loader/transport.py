@@ -59,6 +59,9 @@ WORKER_FIELDS = (
     "slabs_allocated",
     "slab_bytes",
     "collate_cpu_s",
+    "staged_values",
+    "stage_cpu_s",
+    "slabs_retired",
 )
 
 
@@ -78,8 +81,22 @@ def _header(storage: torch.UntypedStorage) -> torch.Tensor:
 
 def _view(base: torch.Tensor, f: _Field) -> torch.Tensor:
     """Field ``f`` of a leased slab (``base``: the whole slab as uint8), sharing its memory."""
-    nbytes = math.prod(f.shape) * torch.empty(0, dtype=f.dtype).element_size()
+    nbytes = math.prod(f.shape) * _itemsize(f.dtype)
     return base[f.offset : f.offset + nbytes].view(f.dtype).as_strided(f.shape, f.stride)
+
+
+_use_count = getattr(torch._C, "_storage_Use_Count", None)  # torch's own (cudagraph trees use it)
+
+
+def _viewed_here(slab: _Slab) -> bool:
+    """Whether a tensor of this process other than the ring's own (the storage and its header)
+    still views the slab: a staged value kept beyond its batch (a wrapper caching samples), whose
+    memory must then never be written again."""
+    return _use_count is not None and _use_count(slab.storage._cdata) > 2
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty(0, dtype=dtype).element_size()
 
 
 def _batch_stride(sample: torch.Tensor, layout: Layout) -> tuple[int, ...]:
@@ -172,6 +189,7 @@ class SlabCollate:
             if not 0 <= info.id < MAX_WORKERS:
                 raise ValueError(f"SlabCollate supports at most {MAX_WORKERS} DataLoader workers")
             self._ring = _Ring(self.slabs, self._counters, info.id)
+            _set_worker_ring(self._ring)
         return self._ring.pack(samples, self.collate, self.pin_memory, self.layout)
 
     def stats(self) -> dict[str, Any]:
@@ -270,6 +288,16 @@ class _Slab:
 
 
 @dataclass
+class _Reserved:
+    """A slab taken (busy) for a batch not collated yet, and how many values were staged in it."""
+
+    index: int
+    slab: _Slab
+    assigned: int = 0  # values given a slot in it (``destination``)
+    keys: set[str] = dataclasses.field(default_factory=set)
+
+
+@dataclass
 class _Batch:
     """A batch of mapping samples, planned: which keys stack as tensors (in what strides), the rest collated."""
 
@@ -333,6 +361,15 @@ class _Ring:
         self.slabs: list[_Slab] = []
         self._counters = counters
         self._base = worker * len(WORKER_FIELDS)
+        # staging (``destination``): the layout of the first batch, and the batches of this
+        # iteration counted as they are collated, each with the slab reserved for it if any
+        self._plan: tuple[_Field, ...] | None = None
+        self._batch_size = 0
+        self._plan_bytes = 0
+        self._staging = True
+        self._collated = 0
+        self._reserved: dict[int, _Reserved] = {}
+        self._stage_lock = threading.Lock()
 
     def _add(self, name: str, value: float) -> None:
         self._counters[self._base + WORKER_FIELDS.index(name)] += value
@@ -348,26 +385,150 @@ class _Ring:
 
     def _pack(self, samples: list[Any], collate: Callable[[list[Any]], Any], pin: bool, layout: Layout) -> Any:
         batch = _Batch.plan(samples, collate, layout)
-        if batch is None:
-            self._add("fallback_batches", 1)
-            return collate(samples)
         fields, offset = [], HEADER_BYTES
-        for key, values, stride in batch.tensors:
+        for key, values, stride in batch.tensors if batch is not None else ():
             fields.append(_Field(key, values[0].dtype, (len(values), *values[0].shape), stride, offset))
             offset += _align(values[0].element_size() * values[0].numel() * len(values))
-        found = self._acquire(offset - HEADER_BYTES)
-        if found is None:
+        with self._stage_lock:  # a dataset may stage from another thread of this worker
+            reserved, placed, fields = self._claim_staged(batch, fields)
+            found = (
+                None
+                if batch is None
+                else (reserved.index, reserved.slab)
+                if reserved
+                else self._acquire(offset - HEADER_BYTES)
+            )
+        if batch is None or found is None:
             self._add("fallback_batches", 1)
             return collate(samples)
         index, slab = found
         generation = int(slab.header[1]) + 1
         slab.header[1] = generation
-        for f, (_, values, _) in zip(fields, batch.tensors):
-            torch.stack(values, out=_view(_bytes(slab.storage), f))
+        base = _bytes(slab.storage)
+        for f, (key, values, _) in zip(fields, batch.tensors):
+            out = _view(base, f)
+            done = placed.get(key)
+            if done is None:
+                torch.stack(values, out=out)
+                continue
+            for i, value in enumerate(values):
+                if i not in done:
+                    out[i].copy_(value)
         self._add("slab_batches", 1)
+        self._add("staged_values", sum(len(done) for done in placed.values()))
         return SlabBatch(
             slab.storage, (self.pid, self.token, index), generation, tuple(fields), batch.others, batch.order, pin
         )
+
+    # -- staging: values written straight into the slab their batch will travel in ----------------
+
+    def _claim_staged(
+        self, batch: _Batch | None, fields: list[_Field]
+    ) -> tuple[_Reserved | None, dict[str, set[int]], list[_Field]]:
+        """This batch's reserved slab if every value staged in it is in this batch, in its slot; the
+        positions already in place by key; the fields, at the plan's offsets when the slab is used.
+
+        Counts the batch (``begin``) and learns the plan from the first batch laid out in a slab.
+        Values staged for a batch that came out otherwise (a wrapper regrouped the samples) stop
+        staging for good in this worker; a batch laid out otherwise makes the plan be learnt
+        again. Either way the reserved slabs are retired (``_retire``)."""
+        number = self._collated
+        self._collated += 1
+        reserved = self._reserved.pop(number, None)
+        if batch is not None and self._plan is None and self._staging:
+            self._plan, self._batch_size = tuple(fields), fields[0].shape[0] if fields else 0
+            self._plan_bytes = sum(_align(math.prod(f.shape) * _itemsize(f.dtype)) for f in fields)
+        if reserved is None:
+            return None, {}, fields
+        planned = self._planned(fields) if batch is not None else None
+        placed = self._in_place(batch, planned, reserved) if batch is not None and planned is not None else {}
+        if planned is None or sum(len(done) for done in placed.values()) != reserved.assigned:
+            if planned is None:  # laid out otherwise (new windows, another dataset): learn it again
+                self._plan = None
+            else:  # values staged for a batch that came out otherwise: never again in this worker
+                self._staging = False
+            for other in [reserved, *self._reserved.values()]:
+                self._retire(other)
+            self._reserved.clear()
+            return None, {}, fields
+        return reserved, placed, planned
+
+    def begin(self) -> None:
+        """A new iteration of the dataset in this worker: its batches are counted from 0 again.
+
+        Slabs reserved for batches never collated (an abandoned iteration) are retired, not reused:
+        a decode of that iteration may still be writing into them."""
+        with self._stage_lock:
+            for reserved in self._reserved.values():
+                self._retire(reserved)
+            self._reserved.clear()
+            self._collated = 0
+
+    def destination(self, seq: int, key: str) -> torch.Tensor | None:
+        """Where sample ``seq`` of this iteration (counted from 0) should put its value of ``key``:
+        its slot in the slab its batch will travel in (reserved now, busy until that batch is
+        collated), or ``None``: no plan yet, staging stopped, no free slab, or not a planned key."""
+        with self._stage_lock:
+            if self._plan is None or not self._staging or self._batch_size == 0 or _use_count is None:
+                return None
+            number, slot = divmod(seq, self._batch_size)
+            field = next((f for f in self._plan if f.key == key), None)
+            if number < self._collated or field is None:
+                return None
+            reserved = self._reserved.get(number)
+            if reserved is None and number > self._collated and self._collated not in self._reserved:
+                if self._available() < 2:
+                    return None  # a later batch never takes the slab the next one needs
+            if reserved is None:
+                found = self._acquire(self._plan_bytes)
+                if found is None:
+                    return None
+                reserved = self._reserved[number] = _Reserved(*found)
+            reserved.assigned += 1
+            reserved.keys.add(key)
+            return _view(_bytes(reserved.slab.storage), field)[slot]
+
+    def staged(self, seconds: float) -> None:
+        """CPU time a decode thread spent writing a value into its slot (counted as collation)."""
+        with self._stage_lock:
+            self._add("stage_cpu_s", seconds)
+
+    def _planned(self, fields: list[_Field]) -> list[_Field] | None:
+        """This batch's fields at the plan's offsets, or ``None`` if it is not laid out as the plan."""
+        assert self._plan is not None
+        if len(fields) != len(self._plan) or fields[0].shape[0] > self._batch_size:
+            return None
+        planned = []
+        for f, p in zip(fields, self._plan):
+            if (f.key, f.dtype, f.shape[1:], f.stride) != (p.key, p.dtype, p.shape[1:], p.stride):
+                return None
+            planned.append(dataclasses.replace(p, shape=f.shape))
+        return planned
+
+    @staticmethod
+    def _in_place(batch: _Batch, fields: list[_Field], reserved: _Reserved) -> dict[str, set[int]]:
+        """By key, the positions whose value already is its own slot of the reserved slab."""
+        start = reserved.slab.storage.data_ptr()
+        placed: dict[str, set[int]] = {}
+        for f, (key, values, _) in zip(fields, batch.tensors):
+            if key not in reserved.keys:
+                continue
+            step = f.stride[0] * _itemsize(f.dtype)
+            done = {
+                i
+                for i, value in enumerate(values)
+                if value.data_ptr() == start + f.offset + i * step and value.stride() == f.stride[1:]
+            }
+            if done:
+                placed[key] = done
+        return placed
+
+    def _retire(self, reserved: _Reserved) -> None:
+        """Never write this slab again (values staged in it may still be read, or written by a
+        decode still running): a new one takes its place in the ring."""
+        if self.slabs[reserved.index] is reserved.slab:
+            self.slabs[reserved.index] = self._new(reserved.slab.nbytes, int(reserved.slab.header[1]))
+        self._add("slabs_retired", 1)
 
     def _acquire(self, nbytes: int) -> tuple[int, _Slab] | None:
         """A free slab of at least ``nbytes``, marked busy; ``None`` when all are busy."""
@@ -376,6 +537,9 @@ class _Ring:
                 continue
             if slab.nbytes < nbytes:  # larger batches than before: replace it (the main process notices)
                 slab = self.slabs[i] = self._new(nbytes, int(slab.header[1]))
+            elif _viewed_here(slab):  # a sample staged in it is still kept in this worker (a cache)
+                slab = self.slabs[i] = self._new(slab.nbytes, int(slab.header[1]))
+                self._add("slabs_retired", 1)
             slab.header[0] = BUSY
             return i, slab
         if len(self.slabs) < self.capacity:
@@ -384,6 +548,10 @@ class _Ring:
             slab.header[0] = BUSY
             return len(self.slabs) - 1, slab
         return None
+
+    def _available(self) -> int:
+        """Slabs free now or still to be made."""
+        return sum(int(slab.header[0]) == FREE for slab in self.slabs) + self.capacity - len(self.slabs)
 
     def _new(self, nbytes: int, generation: int) -> _Slab:
         storage = torch.UntypedStorage._new_shared(HEADER_BYTES + nbytes)
@@ -535,6 +703,51 @@ def _pin(storage: torch.UntypedStorage) -> bool:
         return False
     err = torch.cuda.cudart().cudaHostRegister(storage.data_ptr(), storage.nbytes(), 0)
     return int(err) == 0
+
+
+_WORKER_RING: tuple[int, _Ring] | None = None  # (pid, ring): this worker's SlabCollate, once it collated
+
+
+def _set_worker_ring(ring: _Ring) -> None:
+    global _WORKER_RING
+    _WORKER_RING = (os.getpid(), ring)
+
+
+def _worker_ring() -> _Ring | None:
+    found = _WORKER_RING
+    return found[1] if found is not None and found[0] == os.getpid() else None
+
+
+class Staging:
+    """A dataset's side of staging, for one iteration in a DataLoader worker: where its samples'
+    decoded frames go so that the batch's collation has nothing left to copy.
+
+    Sample ``seq`` (counted from 0 in this iteration, in the order the samples are yielded) lands
+    in position ``seq % batch_size`` of the worker's ``seq // batch_size``-th batch, as the
+    DataLoader's fetcher groups an iterable dataset's samples. Once this worker's ``SlabCollate``
+    has collated one batch (its layout is the plan), ``destination`` reserves the slab of each
+    coming batch and gives each image its slot there; the decode thread writes the frames into it
+    while they are still in the CPU's cache, and collation finds them in place. Nothing depends on
+    the prediction being right: a value not in its slot is copied as before, and values staged for
+    a batch that came out otherwise stop staging in this worker (their slabs are retired, never
+    written again). Without a ``SlabCollate`` in this worker every ``destination`` is ``None``.
+    """
+
+    def __init__(self) -> None:
+        ring = _worker_ring()
+        if ring is not None:
+            ring.begin()
+
+    def destination(self, seq: int, key: str) -> torch.Tensor | None:
+        """The slot for sample ``seq``'s ``key`` (write exactly the value there), or ``None``."""
+        ring = _worker_ring()  # made at this worker's first collate, during its first iteration
+        return None if ring is None else ring.destination(seq, key)
+
+    def staged(self, seconds: float) -> None:
+        """Count the CPU time spent writing a value into its slot (as collation)."""
+        ring = _worker_ring()
+        if ring is not None:
+            ring.staged(seconds)
 
 
 _REGISTRY: tuple[int, _Registry] | None = None  # (pid, registry)
