@@ -391,7 +391,9 @@ class EpisodePoolDataset(IterableDataset):
         sampler.skip(skip)
         stats.add("fast_forward_samples", skip)
         stats.add("fast_forward_seconds", time.perf_counter() - start)
-        return self.stream(plan, sampler, skip, stats, stage=True)
+        # batched by the DataLoader as they come, with no wrapper between: frames may be staged
+        stage = info is not None and info.dataset is self
+        return self.stream(plan, sampler, skip, stats, stage=stage)
 
     def stream(
         self,

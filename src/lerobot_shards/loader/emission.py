@@ -21,7 +21,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import get_worker_info
 
 from . import shutdown
 from .decode import DecodePool, DecoderCache, auto_decode_threads, decode_image
@@ -165,8 +164,8 @@ def stream_samples(
 ) -> Iterator[dict[str, Any]]:
     """The consumer's samples after the ``emitted`` ones its sampler was fast-forwarded over
     (``rank_cores``: this rank's cores as counted in its own process, ``video.cores_per_rank``).
-    ``stage``: these are the samples a DataLoader worker batches as they come (the dataset's own
-    iteration, not a mixture's source), so frames may be decoded into their batch's slab (``Staging``)."""
+    ``stage``: these are the samples a DataLoader worker batches as they come (the worker's dataset
+    itself, no wrapper, no mixture), so frames may be decoded into their batch's slab (``Staging``)."""
     per_pass = sum(plan.lengths)
     if sampler.num_samples == emitted or shutdown.exiting():
         return
@@ -181,7 +180,7 @@ def stream_samples(
     )
     decoders = decode_pool(decode, read.storage_options, stats, rank_cores)
     # frames decoded straight into the slabs of this worker's SlabCollate (CPU frames only)
-    staging = Staging() if stage and decode.video_decode_device == "cpu" and get_worker_info() is not None else None
+    staging = Staging() if stage and decode.video_decode_device == "cpu" else None
     lookahead = 2 * decoders.threads
     pool: dict[tuple[int, int], ResidentEpisode | None] = {}  # None: skipped (on_error="skip")
     pending: deque[dict[str, Any]] = deque()  # samples whose frames are being decoded, in order
@@ -258,6 +257,8 @@ def stream_samples(
     finally:
         if own_thread:
             leave(consumer)
+        if staging is not None:
+            staging.close()
         for thing in (reader, source, decoders):
             try:
                 thing.close()

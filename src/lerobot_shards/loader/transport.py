@@ -18,8 +18,13 @@ ring of preallocated shared-memory slabs per worker instead:
   small lease object (numpy's ``__array_interface__``), and when the last view dies the lease is
   collected and writes "free" into the slab's own header, which the worker reads before it takes
   a slab. A slab whose batch (or any view or slice of it) is still held is never written;
-- a worker whose slabs are all busy (the loop holds many batches) collates that batch the
-  ordinary way (counted as ``fallback_batches``): the transport never blocks or deadlocks.
+- a worker whose slabs are all busy (the loop holds many batches) stacks that batch into new
+  shared memory, as the default collate does, laid out as in a slab (counted as
+  ``fallback_batches``): the transport never blocks or deadlocks;
+- a dataset that knows (``Staging``) writes its decoded frames straight into their place in the
+  slab their batch will travel in, reserved for that batch, so collation finds them there: with
+  float32 images no intermediate tensor is made at all. Values found out of place are copied as
+  before, and a slab still viewed by a sample kept in the worker is replaced, never rewritten.
 
 With ``pin_memory=True`` on a CUDA host, the main process page-locks each slab once
 (``cudaHostRegister``) so that the DataLoader's ``pin_memory`` finds its tensors already pinned and
@@ -182,6 +187,11 @@ class SlabCollate:
         return state
 
     def __call__(self, samples: list[Any]) -> Any:
+        if isinstance(samples, Mapping):
+            raise TypeError(
+                "SlabCollate collates batches (a list of samples), got one sample: use it with a batch_size "
+                "(batch_size=None hands the collate_fn single samples)"
+            )
         info = get_worker_info()
         if info is None:  # the main process: nothing to transport, the batch is stacked here
             return _stack(samples, self.collate, self.layout)
@@ -336,19 +346,27 @@ class _Batch:
         return cls(order, tensors, others)
 
 
-def _stack(samples: list[Any], collate: Callable[[list[Any]], Any], layout: Layout) -> Any:
-    """The batch made in this process (no workers): as the slab path lays it out, in fresh memory
-    (``default_collate`` here would keep a window's channels-last order even for ``"contiguous"``)."""
+def _stack(samples: list[Any], collate: Callable[[list[Any]], Any], layout: Layout, shared: bool = False) -> Any:
+    """The batch laid out as the slab path lays it out, in fresh memory: in the main process (no
+    workers; ``default_collate`` there would keep a window's channels-last order even for
+    ``"contiguous"``), or in a worker whose slabs are all busy (``shared``: in new shared memory, as
+    ``default_collate`` allocates it there, so a batch that falls back has the same layout)."""
     batch = _Batch.plan(samples, collate, layout)
     if batch is None:
         return collate(samples)
     stacked = {
-        key: torch.stack(
-            values, out=torch.empty_strided((len(values), *values[0].shape), stride, dtype=values[0].dtype)
-        )
+        key: torch.stack(values, out=_fresh((len(values), *values[0].shape), stride, values[0].dtype, shared))
         for key, values, stride in batch.tensors
     }
     return {key: stacked[key] if key in stacked else batch.others[key] for key in batch.order}
+
+
+def _fresh(shape: tuple[int, ...], stride: tuple[int, ...], dtype: torch.dtype, shared: bool) -> torch.Tensor:
+    if not shared:
+        return torch.empty_strided(shape, stride, dtype=dtype)
+    extent = 1 + sum((n - 1) * st for n, st in zip(shape, stride)) if all(shape) else 0
+    storage = torch.UntypedStorage._new_shared(extent * _itemsize(dtype))
+    return torch.empty(0, dtype=dtype).set_(storage, 0, shape, stride)
 
 
 class _Ring:
@@ -369,7 +387,8 @@ class _Ring:
         self._staging = True
         self._collated = 0
         self._reserved: dict[int, _Reserved] = {}
-        self._stage_lock = threading.Lock()
+        self._stage_lock = threading.RLock()  # reentrant: a stream collected inside it may close its staging
+        self._stat_lock = threading.Lock()
 
     def _add(self, name: str, value: float) -> None:
         self._counters[self._base + WORKER_FIELDS.index(name)] += value
@@ -400,7 +419,7 @@ class _Ring:
             )
         if batch is None or found is None:
             self._add("fallback_batches", 1)
-            return collate(samples)
+            return collate(samples) if batch is None else _stack(samples, collate, layout, shared=True)
         index, slab = found
         generation = int(slab.header[1]) + 1
         slab.header[1] = generation
@@ -476,9 +495,12 @@ class _Ring:
             if number < self._collated or field is None:
                 return None
             reserved = self._reserved.get(number)
-            if reserved is None and number > self._collated and self._collated not in self._reserved:
-                if self._available() < 2:
-                    return None  # a later batch never takes the slab the next one needs
+            if reserved is None and number > self._collated:
+                # a batch ahead leaves one slab spare (the one a batch staged nowhere, or the loop's
+                # next hold, will need) besides one for each earlier batch staged nowhere
+                unstaged = sum(b not in self._reserved for b in range(self._collated, number))
+                if self._available() <= unstaged + 1:
+                    return None
             if reserved is None:
                 found = self._acquire(self._plan_bytes)
                 if found is None:
@@ -489,8 +511,10 @@ class _Ring:
             return _view(_bytes(reserved.slab.storage), field)[slot]
 
     def staged(self, seconds: float) -> None:
-        """CPU time a decode thread spent writing a value into its slot (counted as collation)."""
-        with self._stage_lock:
+        """CPU time a decode thread spent writing a value into its slot (counted as collation).
+        Its own lock: a decode thread never waits on the staging lock, which the worker's thread
+        may hold while a collected stream waits for its decode threads."""
+        with self._stat_lock:
             self._add("stage_cpu_s", seconds)
 
     def _planned(self, fields: list[_Field]) -> list[_Field] | None:
@@ -537,9 +561,10 @@ class _Ring:
                 continue
             if slab.nbytes < nbytes:  # larger batches than before: replace it (the main process notices)
                 slab = self.slabs[i] = self._new(nbytes, int(slab.header[1]))
-            elif _viewed_here(slab):  # a sample staged in it is still kept in this worker (a cache)
+            elif _viewed_here(slab):  # a sample staged in it is still kept in this worker: never rewrite it
                 slab = self.slabs[i] = self._new(slab.nbytes, int(slab.header[1]))
                 self._add("slabs_retired", 1)
+                self._staging = False  # whatever keeps samples would keep a slab per batch alive
             slab.header[0] = BUSY
             return i, slab
         if len(self.slabs) < self.capacity:
@@ -722,18 +747,23 @@ class Staging:
     """A dataset's side of staging, for one iteration in a DataLoader worker: where its samples'
     decoded frames go so that the batch's collation has nothing left to copy.
 
-    Sample ``seq`` (counted from 0 in this iteration, in the order the samples are yielded) lands
-    in position ``seq % batch_size`` of the worker's ``seq // batch_size``-th batch, as the
-    DataLoader's fetcher groups an iterable dataset's samples. Once this worker's ``SlabCollate``
-    has collated one batch (its layout is the plan), ``destination`` reserves the slab of each
-    coming batch and gives each image its slot there; the decode thread writes the frames into it
-    while they are still in the CPU's cache, and collation finds them in place. Nothing depends on
-    the prediction being right: a value not in its slot is copied as before, and values staged for
-    a batch that came out otherwise stop staging in this worker (their slabs are retired, never
-    written again). Without a ``SlabCollate`` in this worker every ``destination`` is ``None``.
+    Only for a dataset the DataLoader batches directly (``get_worker_info().dataset`` itself): a
+    wrapper between them could regroup, keep or change samples. Sample ``seq`` (counted from 0 in
+    this iteration, in the order the samples are yielded) lands in position ``seq % batch_size``
+    of the worker's ``seq // batch_size``-th batch, as the DataLoader's fetcher groups an iterable
+    dataset's samples. Once this worker's ``SlabCollate`` has collated one batch (its layout is the
+    plan), ``destination`` reserves the slab of each coming batch, in order, and gives each image
+    its slot there; the decode thread writes the frames into it, and collation finds them in place.
+    Nothing depends on the prediction being right: a value not in its slot is copied as before,
+    and values staged for a batch that came out otherwise stop staging in this worker (their slabs
+    are retired, never written again). Only the newest staging of a process stages (a second
+    stream begun beside it turns the first one off), and ``close`` ends it. Without a
+    ``SlabCollate`` in this worker every ``destination`` is ``None``.
     """
 
     def __init__(self) -> None:
+        global _CURRENT_STAGING
+        _CURRENT_STAGING = self
         ring = _worker_ring()
         if ring is not None:
             ring.begin()
@@ -741,13 +771,24 @@ class Staging:
     def destination(self, seq: int, key: str) -> torch.Tensor | None:
         """The slot for sample ``seq``'s ``key`` (write exactly the value there), or ``None``."""
         ring = _worker_ring()  # made at this worker's first collate, during its first iteration
-        return None if ring is None else ring.destination(seq, key)
+        if ring is None or _CURRENT_STAGING is not self:
+            return None
+        return ring.destination(seq, key)
 
     def staged(self, seconds: float) -> None:
         """Count the CPU time spent writing a value into its slot (as collation)."""
         ring = _worker_ring()
         if ring is not None:
             ring.staged(seconds)
+
+    def close(self) -> None:
+        """This iteration is over: it stages nothing more."""
+        global _CURRENT_STAGING
+        if _CURRENT_STAGING is self:
+            _CURRENT_STAGING = None
+
+
+_CURRENT_STAGING: Staging | None = None  # the one staging of this process that may stage
 
 
 _REGISTRY: tuple[int, _Registry] | None = None  # (pid, registry)
