@@ -383,7 +383,7 @@ def test_samples_regrouped_after_staging_are_copied_and_staging_stops(synth) -> 
         return _DropsOne(str(synth), delta_timestamps=WINDOW, episode_pool_size=2, seed=5, image_dtype=torch.uint8)
 
     plain = list(DataLoader(make(), batch_size=BATCH, num_workers=1))
-    loader = slab_loader(make(), batch_size=BATCH, num_workers=1)
+    loader = slab_loader(make(), batch_size=BATCH, num_workers=1, slabs=8)  # a free slab for every reservation
     assert _compare(plain, iter(loader)) == len(plain)
     stats = loader.collate_fn.stats()["workers"]
     assert stats["slabs_retired"] >= 1  # the slab whose slots were given to samples of other batches
@@ -434,7 +434,7 @@ def test_samples_kept_beyond_their_batch_keep_their_frames(synth) -> None:
         return _Cached(str(synth), delta_timestamps=WINDOW, episode_pool_size=2, seed=5, image_dtype=torch.uint8)
 
     plain = list(DataLoader(make(), batch_size=BATCH, num_workers=1))  # a new worker per epoch: a fresh cache
-    loader = slab_loader(make(), batch_size=BATCH, num_workers=1, persistent_workers=True)
+    loader = slab_loader(make(), batch_size=BATCH, num_workers=1, slabs=8, persistent_workers=True)
     for _ in range(3):  # epoch 1 fills the worker's cache, epochs 2 and 3 read it
         assert _compare(plain, iter(loader)) == len(plain)
     stats = loader.collate_fn.stats()["workers"]
