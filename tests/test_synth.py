@@ -255,6 +255,8 @@ def test_rejects_bad_arguments(tmp_path: Path) -> None:
         synth_dataset(tmp_path / "x", codec="vp9")
     with pytest.raises(ValueError, match="workers 0 must be >= 1"):
         synth_dataset(tmp_path / "x", workers=0)
+    with pytest.raises(ValueError, match="codec hevc needs frames of at least 64x64, got 48x64"):
+        synth_dataset(tmp_path / "x", codec="hevc", height=64, width=48)  # libx265 would abort the process
     (tmp_path / "full").mkdir()
     (tmp_path / "full/keep.txt").write_text("x")
     with pytest.raises(FileExistsError, match="full is not empty"):

@@ -479,6 +479,10 @@ def synth_dataset(
         ),
         (0 <= to_timestamp_short_frames < lo, f"to_timestamp_short_frames must be in [0, {lo})"),
         (bframes == 0 or (codec == "h264" and gop > bframes), "bframes need codec h264 and gop > bframes"),
+        (  # FFmpeg 5.1's libx265 corrupts its heap and aborts on smaller frames (48x48, 64x48, 32x48 seen)
+            codec != "hevc" or min(height, width) >= 64,
+            f"codec hevc needs frames of at least 64x64, got {width}x{height} (width x height)",
+        ),
         (workers >= 1, f"workers {workers} must be >= 1"),
     ]
     for ok, message in checks:

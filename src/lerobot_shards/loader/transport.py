@@ -759,6 +759,10 @@ class Staging:
     are retired, never written again). Only the newest staging of a process stages (a second
     stream begun beside it turns the first one off), and ``close`` ends it. Without a
     ``SlabCollate`` in this worker every ``destination`` is ``None``.
+
+    A staged sample's frames are its batch's memory: a dataset subclass that keeps samples keeps
+    their slab from being rewritten (``_viewed_here``), but a batch the loop changes in place
+    changes the kept samples too.
     """
 
     def __init__(self) -> None:
