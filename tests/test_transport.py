@@ -15,7 +15,7 @@ from typing import Any
 import psutil
 import pytest
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, default_convert
 
 from lerobot_shards.loader import DeviceFeeder, EpisodePoolDataset
 from lerobot_shards.loader.transport import SlabCollate, slab_loader, with_slabs
@@ -215,6 +215,10 @@ def test_main_process_and_bad_arguments() -> None:
     for bad in (0, -1, True, 2.0):
         with pytest.raises(ValueError, match="slabs must be an int >= 1"):
             SlabCollate(bad)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="got one sample: use it with a batch_size"):
+        collate({"a": torch.tensor([1, 2])})  # batch_size=None hands it single samples
+    built = SlabCollate(collate=default_convert)({"a": torch.tensor([[1], [2]])})  # a batch its dataset built
+    assert torch.equal(built["a"], torch.tensor([[1], [2]]))
 
 
 def _channels_last(t: torch.Tensor) -> bool:

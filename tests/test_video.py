@@ -91,6 +91,13 @@ def test_encode_gop_no_bframes_exact_pts(codec: str) -> None:
     assert [read_identity(f) for f in batch.data] == [(5, i) for i in range(10)]
 
 
+def test_hevc_refuses_frames_libx265_would_abort_on() -> None:
+    """FFmpeg's libx265 corrupts its heap and kills the process on frames under 64x64 (48x48,
+    64x48 seen): the encoder refuses them first, for synth, re-encoding and convert alike."""
+    with pytest.raises(ValueError, match="codec hevc needs frames of at least 64x64, got 48x64"):
+        encode_video((paint_identity(0, i, 64, 48) for i in range(3)), io.BytesIO(), fps=FPS, codec="hevc")
+
+
 def test_encode_fractional_fps() -> None:
     buf = io.BytesIO()
     encode_video((paint_identity(0, i, H, W) for i in range(4)), buf, fps=30000 / 1001)

@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 
 from .format import CODECS, TMP_SUFFIX, FrameTransform
 from .resize import map_box
-from .video import concat_clips, encode_video
+from .video import HEVC_MIN_SIDE, concat_clips, encode_video
 
 FIXTURE_BITS = (10, 6)  # (frame_bits, episode_bits) of the real so101_record_test fixture
 
@@ -479,9 +479,9 @@ def synth_dataset(
         ),
         (0 <= to_timestamp_short_frames < lo, f"to_timestamp_short_frames must be in [0, {lo})"),
         (bframes == 0 or (codec == "h264" and gop > bframes), "bframes need codec h264 and gop > bframes"),
-        (  # FFmpeg 5.1's libx265 corrupts its heap and aborts on smaller frames (48x48, 64x48, 32x48 seen)
-            codec != "hevc" or min(height, width) >= 64,
-            f"codec hevc needs frames of at least 64x64, got {width}x{height} (width x height)",
+        (  # checked again by the encoder; here before anything is written
+            codec != "hevc" or min(height, width) >= HEVC_MIN_SIDE,
+            f"codec hevc needs frames of at least {HEVC_MIN_SIDE}x{HEVC_MIN_SIDE}, got {width}x{height} (width x height)",
         ),
         (workers >= 1, f"workers {workers} must be >= 1"),
     ]

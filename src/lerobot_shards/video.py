@@ -152,6 +152,9 @@ def _encoder_options(codec: str, gop: int, crf: int, threads: int, bframes: int 
     return options
 
 
+HEVC_MIN_SIDE = 64  # FFmpeg 5.1's libx265 corrupted its heap and aborted at 48x48, 64x48, 32x48
+
+
 class _Encoder:
     """One mp4 video stream fed frame by frame (pts 0, 1, 2, ... in frames), see ``encode_video``."""
 
@@ -178,6 +181,11 @@ class _Encoder:
         self.count = 0
 
     def open(self, width: int, height: int) -> None:
+        if self._codec == "hevc" and min(width, height) < HEVC_MIN_SIDE:
+            raise ValueError(
+                f"codec hevc needs frames of at least {HEVC_MIN_SIDE}x{HEVC_MIN_SIDE}, got {width}x{height} "
+                "(width x height): FFmpeg's libx265 aborts the process on smaller ones; choose h264 or av1"
+            )
         stream = self._out.add_stream(CODECS[self._codec], rate=self._rate, options=self._options)
         if not isinstance(stream, av.video.stream.VideoStream):
             raise TypeError(f"{CODECS[self._codec]} is not a video encoder")

@@ -187,7 +187,7 @@ class SlabCollate:
         return state
 
     def __call__(self, samples: list[Any]) -> Any:
-        if isinstance(samples, Mapping):
+        if isinstance(samples, Mapping) and self.collate is default_collate:
             raise TypeError(
                 "SlabCollate collates batches (a list of samples), got one sample: use it with a batch_size "
                 "(batch_size=None hands the collate_fn single samples)"
