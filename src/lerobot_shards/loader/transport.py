@@ -409,7 +409,7 @@ class _Ring:
             fields.append(_Field(key, values[0].dtype, (len(values), *values[0].shape), stride, offset))
             offset += _align(values[0].element_size() * values[0].numel() * len(values))
         with self._stage_lock:  # a dataset may stage from another thread of this worker
-            reserved, placed, fields = self._claim_staged(batch, fields)
+            reserved, placed, fields = self._claim_staged(batch, fields, offset - HEADER_BYTES)
             found = (
                 None
                 if batch is None
@@ -442,13 +442,13 @@ class _Ring:
     # -- staging: values written straight into the slab their batch will travel in ----------------
 
     def _claim_staged(
-        self, batch: _Batch | None, fields: list[_Field]
+        self, batch: _Batch | None, fields: list[_Field], nbytes: int
     ) -> tuple[_Reserved | None, dict[str, set[int]], list[_Field]]:
         """This batch's reserved slab if every value staged in it is in this batch, in its slot; the
         positions already in place by key; the fields, at the plan's offsets when the slab is used.
 
-        Counts the batch (``begin``) and learns the plan from the first batch laid out in a slab.
-        Values staged for a batch that came out otherwise (a wrapper regrouped the samples) stop
+        Counts the batch (``begin``) and learns the plan (and its ``nbytes``) from the first batch
+        laid out in a slab. Values staged for a batch that came out otherwise (a subclass regrouped the samples) stop
         staging for good in this worker; a batch laid out otherwise makes the plan be learnt
         again. Either way the reserved slabs are retired (``_retire``)."""
         number = self._collated
@@ -456,7 +456,7 @@ class _Ring:
         reserved = self._reserved.pop(number, None)
         if batch is not None and self._plan is None and self._staging:
             self._plan, self._batch_size = tuple(fields), fields[0].shape[0] if fields else 0
-            self._plan_bytes = sum(_align(math.prod(f.shape) * _itemsize(f.dtype)) for f in fields)
+            self._plan_bytes = nbytes
         if reserved is None:
             return None, {}, fields
         planned = self._planned(fields) if batch is not None else None
