@@ -121,6 +121,13 @@ def test_the_same_episodes_named_otherwise_are_the_same_order(raw: Path, saved: 
             dict(world_size=1 << 16, num_workers=MAX_WORKERS),
             r"world_size=65536 x num_workers=1024 is more than \d+ consumers",
         ),
+        (dict(earlier_batches="1x2"), r"earlier_batches must be a list of 1 to \d+ \[batches, batch_size\]"),
+        (dict(earlier_batches=[[1, 2, 3]]), r"earlier_batches must hold \[batches, batch_size\] pairs"),
+        (dict(earlier_batches=[[0, 2]]), r"batches must be an int in \[1"),
+        (dict(earlier_batches=[[1, 2], [1, 2]]), r"earlier_batches has two neighbours of batch_size 2"),
+        (dict(earlier_batches=[[1, BATCH]]), r"earlier_batches ends with the batch size that follows it"),
+        (dict(earlier_batches=[[3, 2]]), r"earlier_batches holds more batches than batches_consumed counts"),
+        (dict(elastic_earlier_batches=[[1, 2]]), r"has elastic_earlier_batches but no elastic_\* keys"),
     ],
 )
 def test_a_tampered_state_is_refused_in_one_line_naming_the_key(
@@ -176,6 +183,71 @@ def test_elastic_resume_stays_allowed(raw: Path) -> None:
         rest += _keys(resumed, 1)
     seen = collections.Counter(k for b in full[:3] + rest for k in b)
     assert seen == collections.Counter(k for b in full for k in b)
+
+
+def _run(
+    ds: EpisodePoolDataset, batch_size: int, num_workers: int, stop: int | None = None
+) -> list[list[tuple[int, int]]]:
+    """The batches of one DataLoader of ``batch_size`` over ``ds``, the first ``stop`` of them."""
+    out = []
+    for b in DataLoader(ds, batch_size=batch_size, num_workers=num_workers):
+        if stop is not None and len(out) == stop:
+            break
+        out.append(list(zip(b["episode_index"].tolist(), b["frame_index"].tolist())))
+    return out
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_resumes_under_other_batch_sizes_cover_the_epoch_once(raw: Path, num_workers: int) -> None:
+    """Cut at batch size 3, resumed at 5 and cut again, resumed at 2: every sample once. The second
+    state records the batches of size 3 (``earlier_batches``); a resume at 5 goes on as the first did."""
+    ds = _dataset(raw)
+    everything = collections.Counter(k for b in _run(ds, 3, num_workers) for k in b)
+    first = _run(ds, 3, num_workers, stop=4)
+    state = ds.state_dict(batches_consumed=4, batch_size=3)
+    ds = _dataset(raw)
+    ds.load_state_dict(state)
+    second = _run(ds, 5, num_workers)
+    state = ds.state_dict(batches_consumed=4 + 2, batch_size=5)
+    assert state["earlier_batches"] == [[4, 3]]
+    ds = _dataset(raw)
+    ds.load_state_dict(state)
+    assert _run(ds, 5, num_workers) == second[2:]
+    ds = _dataset(raw)
+    ds.load_state_dict(state)
+    third = _run(ds, 2, num_workers)
+    assert collections.Counter(k for b in first + second[:2] + third for k in b) == everything
+    again = ds.state_dict(batches_consumed=4 + 2 + 1, batch_size=2)  # a third size
+    assert again["earlier_batches"] == [[4, 3], [2, 5]]
+    with pytest.raises(ValueError, match=r"batches_consumed=5 \(batch_size=2\) is before the position"):
+        ds.state_dict(batches_consumed=5, batch_size=2)
+
+
+def test_an_elastic_epoch_resumed_again_under_other_batch_sizes_covers_it_once(raw: Path) -> None:
+    """1 rank x 2 workers cut at batch size 3, resumed at 5 and cut; 2 ranks x 1 worker (elastic)
+    at 4, cut; the same layout again at 2 to the end: every sample once."""
+    kw: dict[str, Any] = dict(equal_samples_per_rank=False)
+    ds = _dataset(raw, **kw)
+    everything = collections.Counter(k for b in _run(ds, 3, 2) for k in b)
+    seen = [k for b in _run(ds, 3, 2, stop=3) for k in b]
+    state = ds.state_dict(batches_consumed=3, batch_size=3)
+    ds = _dataset(raw, **kw)
+    ds.load_state_dict(state)
+    seen += [k for b in _run(ds, 5, 2, stop=1) for k in b]
+    state = ds.state_dict(batches_consumed=4, batch_size=5)
+    states = []
+    for rank in range(2):
+        ds = _dataset(raw, rank=rank, world_size=2, **kw)
+        ds.load_state_dict(state)
+        seen += [k for b in _run(ds, 4, 1, stop=2) for k in b]
+        states.append(ds.state_dict(batches_consumed=4 + 2, batch_size=4))
+    assert states[0] == states[1] and "earlier_batches" not in states[0]
+    assert (states[0]["elastic_batch_size"], states[0]["elastic_earlier_batches"]) == (5, [[3, 3]])
+    for rank in range(2):
+        ds = _dataset(raw, rank=rank, world_size=2, **kw)
+        ds.load_state_dict(states[0])
+        seen += [k for b in _run(ds, 2, 1) for k in b]
+    assert collections.Counter(seen) == everything
 
 
 def test_parse_state_is_pure_and_reads_the_layout(saved: dict[str, Any]) -> None:

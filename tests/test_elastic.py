@@ -165,7 +165,7 @@ def _replayed(shards, *, seed, options, pool_size, origin, drop_last) -> dict[in
             for w in range(workers)
         ]
         for w, plan in enumerate(plans):
-            skip = samples_to_skip(origin.batches_consumed, origin.batch_size, plans[0].rank_samples, w, drop_last)
+            skip = samples_to_skip(origin.segments(), plans[0].rank_samples, w, drop_last)
             sampler = PoolSampler(
                 plan.lengths,
                 pool_size,

@@ -205,6 +205,29 @@ def test_episode_subset_and_clear_errors(raw: Path) -> None:
         _dataset(raw).load_state_dict({"epoch": 0, "batches_consumed": 1})
 
 
+def test_rank_and_world_size_given_win_and_the_missing_one_is_found(raw: Path, monkeypatch) -> None:
+    """A rank given alone is not dropped (it once gave rank 0 of 1, every "rank" reading everything),
+    nor overridden by RANK; the world size then comes from WORLD_SIZE."""
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    with pytest.raises(
+        ValueError, match=r"rank must be in \[0, world_size\): rank=1 \(given\), world_size=1 \(found\)"
+    ):
+        _dataset(raw, cameras=[], rank=1)
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    ds = _dataset(raw, cameras=[], rank=1, equal_samples_per_rank=False)
+    assert (ds.rank, ds.world_size) == (1, 4)
+    other = _dataset(raw, cameras=[], world_size=8, equal_samples_per_rank=False)
+    assert (other.rank, other.world_size) == (3, 8)
+    for bad in (True, 0.5, "1"):
+        with pytest.raises(ValueError, match=r"^rank must be an int, got"):
+            _dataset(raw, cameras=[], rank=bad, world_size=2)
+    monkeypatch.setenv("WORLD_SIZE", "four")
+    with pytest.raises(ValueError, match=r"environment variable WORLD_SIZE='four' is not an integer"):
+        _dataset(raw, cameras=[])
+
+
 @pytest.mark.filterwarnings("ignore:frames per consumer are uneven")
 def test_warns_when_a_consumer_gets_no_shard(raw: Path) -> None:
     ds = _dataset(raw, cameras=[], rank=0, world_size=4, equal_samples_per_rank=False)

@@ -159,6 +159,20 @@ def test_source_counts_refuses_an_epoch_shorter_than_its_fixed_counts() -> None:
     assert source_counts(Mixture([MixtureSource("a", weight=1), MixtureSource("b", weight=1)]), [10, 30]) == (20, 20)
 
 
+def test_huge_weights_and_numpy_numbers_are_plain_proportions() -> None:
+    """Weights of 1e308 overflowed their sum (a NaN error naming nothing); numpy counts passed the
+    checks and then failed ``json.dumps`` in the digest."""
+    huge = Mixture([MixtureSource("a", weight=1e308), MixtureSource("b", weight=1e308)])
+    assert source_counts(huge, [10, 30]) == (20, 20)
+    mix = Mixture(
+        [MixtureSource("a", choose=np.int64(5)), MixtureSource("b", weight=np.float32(1))],
+        samples_per_epoch=np.int64(12),
+    )
+    assert (type(mix.samples_per_epoch), type(mix.sources[0].choose), type(mix.sources[1].weight)) == (int, int, float)
+    assert source_counts(mix, [10, 30]) == (5, 7)
+    json.dumps([s.identity() for s in mix.sources])
+
+
 # -- windows per fps ------------------------------------------------------------------------------
 
 
@@ -548,6 +562,33 @@ def test_elastic_resume_covers_what_remains_of_each_source(tables: dict[int, Pat
     assert sum(fifteen.values()) == 25 and set(fifteen.values()) == {1}
 
 
+@pytest.mark.parametrize("new_world", [3, 4])
+def test_an_equal_count_elastic_resume_gives_every_rank_as_many_samples(
+    tables: dict[int, Path], new_world: int
+) -> None:
+    """Equal-count mode (the multi-rank default) from 2 ranks to 3 or 4: a new rank that holds no
+    frame of some group of a source's remaining frames (there are few) reads its part from its
+    other frames, where it used to fail with an internal error; every rank yields as many samples."""
+    mix = _mixture(tables)
+    kw: dict[str, Any] = dict(seed=11, equal_samples_per_rank=True)
+    for cut in (1, 2, 3):
+        state = None
+        for rank in range(2):
+            ds = MixtureDataset(mix, rank=rank, world_size=2, **kw)
+            for i, _ in enumerate(DataLoader(ds, batch_size=BATCH)):
+                if i == cut:
+                    state = state or ds.state_dict(batches_consumed=cut, batch_size=BATCH)
+                    break
+        counts = []
+        for rank in range(new_world):
+            ds = MixtureDataset(mix, rank=rank, world_size=new_world, **kw)
+            ds.load_state_dict(state)
+            keys = [k for b in _batches(ds) for k in b]
+            assert set(keys) <= set(_all_frames(ds)), (cut, rank)
+            counts.append(len(keys))
+        assert len(set(counts)) == 1 and counts[0] > 0, (cut, counts)
+
+
 def test_elastic_resume_continues_a_share_of_several_passes_pass_by_pass(tables: dict[int, Path]) -> None:
     """repeat 2 and weights above their sources' sizes (about 2.1 passes): interrupted under 1 rank x 2
     workers (whose consumers stand in different passes at the second cut) and resumed under 2 ranks x
@@ -596,6 +637,11 @@ def test_a_resume_with_other_weights_or_a_single_dataset_state_is_refused(tables
     single = ds.source("10fps").state_dict(batches_consumed=2, batch_size=BATCH)
     with pytest.raises(MixtureResumeError, match="saved by a single dataset"):
         ds.load_state_dict(single)
+    reseeded = MixtureDataset(
+        _mixture(tables, **{"10fps": {"weight": 2}, "15fps": {"weight": 1}, "30fps": {"weight": 1}}), seed=9
+    )
+    with pytest.raises(MixtureResumeError, match=r"saved with seed=0 \(this mixture: 9\)"):
+        reseeded.load_state_dict(state)  # the setting named, not "another mixture"
     ds.load_state_dict(state)  # its own state loads
 
 

@@ -7,6 +7,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any, get_args
 
+import numpy as np
 import pytest
 import torch
 
@@ -111,6 +112,15 @@ def test_every_loader_option_rejects_a_bad_value_in_one_line(group: str, name: s
     # The same check for the flat keyword, before the source is even looked at.
     with pytest.raises(ValueError, match=message):
         EpisodePoolDataset("/nonexistent/dataset", **{name: value})
+
+
+def test_numpy_numbers_are_stored_as_python_ones() -> None:
+    """numpy's int64 passes an int check but not json.dumps, which the resume state goes through."""
+    order = OrderOptions(episode_pool_size=np.int64(4), seed=np.uint32(7))
+    assert (type(order.episode_pool_size), type(order.seed)) == (int, int)
+    assert type(DecodeOptions(num_ffmpeg_threads=np.int32(2)).num_ffmpeg_threads) is int
+    with pytest.raises(ValueError, match=r"episode_pool_size must be an int >= 1, got 2.5"):
+        OrderOptions(episode_pool_size=np.float64(2.5))
 
 
 def test_option_groups_and_flat_keywords() -> None:

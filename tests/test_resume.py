@@ -84,9 +84,9 @@ def test_rotation_points_at_the_stream_due_next():
 
 def test_resume_point_rotates_streams_and_skips_theirs():
     # one sample per batch; order w0 w1 w2 | w0 w2 | w0, cut after the first batch
-    points = [resume_point(1, 1, [3, 1, 2], w) for w in range(3)]
+    points = [resume_point([(1, 1)], [3, 1, 2], w) for w in range(3)]
     assert points == [(1, 0), (2, 0), (0, 1)]
-    assert resume_point(3, 1, [3, 1, 2], 0) == (0, 1)  # round boundary: no rotation
+    assert resume_point([(3, 1)], [3, 1, 2], 0) == (0, 1)  # round boundary: no rotation
 
 
 def test_batches_consumed_beyond_epoch_raises():
@@ -95,11 +95,11 @@ def test_batches_consumed_beyond_epoch_raises():
 
 
 def test_samples_to_skip_covers_partial_last_batch():
-    assert samples_to_skip(2, 4, [6, 3], worker=0) == 4
-    assert samples_to_skip(3, 4, [6, 3], worker=0) == 6  # second batch of worker 0 is partial
-    assert samples_to_skip(3, 4, [6, 3], worker=1) == 3
+    assert samples_to_skip([(2, 4)], [6, 3], worker=0) == 4
+    assert samples_to_skip([(3, 4)], [6, 3], worker=0) == 6  # second batch of worker 0 is partial
+    assert samples_to_skip([(3, 4)], [6, 3], worker=1) == 3
     with pytest.raises(ValueError, match="worker must be in"):
-        samples_to_skip(0, 4, [6, 3], worker=2)
+        samples_to_skip([(0, 4)], [6, 3], worker=2)
 
 
 def observed_order(batches) -> list[int]:
@@ -124,7 +124,7 @@ def test_model_reproduces_real_dataloader_order(lengths, num_workers, batch_size
 def test_resume_yields_exactly_the_remaining_batches(lengths, num_workers, batch_size, drop_last):
     full = run_loader(lengths, num_workers, batch_size, drop_last)
     for k in range(len(full) + 1):
-        points = [resume_point(k, batch_size, lengths, w, drop_last) for w in range(len(lengths))]
+        points = [resume_point([(k, batch_size)], lengths, w, drop_last) for w in range(len(lengths))]
         rotation = points[0].stream  # worker j replays stream (j + rotation) % W
         workers = range(len(lengths))
         assert [p.stream for p in points] == [(j + rotation) % len(lengths) for j in workers]
@@ -139,5 +139,31 @@ def test_resume_without_rotation_would_misorder():
     """Guards the rotation's reason to exist: skipping alone restarts the round at worker 0."""
     lengths, batch_size = [7, 2, 4], 3
     full = run_loader(lengths, 3, batch_size, False)
-    skips = [samples_to_skip(1, batch_size, lengths, s) for s in range(3)]
+    skips = [samples_to_skip([(1, batch_size)], lengths, s) for s in range(3)]
     assert run_loader(lengths, 3, batch_size, False, skips) != full[1:]
+
+
+def _resumed(lengths, num_workers, batch_size, segments):
+    """The rest of the epoch a DataLoader of ``batch_size`` yields after ``segments``."""
+    points = [resume_point(segments, lengths, w) for w in range(len(lengths))]
+    skips = [0] * len(lengths)
+    for p in points:
+        skips[p.stream] = p.skip
+    return run_loader(lengths, num_workers, batch_size, False, skips, points[0].stream)
+
+
+@pytest.mark.parametrize("lengths, num_workers", [([7], 0), ([7, 2, 4], 3), ([1, 6, 3], 3), ([5, 0], 2)])
+def test_resumes_under_changing_batch_sizes_consume_each_sample_once(lengths, num_workers):
+    """A run cut at batch size 3, resumed at 2 and cut again, resumed at 4 (or 2 again): every
+    sample exactly once, and a second resume at the same size goes on exactly as the first would."""
+    everything = sorted((s, i) for s, n in enumerate(lengths) for i in range(n))
+    first = run_loader(lengths, num_workers, 3, False)
+    for k1 in range(len(first) + 1):
+        second = _resumed(lengths, num_workers, 2, [(k1, 3)])
+        for k2 in range(len(second) + 1):
+            for size in (4, 2):
+                third = _resumed(lengths, num_workers, size, [(k1, 3), (k2, 2)])
+                if size == 2:
+                    assert third == second[k2:], f"cut after {k1} x 3, then {k2} x 2"
+                got = [x for batch in [*first[:k1], *second[:k2], *third] for x in batch]
+                assert sorted(got) == everything, f"cut after {k1} x 3, then {k2} x 2, then size {size}"

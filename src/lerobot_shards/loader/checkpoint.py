@@ -1,7 +1,8 @@
 """The resume state and the order it replays: what ``state_dict`` records, how ``load_state_dict``
 checks it, and which plan and sampler an iterator of a (resumed) epoch starts from.
 
-A state holds the position (``epoch``, ``batches_consumed``, ``batch_size``), the layout that
+A state holds the position (``epoch``, ``batches_consumed``, ``batch_size``; after a resume
+under another batch size, ``earlier_batches`` too: the epoch's batches of earlier sizes), the layout that
 saved it (``world_size``, ``num_workers``; another one resumes elastically, ``elastic.py``), and
 everything else that fixes the emission order (``OrderKey``: the order settings, the episode
 subset, the shard or virtual-shard plan), each field by name plus a digest of them all. A state
@@ -25,10 +26,10 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from .control import ResumeState
+from .control import MAX_SEGMENTS, ResumeState
 from .elastic import ElasticPlan, Origin, Replay, SubsetSampler, plan_elastic
 from .partition import Consumer, ConsumerPlan, PlanOptions, ShardSpec, plan_consumer
-from .resume import resume_point
+from .resume import Segments, merge_segments, resume_point
 from .sampling import PoolSampler, consumer_rng
 
 # The version of the emission order (sampling.py) that resume states record: a state saved under
@@ -43,7 +44,9 @@ DIGEST_CHARS = 16
 
 POSITION = ("epoch", "batches_consumed", "batch_size")
 LAYOUT = ("world_size", "num_workers")
-ELASTIC = tuple(f"elastic_{k}" for k in Origin.__dataclass_fields__)
+ELASTIC = tuple(f"elastic_{k}" for k in ("world_size", "num_workers", "batches_consumed", "batch_size"))
+# The epoch's batches of earlier batch sizes: since the elastic origin (or the epoch's start), and the origin's own.
+EARLIER, ELASTIC_EARLIER = "earlier_batches", "elastic_earlier_batches"
 ORDER_DIGEST = "order_digest"
 
 
@@ -132,7 +135,7 @@ _INTS = {
     "sampler_order": (1, 1 << 30),
 }
 _ORDER_FIELDS = {f.name: f.type for f in dataclasses.fields(OrderKey)}
-KNOWN_KEYS = frozenset({*POSITION, *LAYOUT, *ELASTIC, *_ORDER_FIELDS, ORDER_DIGEST})
+KNOWN_KEYS = frozenset({*POSITION, *LAYOUT, *ELASTIC, EARLIER, ELASTIC_EARLIER, *_ORDER_FIELDS, ORDER_DIGEST})
 
 
 @dataclass(frozen=True)
@@ -176,12 +179,21 @@ def parse_state(state: Mapping[str, Any]) -> SavedState:
         raise ValueError(f"resume state has {elastic} but not {[k for k in ELASTIC if k not in ints]}: all or none")
     if elastic and not all(k in ints for k in LAYOUT):
         raise ValueError("resume state has elastic_* keys but lacks world_size or num_workers")
-    origin = Origin(*(ints[k] for k in ELASTIC)) if elastic else None
+    if ELASTIC_EARLIER in state and not elastic:
+        raise ValueError(f"resume state has {ELASTIC_EARLIER} but no elastic_* keys")
+    origin = None
+    if elastic:
+        origin_batches, origin_size = ints["elastic_batches_consumed"], ints["elastic_batch_size"]
+        earlier = _segments(state, ELASTIC_EARLIER, origin_batches, origin_size, "elastic_batches_consumed")
+        values = [ints[k] for k in ELASTIC]
+        origin = Origin(values[0], values[1], values[2], values[3], earlier=earlier)
     if origin is not None and origin.batches_consumed > ints["batches_consumed"]:
         raise ValueError(
             f"resume state: elastic_batches_consumed={origin.batches_consumed} is past "
             f"batches_consumed={ints['batches_consumed']} (both count from the epoch's start)"
         )
+    since = ints["batches_consumed"] - (origin.batches_consumed if origin is not None else 0)
+    earlier = _segments(state, EARLIER, since, ints["batch_size"], "batches_consumed")
     for world, workers in (("world_size", "num_workers"), ("elastic_world_size", "elastic_num_workers")):
         if world in ints and workers in ints and ints[world] * max(1, ints[workers]) > MAX_CONSUMERS:
             raise ValueError(
@@ -195,8 +207,40 @@ def parse_state(state: Mapping[str, Any]) -> SavedState:
         num_workers=ints.get("num_workers"),
         world_size=ints.get("world_size"),
         origin=origin,
+        earlier=earlier,
     )
     return SavedState(resume, order, found)
+
+
+def _segments(state: Mapping[str, Any], key: str, batches: int, batch_size: int, total: str) -> Segments:
+    """The ``[[batches, batch_size], ...]`` at ``key`` (``()`` when absent), checked: at most
+    ``MAX_SEGMENTS``, each of at least one batch, no two neighbours (nor the last and
+    ``batch_size``) of one size, together at most ``batches`` (the count ``total`` gives)."""
+    if key not in state:
+        return ()
+    value = state[key]
+    if not isinstance(value, (list, tuple)) or not 0 < len(value) <= MAX_SEGMENTS:
+        raise ValueError(
+            f"resume state: {key} must be a list of 1 to {MAX_SEGMENTS} [batches, batch_size], got {value!r}"
+        )
+    out: list[tuple[int, int]] = []
+    for item in value:
+        pair = dict(zip(("batches", "batch_size"), item)) if isinstance(item, (list, tuple)) and len(item) == 2 else {}
+        if not pair:
+            raise ValueError(f"resume state: {key} must hold [batches, batch_size] pairs, got {item!r}")
+        b, size = _int(pair, "batches", 1, MAX_COUNT), _int(pair, "batch_size", 1, MAX_COUNT)
+        if size == (out[-1][1] if out else None):
+            raise ValueError(
+                f"resume state: {key} has two neighbours of batch_size {size}: it was edited or is damaged"
+            )
+        out.append((b, size))
+    if out[-1][1] == batch_size:
+        raise ValueError(
+            f"resume state: {key} ends with the batch size that follows it ({batch_size}): edited or damaged"
+        )
+    if sum(b for b, _ in out) > batches:
+        raise ValueError(f"resume state: {key} holds more batches than {total} counts: it was edited or is damaged")
+    return tuple(out)
 
 
 def _is_digest(value: Any) -> bool:
@@ -303,17 +347,17 @@ class EpochOrder:
         """
         stream, skip = worker, 0
         if resume is not None and resume.epoch == epoch:
-            origin, batches = elastic_origin(resume, self.world_size, num_workers)
+            origin, since = elastic_origin(resume, self.world_size, num_workers)
             if origin is not None:
                 elastic = self.plan_elastic(epoch, origin, stream, num_workers)
-                if batches:
+                if any(b for b, _ in since):
                     counts = elastic.plan.rank_samples
-                    stream, skip = resume_point(batches, resume.batch_size, counts, worker, self.drop_last)
+                    stream, skip = resume_point(since, counts, worker, self.drop_last)
                     elastic = self.plan_elastic(epoch, origin, stream, num_workers)
                 subset = SubsetSampler(elastic, self.pool_size, seed=self.seed, epoch=epoch, shuffle=self.shuffle)
                 return Start(elastic.plan, subset, skip)
             counts = self.plan(epoch, self.rank, worker, num_workers).rank_samples
-            stream, skip = resume_point(batches, resume.batch_size, counts, worker, self.drop_last)
+            stream, skip = resume_point(since, counts, worker, self.drop_last)
         plan = self.plan(epoch, self.rank, stream, num_workers)
         if self.rank == 0 and stream == 0:
             for message in plan.warnings:
@@ -335,12 +379,39 @@ class EpochOrder:
             **dataclasses.asdict(key),
             ORDER_DIGEST: key.digest(),
         }
-        if seen_workers is not None:
-            state["num_workers"] = seen_workers
-            if resume is not None and resume.epoch == epoch:
-                origin, _ = elastic_origin(resume, self.world_size, seen_workers)
-                if origin is not None:  # this epoch is elastic: a later resume must rebuild it
-                    state.update({f"elastic_{k}": v for k, v in vars(origin).items()})
+        if resume is None or resume.epoch != epoch:
+            if seen_workers is not None:
+                state["num_workers"] = seen_workers
+            return state
+        # A resumed epoch (before this process iterated, under the layout that saved it): the batches
+        # since the resume may be of another size, and the layout another one.
+        workers = seen_workers if seen_workers is not None else resume.num_workers
+        origin, since = (
+            (None, resume.segments()) if workers is None else elastic_origin(resume, self.world_size, workers)
+        )
+        if workers is not None:
+            state["num_workers"] = workers
+        if origin is not None:  # this epoch is elastic: a later resume must rebuild it
+            state.update({key: getattr(origin, key[len("elastic_") :]) for key in ELASTIC})
+            if origin.earlier:
+                state[ELASTIC_EARLIER] = [list(p) for p in origin.earlier]
+        kept = since[:-1] if since and since[-1][1] == batch_size else since  # the same size goes on
+        now = batches_consumed - (origin.batches_consumed if origin is not None else 0) - sum(b for b, _ in kept)
+        if now < 0:
+            raise ValueError(
+                f"batches_consumed={batches_consumed} (batch_size={batch_size}) is before the position this epoch "
+                f"was resumed at ({resume.batches_consumed} batches, the last {resume.batch_size} samples each): "
+                f"count batches from the epoch's start, as the state's batches_consumed does"
+            )
+        position = merge_segments((*kept, (now, batch_size)))
+        earlier = position[:-1] if position and position[-1][1] == batch_size else position
+        if len(earlier) > MAX_SEGMENTS:
+            raise ValueError(
+                f"this epoch was resumed under {len(earlier) + 1} batch sizes; a resume state records at most "
+                f"{MAX_SEGMENTS + 1}: resume it with the batch size it was saved with, or from an epoch boundary"
+            )
+        if earlier:
+            state[EARLIER] = [list(p) for p in earlier]
         return state
 
     def load(self, state: Mapping[str, Any]) -> ResumeState:
@@ -358,8 +429,9 @@ class EpochOrder:
         return resume
 
 
-def elastic_origin(resume: ResumeState, world_size: int, num_workers: int) -> tuple[Origin | None, int]:
-    """The run to finish the epoch of elastically (``None``: resume as is) and batches since.
+def elastic_origin(resume: ResumeState, world_size: int, num_workers: int) -> tuple[Origin | None, Segments]:
+    """The run to finish the epoch of elastically (``None``: resume as is) and the batches since, by
+    batch size (``resume.Segments``).
 
     A state saved under another layout starts an elastic epoch. A state saved inside an
     elastic-resumed epoch carries that epoch's origin: it resumes under the same layout as the
@@ -377,12 +449,18 @@ def elastic_origin(resume: ResumeState, world_size: int, num_workers: int) -> tu
                 f"world_size={world_size} and num_workers={num_workers}: resume this epoch with the saving run's "
                 f"layout (or from a checkpoint at an epoch boundary)"
             )
-        return resume.origin, resume.batches_consumed - resume.origin.batches_consumed
+        return resume.origin, resume.segments()
     if same or resume.num_workers is None:
         _check_same_workers(resume, num_workers)
-        return None, resume.batches_consumed
-    origin = Origin(resume.world_size or world_size, resume.num_workers, resume.batches_consumed, resume.batch_size)
-    return origin, 0
+        return None, resume.segments()
+    origin = Origin(
+        resume.world_size or world_size,
+        resume.num_workers,
+        resume.batches_consumed,
+        resume.batch_size,
+        earlier=resume.earlier,
+    )
+    return origin, ()
 
 
 def _check_same_workers(resume: ResumeState, num_workers: int) -> None:

@@ -18,10 +18,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from .elastic import Origin
+from .resume import Segments
 
 (_EPOCH, _SEEN_WORKERS, _HAS_RESUME, _R_EPOCH, _R_BATCHES, _R_BATCH_SIZE, _R_WORKERS, _R_WORLD, *_R_ORIGIN) = range(12)
 _WINDOWS = 12  # generation of the windows (``set_delta_timestamps``)
 _UNKNOWN = -1
+# A resumed epoch's earlier batch sizes (``ResumeState.earlier``, ``Origin.earlier``): a count,
+# then (batches, batch_size) pairs, for each of the two.
+MAX_SEGMENTS = 32
+_R_EARLIER = 13
+_R_ORIGIN_EARLIER = _R_EARLIER + 1 + 2 * MAX_SEGMENTS
+_SIZE = _R_ORIGIN_EARLIER + 1 + 2 * MAX_SEGMENTS
 
 
 @dataclass(frozen=True)
@@ -34,13 +41,19 @@ class ResumeState:
     num_workers: int | None  # DataLoader workers of the run that saved it (None: not recorded)
     world_size: int | None = None  # ranks of the run that saved it (None: not recorded)
     origin: Origin | None = None  # saved inside an elastic-resumed epoch: the run that epoch resumed
+    earlier: Segments = ()  # batches of earlier batch sizes since ``origin`` (or the epoch's start)
+
+    def segments(self) -> Segments:
+        """The batches consumed since ``origin`` (or the epoch's start) by batch size, in order."""
+        since = self.batches_consumed - (self.origin.batches_consumed if self.origin is not None else 0)
+        return (*self.earlier, (since - sum(b for b, _ in self.earlier), self.batch_size))
 
 
 class SharedControl:
     """The epoch, the pending resume state and the observed worker count, in shared memory."""
 
     def __init__(self) -> None:
-        self._array = multiprocessing.Array("q", 13, lock=False)
+        self._array = multiprocessing.Array("q", _SIZE, lock=False)
         self._array[_SEEN_WORKERS] = _UNKNOWN
 
     @property
@@ -95,7 +108,8 @@ class SharedControl:
             batch_size=int(self._array[_R_BATCH_SIZE]),
             num_workers=None if workers == _UNKNOWN else workers,
             world_size=None if world == _UNKNOWN else world,
-            origin=None if origin[0] == _UNKNOWN else Origin(*origin),
+            origin=None if origin[0] == _UNKNOWN else _origin(origin, self._segments(_R_ORIGIN_EARLIER)),
+            earlier=self._segments(_R_EARLIER),
         )
 
     @resume.setter
@@ -114,7 +128,26 @@ class SharedControl:
         )
         for i, v in zip(_R_ORIGIN, values):
             self._array[i] = v
+        self._set_segments(_R_EARLIER, state.earlier)
+        self._set_segments(_R_ORIGIN_EARLIER, () if origin is None else origin.earlier)
         self._array[_HAS_RESUME] = 1
+
+    def _segments(self, at: int) -> Segments:
+        n = int(self._array[at])
+        return tuple((int(self._array[at + 1 + 2 * i]), int(self._array[at + 2 + 2 * i])) for i in range(n))
+
+    def _set_segments(self, at: int, segments: Segments) -> None:
+        if len(segments) > MAX_SEGMENTS:  # parse_state and state_dict refuse more
+            raise ValueError(f"at most {MAX_SEGMENTS} earlier batch sizes, got {len(segments)}")
+        self._array[at] = len(segments)
+        for i, (batches, batch_size) in enumerate(segments):
+            self._array[at + 1 + 2 * i] = batches
+            self._array[at + 2 + 2 * i] = batch_size
+
+
+def _origin(values: list[int], earlier: Segments) -> Origin:
+    world_size, num_workers, batches_consumed, batch_size = values
+    return Origin(world_size, num_workers, batches_consumed, batch_size, earlier=earlier)
 
 
 def _raising(error: Exception) -> Iterator[Any]:

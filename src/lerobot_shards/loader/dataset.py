@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import numbers
 import os
 import time
 import warnings
@@ -54,7 +55,7 @@ class EpisodePoolDataset(IterableDataset):
         episodes: subset of episode indices (default all).
         cameras: subset of camera keys to decode (default all).
         tolerance_s: tolerance for ``delta_timestamps`` (LeRobot's default 1e-4 s).
-        rank, world_size: default from torch.distributed, else ``RANK``/``WORLD_SIZE``, else 0/1.
+        rank, world_size: each as given, else from torch.distributed, else ``RANK``/``WORLD_SIZE``, else 0/1.
         order: ``OrderOptions`` (pool size, seed, shuffle, equal counts per rank, drop_last).
         read: ``ReadOptions`` (storage options, cache, read-ahead, on_error, a raw source's
             virtual shards).
@@ -427,12 +428,33 @@ class EpisodePoolDataset(IterableDataset):
 
 
 def _distributed(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    if rank is not None and world_size is not None:
-        r, w = rank, world_size
-    elif torch.distributed.is_available() and torch.distributed.is_initialized():
-        r, w = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    """(rank, world_size): each as given, else from ``torch.distributed`` once initialised, else
+    from the ``RANK`` / ``WORLD_SIZE`` variables torchrun sets (0 and 1 without them)."""
+    for name, value in (("rank", rank), ("world_size", world_size)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
+            raise ValueError(f"{name} must be an int, got {value!r}")
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        found = {"rank": torch.distributed.get_rank(), "world_size": torch.distributed.get_world_size()}
     else:
-        r, w = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+        found = {"rank": _env_int("RANK", 0), "world_size": _env_int("WORLD_SIZE", 1)}
+    r = int(rank) if rank is not None else found["rank"]
+    w = int(world_size) if world_size is not None else found["world_size"]
     if not 0 <= r < w:
-        raise ValueError(f"rank {r} is not in [0, world_size={w})")
+        given = ", ".join(
+            f"{n}={v} ({'given' if a is not None else 'found'})"
+            for n, v, a in (("rank", r, rank), ("world_size", w, world_size))
+        )
+        raise ValueError(
+            f"rank must be in [0, world_size): {given}; pass both, or neither to use torch.distributed or RANK/WORLD_SIZE"
+        )
     return r, w
+
+
+def _env_int(name: str, default: int) -> int:
+    text = os.environ.get(name)
+    if text is None or text.strip() == "":
+        return default
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={text!r} is not an integer") from None

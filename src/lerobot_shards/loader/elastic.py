@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .partition import Consumer, ConsumerPlan, PlanOptions, ShardSpec, plan_consumer, split_shards
-from .resume import samples_to_skip
+from .resume import Segments, samples_to_skip
 from .sampling import Emission, PoolSampler, consumer_rng, keyed_rng
 
 ELASTIC_STREAM = 0x454C_4153  # "ELAS": the resumed consumers' own random stream
@@ -35,6 +35,11 @@ class Origin:
     num_workers: int  # DataLoader num_workers (0: the main process)
     batches_consumed: int  # per rank
     batch_size: int
+    earlier: Segments = ()  # its epoch's batches of earlier batch sizes, before those of ``batch_size``
+
+    def segments(self) -> Segments:
+        """Its batches by batch size, in order (``resume.Segments``)."""
+        return (*self.earlier, (self.batches_consumed - sum(b for b, _ in self.earlier), self.batch_size))
 
 
 @dataclass(frozen=True)
@@ -77,7 +82,7 @@ def emitted_frames(
         counts = plans[0].rank_samples
         for w, plan in enumerate(plans):
             if replay is None:
-                skip = samples_to_skip(origin.batches_consumed, origin.batch_size, counts, w, drop_last)
+                skip = samples_to_skip(origin.segments(), counts, w, drop_last)
                 sampler = PoolSampler(
                     plan.lengths,
                     pool_size,

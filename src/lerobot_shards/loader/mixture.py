@@ -265,6 +265,15 @@ class MixtureDataset(IterableDataset):
             raise MixtureResumeError(
                 f"resume state has no {MIXTURE_DIGEST}: it was saved by a single dataset, not by this mixture"
             )
+        key = dataclasses.asdict(self._state_order.key)
+        changed = [
+            f"{k}={state[k]!r} (this mixture: {key[k]!r})" for k in _SETTINGS if k in state and state[k] != key[k]
+        ]
+        if changed:  # the digest would differ too: name the setting first
+            raise MixtureResumeError(
+                f"resume state was saved with {', '.join(changed)}: the samples would differ; resume with the "
+                f"settings that saved it, or start a new epoch without the state"
+            )
         if saved != self.digest:
             raise MixtureResumeError(
                 f"resume state was saved by another mixture ({MIXTURE_DIGEST} {saved}, this one {self.digest}"
@@ -377,6 +386,10 @@ def _chain(streams: Sequence[Iterator[dict[str, Any]]]) -> Iterator[dict[str, An
 def _undecoded(ds: EpisodePoolDataset) -> set[str]:
     """A source's cameras it does not decode: its samples never hold them."""
     return {k for k, v in ds.features.items() if v["dtype"] == VIDEO_DTYPE and k not in ds.cameras}
+
+
+# The order settings a mixture's state records that are not the mixture's own (sources, shares).
+_SETTINGS = ("seed", "shuffle", "episode_pool_size", "equal_samples_per_rank", "drop_last")
 
 
 def _differences(saved: Any, current: Mapping[str, int]) -> str:

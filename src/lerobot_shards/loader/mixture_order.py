@@ -39,7 +39,7 @@ from .checkpoint import EpochOrder, elastic_origin
 from .control import ResumeState
 from .elastic import ElasticPlan, Origin, SubsetSampler
 from .partition import Consumer, ConsumerPlan, ShardSpec, split_shards, work_units
-from .resume import resume_point, samples_to_skip
+from .resume import Segments, resume_point, samples_to_skip
 from .sampling import PoolSampler, keyed_rng
 
 MIX_SCHEDULE = 0x4D49_5853  # "MIXS": the schedule's random stream
@@ -149,11 +149,11 @@ class MixtureOrder:
         first = self.first
         stream, skip = worker, 0
         if resume is not None and resume.epoch == epoch:
-            origin, batches = elastic_origin(resume, first.world_size, num_workers)
+            origin, since = elastic_origin(resume, first.world_size, num_workers)
             if origin is not None:
-                return self._start_elastic(epoch, origin, batches, resume.batch_size, worker, num_workers)
+                return self._start_elastic(epoch, origin, since, worker, num_workers)
             counts = self.rank_counts(epoch, first.rank, first.world_size, num_workers)
-            stream, skip = resume_point(batches, resume.batch_size, counts, worker, first.drop_last)
+            stream, skip = resume_point(since, counts, worker, first.drop_last)
         consumer = Consumer(first.rank, first.world_size, stream, max(1, num_workers))
         shares = self.shares(epoch, consumer)
         schedule = self.schedule(epoch, consumer, shares)
@@ -176,7 +176,7 @@ class MixtureOrder:
             counts = self.rank_counts(epoch, rank, origin.world_size, origin.num_workers)
             for w in range(workers):
                 consumer = Consumer(rank, origin.world_size, w, workers)
-                skip = samples_to_skip(origin.batches_consumed, origin.batch_size, counts, w, self.first.drop_last)
+                skip = samples_to_skip(origin.segments(), counts, w, self.first.drop_last)
                 schedule = self.schedule(epoch, consumer, self.shares(epoch, consumer))
                 out[rank, w] = np.bincount(schedule[:skip], minlength=len(self.orders))
         return out
@@ -227,6 +227,36 @@ class MixtureOrder:
             plans.append(ElasticPlan(dataclasses.replace(elastic.plan, num_samples=n), elastic.frames))
         return plans
 
+    def _rehome(
+        self, sources: list[tuple[list[ElasticPlan], list[ConsumerPlan]]]
+    ) -> list[tuple[list[ElasticPlan], list[ConsumerPlan]]]:
+        """Equal-count mode gives every new consumer an equal part of each group of a source's frames
+        (whole passes, partial ones, later passes), also of a group it holds no frame of. Such a part
+        moves to the consumer's largest group of the source, or, holding no frame of the source at
+        all, to its largest group of any source; those frames then repeat, as equal mode repeats.
+        The consumer's total stays, so every rank still runs the same number of batches."""
+        if not all(o.equal_samples_per_rank for o in self.orders):
+            return sources
+        plans = [[*(e.plan for e in now), *later] for now, later in sources]
+        counts = [[p.num_samples if p.lengths else 0 for p in ps] for ps in plans]
+        frames = [[sum(p.lengths) for p in ps] for ps in plans]
+        homeless = [sum(p.num_samples for p in ps if not p.lengths) for ps in plans]
+        for d, n in enumerate(homeless):
+            if n and any(frames[d]):
+                counts[d][frames[d].index(max(frames[d]))] += n
+            elif n:  # the source's part goes to the largest group this consumer holds
+                best = max(((f, -e, -j) for e, fs in enumerate(frames) for j, f in enumerate(fs)), default=(0, 0, 0))
+                if best[0] == 0:
+                    return sources  # nothing anywhere: ``_start_elastic`` says so
+                counts[-best[1]][-best[2]] += n
+        return [
+            (
+                [ElasticPlan(dataclasses.replace(e.plan, num_samples=n), e.frames, e.loads) for e, n in zip(now, cs)],
+                [dataclasses.replace(p, num_samples=n) for p, n in zip(later, cs[len(now) :])],
+            )
+            for (now, later), cs in zip(sources, counts)
+        ]
+
     def _later_passes(
         self, d: int, epoch: int, origin: Origin, done: dict[tuple[int, int], np.ndarray], consumer: Consumer
     ) -> list[ConsumerPlan]:
@@ -270,9 +300,7 @@ class MixtureOrder:
                 )
         raise AssertionError("unreachable")
 
-    def _start_elastic(
-        self, epoch: int, origin: Origin, batches: int, batch_size: int, worker: int, num_workers: int
-    ) -> MixStart:
+    def _start_elastic(self, epoch: int, origin: Origin, since: Segments, worker: int, num_workers: int) -> MixStart:
         """The rest of an epoch interrupted under ``origin``, for this rank's DataLoader worker ``worker``.
 
         As a single dataset's elastic resume, pass by pass: each source's frames left in the
@@ -289,13 +317,15 @@ class MixtureOrder:
 
         def layout(stream: int) -> tuple[list[tuple[list[ElasticPlan], list[ConsumerPlan]]], tuple[int, ...]]:
             consumer = Consumer(first.rank, first.world_size, stream, workers)
-            sources = [
-                (
-                    self._current_passes(d, epoch, origin, done, consumer),
-                    self._later_passes(d, epoch, origin, done, consumer),
-                )
-                for d in range(len(self.orders))
-            ]
+            sources = self._rehome(
+                [
+                    (
+                        self._current_passes(d, epoch, origin, done, consumer),
+                        self._later_passes(d, epoch, origin, done, consumer),
+                    )
+                    for d in range(len(self.orders))
+                ]
+            )
             shares = tuple(
                 sum(e.plan.num_samples for e in now) + sum(p.num_samples for p in later) for now, later in sources
             )
@@ -303,9 +333,9 @@ class MixtureOrder:
 
         sources, shares = layout(worker)
         stream, skip = worker, 0
-        if batches:
+        if any(b for b, _ in since):
             counts = [sum(layout(w)[1]) if w != worker else sum(shares) for w in range(workers)]
-            stream, skip = resume_point(batches, batch_size, counts, worker, first.drop_last)
+            stream, skip = resume_point(since, counts, worker, first.drop_last)
             if stream != worker:
                 sources, shares = layout(stream)
         consumer = Consumer(first.rank, first.world_size, stream, workers)
@@ -313,6 +343,12 @@ class MixtureOrder:
         skipped = np.bincount(schedule[:skip], minlength=len(self.orders))
         parts = []
         for d, ((now, later), order) in enumerate(zip(sources, self.orders)):
+            owed = sum(p.num_samples for p in [*(e.plan for e in now), *later])
+            if owed and not any(sum(p.lengths) for p in [*(e.plan for e in now), *later]):
+                raise ValueError(
+                    f"elastic resume in equal-count mode: mixture source {self.names[d] if self.names else d!r} "
+                    f"owes this consumer {owed} samples but none of its frames; resume with fewer ranks or workers"
+                )
             samplers: list[tuple[ConsumerPlan, PoolSampler | SubsetSampler]] = []
             for j, elastic in enumerate(now):
                 seed = self.source_seed(d) + j  # below 2**63 + 1: a key part
@@ -331,12 +367,6 @@ class MixtureOrder:
             left = int(skipped[d])
             source_parts = []
             for plan, sampler in samplers:
-                if sampler.num_samples and not plan.lengths:
-                    raise ValueError(
-                        f"elastic resume in equal-count mode: mixture source {self.names[d] if self.names else d!r} "
-                        f"owes this consumer {sampler.num_samples} samples but none of its frames; resume with "
-                        f"fewer ranks or workers"
-                    )
                 n = min(left, sampler.num_samples)
                 sampler.skip(n)
                 left -= n

@@ -25,7 +25,7 @@ import yaml
 
 from ..exceptions import LeRobotShardsError
 from .checkpoint import digest
-from .options import check_episodes
+from .options import check_episodes, plain_numbers
 
 
 class MixtureFileError(LeRobotShardsError, ValueError):
@@ -60,6 +60,7 @@ class MixtureSource:
     key_map: Mapping[str, str] = field(default_factory=dict)  # {shared name: the source's key}
 
     def __post_init__(self) -> None:
+        plain_numbers(self)
         if not isinstance(self.source, (str, os.PathLike)) or not str(self.source):
             raise ValueError(f"source must be a path or URL, got {self.source!r}")
         object.__setattr__(self, "source", os.fspath(self.source))
@@ -107,6 +108,7 @@ class Mixture:
     samples_per_epoch: int | None = None
 
     def __post_init__(self) -> None:
+        plain_numbers(self)
         if isinstance(self.sources, (str, bytes)) or not isinstance(self.sources, Sequence) or not self.sources:
             raise ValueError(f"a mixture needs a non-empty list of sources, got {self.sources!r}")
         for s in self.sources:
@@ -159,6 +161,9 @@ def source_counts(mixture: Mixture, frames: Sequence[int]) -> tuple[int, ...]:
         )
     counts = [0 if c is None else int(c) for c in fixed]
     weights = [float(mixture.sources[i].weight or 0.0) for i in weighted]
+    if not math.isfinite(sum(weights)):  # huge weights (1e308 twice) overflow: only proportions count
+        top = max(weights)
+        weights = [w / top for w in weights]
     if weighted and sum(weights) <= 0 and total > total_fixed:
         raise ValueError("the weighted mixture sources' weights add up to 0")
     if weighted and sum(weights) > 0:

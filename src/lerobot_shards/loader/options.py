@@ -50,6 +50,20 @@ def _int(name: str, value: Any, low: int, *, none: str = "", none_first: bool = 
         raise ValueError(f"{name} must be {allowed}{f'; {hint}' if hint else ''}, got {value!r}")
 
 
+def plain_numbers(obj: Any) -> None:
+    """Store a frozen dataclass's numeric fields as Python ints and floats, before they are checked:
+    numpy's ``int64`` passes an ``Integral`` check but not ``json.dumps``, which a resume state
+    and a mixture's digest go through (it failed at the first checkpoint, naming no field)."""
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if isinstance(value, bool) or type(value) in (int, float):
+            continue
+        if isinstance(value, numbers.Integral):
+            object.__setattr__(obj, f.name, int(value))
+        elif isinstance(value, numbers.Real):
+            object.__setattr__(obj, f.name, float(value))
+
+
 def _bool(name: str, value: Any, *, none: str = "") -> None:
     if not (isinstance(value, bool) or (value is None and none)):
         raise ValueError(f"{name} must be True or False{f' or None ({none})' if none else ''}, got {value!r}")
@@ -80,6 +94,7 @@ class OrderOptions:
     drop_last: bool = False
 
     def __post_init__(self) -> None:
+        plain_numbers(self)
         _int("episode_pool_size", self.episode_pool_size, 1)
         if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral) or self.seed < 0:
             raise ValueError(f"seed must be a non-negative int, got {self.seed!r}")
@@ -117,6 +132,7 @@ class ReadOptions:
     episodes_per_shard: int | None = None
 
     def __post_init__(self) -> None:
+        plain_numbers(self)
         if self.storage_options is not None and not isinstance(self.storage_options, Mapping):
             raise ValueError(f"storage_options must be a dict or None, got {type(self.storage_options).__name__}")
         if self.cache_dir is not None:
@@ -172,6 +188,7 @@ class DecodeOptions:
     resize_mode: ResizeMode = "pad"
 
     def __post_init__(self) -> None:
+        plain_numbers(self)
         object.__setattr__(
             self, "video_decode_device", rank_device(self.video_decode_device, what="video_decode_device")
         )

@@ -10,12 +10,19 @@ A fresh DataLoader always starts its round-robin at worker 0, so skipping alone 
 after a cut inside a round: DataLoader worker j must replay stream (j + resume_rotation) % W
 (the stream being the original worker's consumer) and skip that stream's consumed samples.
 Rotated, the rest of the epoch comes out in exactly the uninterrupted order.
+
+A resumed run may use another batch size. Its position is then a sequence of segments, the
+epoch's batches by batch size in the order they were consumed (``Segments``): each segment's
+batches were dealt round-robin by a DataLoader that started at the stream the previous segment's
+left off, so the skips are found by replaying the segments one after another.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import NamedTuple
+
+Segments = tuple[tuple[int, int], ...]  # (batches, batch_size) of consecutive parts of an epoch, in order
 
 
 class ResumePoint(NamedTuple):
@@ -85,28 +92,57 @@ def _round_robin_cut(batches_consumed: int, worker_batches: Sequence[int]) -> tu
     return taken, rotation
 
 
+def merge_segments(segments: Sequence[tuple[int, int]]) -> Segments:
+    """``segments`` without empty ones, neighbours of one batch size merged (the same position)."""
+    out: list[tuple[int, int]] = []
+    for batches, batch_size in segments:
+        if batches == 0:
+            continue
+        if out and out[-1][1] == batch_size:
+            out[-1] = (out[-1][0] + batches, batch_size)
+        else:
+            out.append((batches, batch_size))
+    return tuple(out)
+
+
+def consumed_per_stream(
+    segments: Sequence[tuple[int, int]], worker_samples: Sequence[int], drop_last: bool = False
+) -> tuple[list[int], int]:
+    """(samples of every stream consumed, rotation) once ``segments`` were consumed.
+
+    A segment is run by a DataLoader whose worker j replays stream (j + rotation) % W, the
+    rotation the segments before it left; a single segment is the plain round-robin cut.
+    """
+    streams = len(worker_samples)
+    consumed, rotation = [0] * streams, 0
+    for batches, batch_size in segments:
+        order = [(j + rotation) % streams for j in range(streams)]
+        left = [worker_samples[s] - consumed[s] for s in order]
+        taken, turn = _round_robin_cut(batches, [num_batches(n, batch_size, drop_last) for n in left])
+        for j, s in enumerate(order):
+            consumed[s] += min(taken[j] * batch_size, left[j])
+        rotation = (rotation + turn) % streams
+    return consumed, rotation
+
+
 def samples_to_skip(
-    batches_consumed: int,
-    batch_size: int,
+    segments: Sequence[tuple[int, int]],
     worker_samples: Sequence[int],
     worker: int,
     drop_last: bool = False,
 ) -> int:
-    """Samples of stream ``worker`` already consumed: fast-forward them on resume.
+    """Samples of stream ``worker`` already consumed once ``segments`` were: fast-forward them on resume.
 
     ``worker_samples`` lists every stream's samples this epoch on this rank (one entry for
     DataLoader num_workers=0). ``resume_point`` pairs it with the stream each worker replays.
     """
     if not 0 <= worker < len(worker_samples):
         raise ValueError(f"worker must be in [0, {len(worker_samples)}), got {worker}")
-    worker_batches = [num_batches(n, batch_size, drop_last) for n in worker_samples]
-    taken = batches_taken_per_worker(batches_consumed, worker_batches)[worker]
-    return min(taken * batch_size, worker_samples[worker])
+    return consumed_per_stream(segments, worker_samples, drop_last)[0][worker]
 
 
 def resume_point(
-    batches_consumed: int,
-    batch_size: int,
+    segments: Sequence[tuple[int, int]],
     worker_samples: Sequence[int],
     worker: int,
     drop_last: bool = False,
@@ -117,7 +153,6 @@ def resume_point(
     """
     if not 0 <= worker < len(worker_samples):
         raise ValueError(f"worker must be in [0, {len(worker_samples)}), got {worker}")
-    worker_batches = [num_batches(n, batch_size, drop_last) for n in worker_samples]
-    stream = (worker + resume_rotation(batches_consumed, worker_batches)) % len(worker_samples)
-    skip = samples_to_skip(batches_consumed, batch_size, worker_samples, stream, drop_last)
-    return ResumePoint(stream, skip)
+    consumed, rotation = consumed_per_stream(segments, worker_samples, drop_last)
+    stream = (worker + rotation) % len(worker_samples)
+    return ResumePoint(stream, consumed[stream])
