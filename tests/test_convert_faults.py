@@ -276,6 +276,10 @@ def test_second_converter_into_the_same_destination_is_refused(synth_factory, tm
     first = subprocess.Popen(held_cli(hold, "convert", *args), stderr=subprocess.PIPE, text=True)
     _wait_for(lambda: (out / SHARDS_DIR / "shard-000000.idx.json").exists(), first)
     line = _one_line(run_cli("convert", *args))  # the first holds its lock, held at shard 1
+    # --finalize --overwrite deletes a conversion's files: it waited for no lock and deleted these.
+    finalizing = _one_line(run_cli("convert", *args, "--finalize", "--overwrite", "--reencode", "h264"))
+    assert f"{out}: another conversion is writing shards here right now" in finalizing
+    assert (out / SHARDS_DIR / "shard-000000.tar").exists()
     release(hold)
     assert f"{out}: another conversion is writing shards 0..23 here right now" in line and "re-run" in line
     assert first.wait(timeout=120) == 0, first.stderr.read()
@@ -294,3 +298,53 @@ def test_second_converter_into_the_same_destination_is_refused(synth_factory, tm
     assert one.returncode == 0 and "manifest waits for the other tasks" in one.stdout, one.stderr
     assert zero.wait(timeout=120) == 0, zero.stderr.read()
     assert output_files(array) == output_files(tmp_path / "ref")
+
+
+def _claim_at_once(out: str, crf: int, barrier, results) -> None:  # type: ignore[no-untyped-def]
+    from lerobot_shards.convert.destination import Destination
+    from lerobot_shards.convert.run import ConvertError, _claim
+
+    barrier.wait()
+    try:
+        _claim(Destination(out), {"format": "test", "crf": crf}, clear=False)
+        results.put(crf)
+    except ConvertError:
+        results.put(None)
+
+
+def test_tasks_claiming_at_once_with_other_options_one_wins(tmp_path: Path) -> None:
+    """Array tasks started together with other options each saw no run record, each wrote its own
+    (the last rename won) and both converted, under one record. The record is now created
+    exclusively: exactly one task claims the destination, the others read its record and stop."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    barrier, results = ctx.Barrier(4), ctx.Queue()
+    procs = [ctx.Process(target=_claim_at_once, args=(str(tmp_path), crf, barrier, results)) for crf in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=60)
+    won = [r for r in (results.get(timeout=10) for _ in procs) if r is not None]
+    assert len(won) == 1
+    assert json.loads((tmp_path / "convert.json").read_text())["crf"] == won[0]
+
+
+def test_a_worker_that_cannot_open_the_source_raises_why_not_a_broken_pool(tmp_path: Path) -> None:
+    """A converter worker's initializer read the source and, failing (a bucket stalled while workers
+    started), broke the pool: "terminated abruptly", the cause only in a raw traceback. The error
+    now comes with the worker's first shard, named."""
+    code = f"""
+import multiprocessing, os
+from lerobot_shards.convert.plan import ConvertOptions, RunOptions
+from lerobot_shards.convert import run
+setup = run._WorkerSetup(({str(tmp_path / "gone")!r}, {{}}), ({str(tmp_path / "out")!r}, {{}}), ConvertOptions(),
+                         RunOptions(), 20, os.getppid())
+run._init_worker(setup, multiprocessing.get_context("spawn").Queue())
+try:
+    run._worker_shard(None)
+except Exception as e:
+    print(type(e).__name__, e)
+"""
+    result = subprocess.run([CLI[0], "-c", code], capture_output=True, text=True, timeout=120)
+    assert "gone" in result.stdout and "Error" in result.stdout.split()[0], result.stdout + result.stderr

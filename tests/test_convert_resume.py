@@ -138,6 +138,24 @@ def test_refuses_other_settings_unless_overwrite(source: Path, tmp_path: Path) -
     assert output_files(out) == output_files(tmp_path / "ref")
 
 
+def test_a_source_rewritten_between_tasks_is_another_conversion(source: Path, tmp_path: Path) -> None:
+    """Task 0 of 2, then the source's stats rewritten (same episodes, same lengths), then task 1: it
+    reused task 0's shards beside its own and wrote a manifest over both. Now it is refused."""
+    import shutil
+
+    root = tmp_path / "src"
+    shutil.copytree(source, root)
+    out = tmp_path / "out"
+    task = ["convert", root, out, "--episodes-per-shard", "2", "--num-tasks", "2", "--no-progress"]
+    assert run_cli(*task, "--task-index", "0").returncode == 0
+    stats = root / "meta" / "stats.json"
+    stats.write_text(stats.read_text().replace("1", "2", 1))
+    result = run_cli(*task, "--task-index", "1")
+    assert result.returncode == 1
+    assert "differs in: source_sha256) (the source's files changed since it started)" in result.stderr
+    assert not (out / MANIFEST_NAME).exists()
+
+
 def test_slurm_array_script(source: Path, tmp_path: Path) -> None:
     """slurm/convert.sbatch run as a 1-based array of 2 tasks gives the single-process output."""
     script = Path(__file__).resolve().parents[1] / "slurm/convert.sbatch"

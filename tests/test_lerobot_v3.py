@@ -219,3 +219,25 @@ def test_numpy_of_keeps_nulls_as_to_numpy_does() -> None:
 
     col = pa.array([1.0, None, 3.0], type=pa.float32())
     assert np.isnan(numpy_of(col)[1]) and numpy_of(col)[2] == 3.0
+
+
+def test_a_dataset_path_with_glob_characters_reads_its_own_episodes(synth_factory, tmp_path: Path) -> None:
+    """meta/episodes was found by a glob on the dataset's path: "ds[x]" read nothing alone and its
+    sibling "dsx"'s episodes beside it."""
+    shutil.copytree(synth_factory(num_episodes=3, cameras=()), tmp_path / "ds[x]")
+    shutil.copytree(synth_factory(num_episodes=5, cameras=()), tmp_path / "dsx")
+    assert len(LeRobotV3Source(str(tmp_path / "ds[x]")).episodes) == 3
+
+
+def test_files_under_folders_of_other_names_are_found(synth_factory, tmp_path: Path) -> None:
+    """info.json's templates may name folders other than data/ and videos/: their files were listed
+    as missing."""
+    root = tmp_path / "ds"
+    shutil.copytree(synth_factory(num_episodes=2), root)
+    (root / "videos").rename(root / "clips")
+    info = json.loads((root / "meta" / "info.json").read_text())
+    assert info["video_path"].startswith("videos/")
+    info["video_path"] = "clips/" + info["video_path"][len("videos/") :]
+    (root / "meta" / "info.json").write_text(json.dumps(info))
+    src = LeRobotV3Source(str(root))
+    assert not src.missing_files and len(src.episodes) == 2

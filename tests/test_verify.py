@@ -64,6 +64,22 @@ def test_flipped_byte(converted: Path) -> None:
     assert "shard-000000.tar" not in result.stdout
 
 
+def test_a_damaged_table_is_one_problem_and_the_rest_is_still_checked(converted: Path) -> None:
+    """pyarrow's OSError on a damaged parquet member ended verify with a traceback, unreported."""
+    path = converted / SHARDS_DIR / "shard-000000.tar"
+    with tarfile.open(path) as tar:
+        member = next(m for m in tar.getmembers() if m.name.endswith(".parquet"))
+    data = bytearray(path.read_bytes())
+    data[member.offset_data + member.size - 10] ^= 0x01  # in the footer: pyarrow raises OSError
+    path.write_bytes(bytes(data))
+    (converted / SHARDS_DIR / "shard-000001.tar").unlink()
+    result = run_cli("verify", converted, "--no-progress")
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    lines = result.stdout.splitlines()
+    assert any(f"unreadable table {member.name}" in line for line in lines), result.stdout
+    assert any("shard-000001.tar: no tar" in line for line in lines), result.stdout
+
+
 def test_missing_member(converted: Path) -> None:
     path = converted / SHARDS_DIR / "shard-000000.tar"
     gone = "e000001.observation.images.front.mp4"

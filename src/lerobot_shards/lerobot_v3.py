@@ -10,12 +10,14 @@ from __future__ import annotations
 import bisect
 import contextlib
 import functools
+import hashlib
 import itertools
 import json
 import logging
 import math
 import os
 import posixpath
+import re
 import stat
 from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -62,6 +64,9 @@ MAX_JSON_BYTES = 64 * 1024 * 1024  # info.json and stats.json: kilobytes in prac
 MAX_EPISODE_FRAMES = 10_000_000  # as format.MAX_EPISODE_FRAMES: 93 hours at 30 fps
 # from/to timestamps may exceed the mp4's duration by rounding; more than half a frame is an error.
 DURATION_SLACK_FRAMES = 0.5
+
+
+_EPISODES_FILE = re.compile(r"chunk-[^/]*/file-[^/]*\.parquet")  # meta/episodes/chunk-*/file-*.parquet
 
 
 class SourceError(LeRobotShardsError, ValueError):
@@ -332,7 +337,10 @@ class LeRobotV3Source:
         return tuple(tasks)  # type: ignore[arg-type]
 
     def _read_episodes(self) -> tuple[tuple[EpisodeMeta, ...], pa.Table]:
-        files = sorted(bounded(self.fs, "glob", self._abs("meta/episodes/chunk-*/file-*.parquet")))
+        # Listed, not globbed: the dataset's own path may hold glob characters ("ds[x]" matched "dsx").
+        folder = self._abs("meta/episodes")
+        found = bounded(self.fs, "find", folder) if bounded(self.fs, "isdir", folder) else []
+        files = sorted(f for f in found if _EPISODES_FILE.fullmatch(posixpath.relpath(f, folder)))
         if not files:
             raise SourceError(f"{self._abs('meta/episodes')}: no episodes parquet files")
         tables = [_read_parquet(self.fs, f) for f in files]
@@ -428,17 +436,18 @@ class LeRobotV3Source:
 
         Returns the sizes of present files and, for missing ones, the first episode needing each.
         """
-        sizes: dict[str, int] = {}
-        for sub in ("data", "videos"):
-            top = self._abs(sub)
-            if bounded(self.fs, "exists", top):
-                for path, detail in bounded(self.fs, "find", top, detail=True).items():
-                    sizes[posixpath.relpath(path, self.root)] = int(detail.get("size") or 0)
         needed: dict[str, int] = {}
         for e in self.episodes:
             needed.setdefault(e.data_path, e.episode_index)
             for v in e.videos.values():
                 needed.setdefault(v.path, e.episode_index)
+        sizes: dict[str, int] = {}
+        # The folders the paths name (data/ and videos/ by default; info.json's templates may name others).
+        for sub in sorted({"data", "videos", *(p.split("/", 1)[0] for p in needed if "/" in p)}):
+            top = self._abs(sub)
+            if bounded(self.fs, "isdir", top):
+                for path, detail in bounded(self.fs, "find", top, detail=True).items():
+                    sizes[posixpath.relpath(path, self.root)] = int(detail.get("size") or 0)
         missing = {p: ep for p, ep in needed.items() if p not in sizes}
         if missing:
             listing = "; ".join(f"{p} (first needed by episode {ep})" for p, ep in sorted(missing.items()))
@@ -447,6 +456,21 @@ class LeRobotV3Source:
                 raise SourceError(message)
             log.warning(message)
         return sizes, missing
+
+    def content_digest(self) -> str:
+        """A digest of what a conversion reads: the bytes of every file under meta/ (info, tasks,
+        episodes, stats) and the name and size of every data and video file. Another digest is
+        another source (rows or stats rewritten with the same lengths), whose episodes must not
+        be mixed with shards written from this one."""
+        h = hashlib.sha256()
+        meta = self._abs("meta")
+        for path in sorted(bounded(self.fs, "find", meta) if bounded(self.fs, "isdir", meta) else []):
+            data = bounded(self.fs, "cat_file", path)
+            h.update(f"{posixpath.relpath(path, self.root)}\0{len(data)}\n".encode())
+            h.update(data)
+        for rel, size in sorted(self._file_sizes.items()):
+            h.update(f"{rel}\0{size}\n".encode())
+        return h.hexdigest()
 
     def _require_file(self, rel_path: str, episode_index: int) -> None:
         if rel_path in self.missing_files:

@@ -311,6 +311,37 @@ class Destination:
         with self.open_local(rel) as f:
             f.write(data)
 
+    def create_bytes(self, rel: str, data: bytes) -> bool:
+        """Write a small file unless ``rel`` exists; True when this call created it.
+
+        Locally exclusive: a complete temporary file is hard-linked to ``rel``, which fails if a
+        process got there first (two array tasks started at once: one wins, the other reads the
+        winner's file). Remotely a look then one PUT: object stores offer no create-if-absent
+        everywhere, so the caller reads the file back.
+        """
+        if not self.is_local:
+            if self.exists(rel):
+                return False
+            self.write_bytes(rel, data)
+            return True
+        final = self.confined(rel)
+        tmp = tmp_name(final)
+        try:
+            with _named_errors(tmp):
+                os.makedirs(posixpath.dirname(final), exist_ok=True)
+                with open(tmp, "xb") as f:
+                    f.write(data)
+                    f.flush()
+                    os.fsync(f.fileno())
+            with _named_errors(final):
+                os.link(tmp, self.confined(rel))
+            return True
+        except FileExistsError:
+            return False
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(tmp)
+
     @contextlib.contextmanager
     def open_local(self, rel: str) -> Iterator[BinaryIO]:
         """A local file that appears at ``rel`` only when the block completes (fsync'd, then renamed).

@@ -61,13 +61,18 @@ def _source_url(source: str | Path) -> str:
     return without_credentials(text) if "://" in text else os.path.abspath(text)
 
 
-def run_record(source_url: str, options: ConvertOptions, plan: Sequence[PlannedShard]) -> dict[str, Any]:
+def run_record(
+    source_url: str, options: ConvertOptions, plan: Sequence[PlannedShard], source_sha256: str
+) -> dict[str, Any]:
     """What ``convert.json`` holds: everything that decides the output bytes, nothing that does not
-    (workers, task split), so every task and re-run of one conversion writes the same record."""
+    (workers, task split), so every task and re-run of one conversion writes the same record. The
+    source's content digest (``LeRobotV3Source.content_digest``) makes a source rewritten between a
+    killed run and its re-run, or between array tasks, another conversion, not a silent mix."""
     return {
         "format": RUN_RECORD_FORMAT,
         "converter_version": __version__,
         "source": source_url,
+        "source_sha256": source_sha256,
         "options": options.to_dict(),
         "plan_sha256": plan_digest(list(plan)),
     }
@@ -91,9 +96,10 @@ def _check_claim(dest: Destination, record: dict[str, Any], *, overwrite: bool) 
             return False
         if not overwrite:
             diff = sorted(k for k in set(record) | set(theirs) if record.get(k) != theirs.get(k))
+            changed = " (the source's files changed since it started)" if "source_sha256" in diff else ""
             raise ConvertError(
                 f"{dest.path(RUN_RECORD)}: {dest.url} holds a conversion with other settings (differs in: "
-                f"{', '.join(diff)}); pass --overwrite to replace it or choose another destination"
+                f"{', '.join(diff)}){changed}; pass --overwrite to replace it or choose another destination"
             )
         return True
     if [e for e in dest.entries() if not OWN_TOP_FILE.fullmatch(e)] and not overwrite:
@@ -121,11 +127,10 @@ def _claim(dest: Destination, record: dict[str, Any], *, clear: bool) -> None:
         foreign = [e for e in dest.entries() if e != SHARDS_DIR and not OWN_TOP_FILE.fullmatch(e)]
         if foreign:
             log.warning("--overwrite: leaving unrelated entries in %s alone: %s", dest.url, ", ".join(foreign))
-    if not dest.exists(RUN_RECORD):
-        dest.write_bytes(RUN_RECORD, json.dumps(record, indent=1, sort_keys=True).encode())
-    elif not clear:
-        # Re-checked here, under the lock: a task started at the same moment may have written its
-        # record after our first look (its temporary name alone did not stop us).
+    created = dest.create_bytes(RUN_RECORD, json.dumps(record, indent=1, sort_keys=True).encode())
+    if not created or not dest.is_local:
+        # Read back: a task started at the same moment (with other options?) may have written its
+        # record first; remotely, a later writer may have replaced ours.
         _check_claim(dest, record, overwrite=False)
 
 
@@ -212,6 +217,7 @@ class _Worker:
 
 
 _worker: list[_Worker] = []  # this worker process's, set by _init_worker
+_init_failed: list[BaseException] = []  # why _init_worker could not set it: raised by each shard's task
 
 
 def _init_worker(setup: _WorkerSetup, queue: Any) -> None:
@@ -220,15 +226,20 @@ def _init_worker(setup: _WorkerSetup, queue: Any) -> None:
     root.handlers[:] = [logging.handlers.QueueHandler(queue)]
     root.setLevel(setup.log_level)
     quiet_storage_loggers()
-    source = LeRobotV3Source(
-        setup.source[0], storage_options=setup.source[1], allow_missing_files=setup.run.skip_bad_episodes
-    )
-    _worker[:] = [
-        _Worker(source, Destination(setup.dest[0], storage_options=setup.dest[1]), setup.options, setup.run, queue)
-    ]
+    try:  # an initializer's error breaks the pool ("terminated abruptly"): raise it with the first task
+        source = LeRobotV3Source(
+            setup.source[0], storage_options=setup.source[1], allow_missing_files=setup.run.skip_bad_episodes
+        )
+        dest = Destination(setup.dest[0], storage_options=setup.dest[1])
+    except Exception as e:
+        _init_failed[:] = [e]
+        return
+    _worker[:] = [_Worker(source, dest, setup.options, setup.run, queue)]
 
 
 def _worker_shard(shard: PlannedShard) -> int:
+    if _init_failed:
+        raise _init_failed[0]
     w = _worker[0]
     write_shard(
         w.source, w.dest, shard, w.options, run=w.run, on_episode=lambda frames, size: w.queue.put((frames, size))
@@ -476,11 +487,15 @@ def convert_dataset(
     _warn_stale_tasks(src)
     out = Destination(str(dest), storage_options=dest_options)
     _refuse_source_as_output(src, out)
-    record = run_record(_source_url(source), options, plan)
+    record = run_record(_source_url(source), options, plan, src.content_digest())
     clear = _check_claim(out, record, overwrite=run.overwrite)
     if run.finalize_only:
-        _claim(out, record, clear=clear)
-        return finalize(out, src, plan, options, record)
+        try:
+            with out.lock(None):  # --overwrite deletes: never under a running conversion
+                _claim(out, record, clear=clear)
+                return finalize(out, src, plan, options, record)
+        except DestinationBusy as e:
+            raise ConvertError(str(e)) from None
     try:
         with out.lock(None if clear else [s.index for s in share]):
             _claim(out, record, clear=clear)

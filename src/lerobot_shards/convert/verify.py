@@ -338,7 +338,11 @@ class _Verifier:
                 check_episode_header(header, entry, self.manifest)
             except FormatError as e:
                 self.report.problem(f"{at}: {e}")
-            table = pq.read_table(pa.BufferReader(payloads[table_member(entry.key)]))
+            try:
+                table = pq.read_table(pa.BufferReader(payloads[table_member(entry.key)]))
+            except OSError as e:  # pyarrow's error for a damaged footer or page: a problem, not a crash
+                self.report.problem(f"{at}: unreadable table {table_member(entry.key)} ({' '.join(str(e).split())})")
+                return
             if self.source is not None:
                 self._header_against_source(at, header, table)
             if table.num_rows != entry.length:
