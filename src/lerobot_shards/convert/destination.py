@@ -406,8 +406,9 @@ class Destination:
         Local destinations: POSIX byte-range locks on ``OUT/.lock``, one byte per shard index, so
         array tasks (disjoint shards) run side by side while a second run over the same shards
         is refused. The kernel drops the locks when the process dies: no stale lock after kill -9.
-        Remote destinations take no lock: a shard is uploaded whole, and every run writes the
-        same bytes for it, so concurrent runs waste work but never corrupt output.
+        Remote destinations take no lock: a shard is uploaded whole, and every run of one
+        conversion (one run record) writes the same bytes for it, so concurrent runs waste work
+        but never corrupt output.
         Raises DestinationBusy when another process holds any of them.
         """
         if not self.is_local:
