@@ -537,6 +537,34 @@ def test_exact_resume_on_a_mixture(tables: dict[int, Path]) -> None:
         assert _batches(resumed, num_workers=2) == full[cut:]
 
 
+def test_resumes_under_other_batch_sizes_cover_a_mixtures_epoch_once(tables: dict[int, Path]) -> None:
+    """Cut at batch size 3, resumed at 5 and cut again, resumed at 2, with 2 workers: every sample of
+    the epoch once (the second resume skipped 5-sample batches for the 3-sample ones and lost samples)."""
+    mix = _mixture(tables)
+    kw = _resume_kwargs()
+
+    def run(ds: MixtureDataset, size: int, stop: int | None = None) -> list[tuple[str, int, int]]:
+        out = []
+        for i, b in enumerate(DataLoader(ds, batch_size=size, num_workers=2)):
+            if i == stop:
+                break
+            out += _keys(b)
+        return out
+
+    first = MixtureDataset(mix, **kw)
+    everything = collections.Counter(run(first, 3))
+    seen = run(first, 3, stop=4)
+    state = first.state_dict(batches_consumed=4, batch_size=3)
+    second = MixtureDataset(mix, **kw)
+    second.load_state_dict(state)
+    seen += run(second, 5, stop=3)
+    state = second.state_dict(batches_consumed=4 + 3, batch_size=5)
+    third = MixtureDataset(mix, **kw)
+    third.load_state_dict(state)
+    seen += run(third, 2)
+    assert collections.Counter(seen) == everything
+
+
 def test_elastic_resume_covers_what_remains_of_each_source(tables: dict[int, Path]) -> None:
     mix = _mixture(tables, **{"10fps": {"repeat": 1}, "15fps": {"choose": 25}, "30fps": {"repeat": 1}})
     cut = 5
