@@ -11,7 +11,16 @@ import sys
 
 import pytest
 
-from lerobot_shards.integrations.lerobot_train import _pool_size, _storage_options, choose_layout, slab_layout
+from lerobot_shards.integrations.lerobot_train import (
+    _equal_samples_per_rank,
+    _fit_layout,
+    _is_our_source,
+    _logged,
+    _pool_size,
+    _storage_options,
+    choose_layout,
+    slab_layout,
+)
 
 
 def test_without_lerobot_one_line_names_the_supported_versions_and_the_install() -> None:
@@ -71,3 +80,56 @@ def test_environment_options_name_the_variable(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setenv("LEROBOT_SHARDS_STORAGE_OPTIONS", "notjson")
     with pytest.raises(ValueError, match="LEROBOT_SHARDS_STORAGE_OPTIONS is not JSON"):
         _storage_options()
+
+
+def test_the_chosen_layout_never_gives_the_ranks_more_workers_than_episodes() -> None:
+    """8 ranks of 12 cores chose 6 workers each: with 40 episodes the loader refused at the first batch."""
+    from types import SimpleNamespace
+
+    cfg = SimpleNamespace(num_workers=6)
+    line = _fit_layout(cfg, SimpleNamespace(num_episodes=40, world_size=8), 12)
+    assert cfg.num_workers == 5 and "fewer than the 6 for its cores: 5 episodes per rank" in line
+    cfg.num_workers = 6
+    _fit_layout(cfg, SimpleNamespace(num_episodes=4, world_size=2), 12)
+    assert cfg.num_workers == 2
+    cfg.num_workers = 3
+    _fit_layout(cfg, SimpleNamespace(num_episodes=3, world_size=2), 6)  # one episode per rank: no workers
+    assert cfg.num_workers == 0
+    cfg.num_workers = 3
+    mixture = SimpleNamespace(world_size=1, sources=[SimpleNamespace(num_episodes=9), SimpleNamespace(num_episodes=2)])
+    _fit_layout(cfg, mixture, 6)
+    assert cfg.num_workers == 2  # its smallest source's
+    cfg.num_workers = 3
+    assert "fewer" not in _fit_layout(cfg, SimpleNamespace(num_episodes=100, world_size=2), 6)
+
+
+def test_equal_counts_per_rank_follow_the_environment_then_the_checkpoint(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A checkpoint resumed on another number of processes keeps its setting (else the loader's
+    default flips with the world size and the resume is refused, advising a keyword the command lacks)."""
+    monkeypatch.delenv("LEROBOT_SHARDS_EQUAL_SAMPLES_PER_RANK", raising=False)
+    assert _equal_samples_per_rank(None) is None
+    assert _equal_samples_per_rank({"equal_samples_per_rank": False}) is False
+    monkeypatch.setenv("LEROBOT_SHARDS_EQUAL_SAMPLES_PER_RANK", "1")
+    assert _equal_samples_per_rank({"equal_samples_per_rank": False}) is True
+    monkeypatch.setenv("LEROBOT_SHARDS_EQUAL_SAMPLES_PER_RANK", "yes")
+    with pytest.raises(ValueError, match="LEROBOT_SHARDS_EQUAL_SAMPLES_PER_RANK must be 0 or 1, got 'yes'"):
+        _equal_samples_per_rank(None)
+
+
+def test_an_unfinished_conversion_or_its_shards_folder_is_named(tmp_path) -> None:
+    (tmp_path / "convert.json").write_text("{}")
+    with pytest.raises(ValueError, match="holds an unfinished conversion"):
+        _is_our_source(str(tmp_path), None)
+    (tmp_path / "manifest.json").write_text("{}")
+    (tmp_path / "shards").mkdir()
+    assert _is_our_source(str(tmp_path), None)
+    with pytest.raises(ValueError, match=f"shards/ folder: give the conversion itself, {tmp_path}"):
+        _is_our_source(str(tmp_path / "shards"), None)
+    assert not _is_our_source(str(tmp_path / "elsewhere"), None)
+
+
+def test_the_sample_log_names_a_mixtures_source() -> None:
+    import torch
+
+    assert _logged({"index": torch.tensor([3, 4])}) == ["3", "4"]
+    assert _logged({"index": torch.tensor([3, 3]), "dataset_index": torch.tensor([0, 1])}) == ["0:3", "1:3"]

@@ -278,8 +278,9 @@ class LeRobotV3Source:
             hint = ""
             if isinstance(version, str) and version.startswith("v2"):
                 hint = (
-                    "; upgrade it with LeRobot's v2.1-to-v3.0 conversion tool "
-                    "(python -m lerobot.datasets.v30.convert_dataset_v21_to_v30 --repo-id=...)"
+                    "; upgrade it with LeRobot's v2.1-to-v3.0 conversion tool (LeRobot 0.6: python -m "
+                    "lerobot.scripts.convert_dataset_v21_to_v30 --repo-id=...; 0.4: "
+                    "lerobot.datasets.v30.convert_dataset_v21_to_v30)"
                 )
             raise SourceError(f"{where}: codebase_version is {version!r}, expected {CODEBASE_VERSION!r}{hint}")
         for key in ("fps", "features", "data_path", "total_episodes", "total_frames"):

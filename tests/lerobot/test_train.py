@@ -171,6 +171,19 @@ def test_two_accelerate_processes_read_disjoint_samples(train_shards: str, s3_se
     state = json.loads((tmp_path / "run/checkpoints/000002/training_state/lerobot_shards_data.json").read_text())
     assert state["world_size"] == 2 and state["batches_consumed"] == 2
     assert os.path.isdir(tmp_path / "run/checkpoints/000002/pretrained_model")
+    config = tmp_path / "run/checkpoints/000002/pretrained_model/train_config.json"
+    assert json.loads(config.read_text())["dataset"]["streaming"] is False  # as given, not the trainer's true
+    # Resumed on one process: the checkpoint's equal counts per rank kept, the epoch finished elastically
+    # (the loader's default flipped with the world size and the resume was refused).
+    resumed = run(
+        [*CLI, "train", "--resume=true", f"--config_path={config}", "--steps=3"],
+        tmp_path / "r.txt",
+        _bucket_env(s3_server, OMP_NUM_THREADS="1"),
+        TIMEOUT,
+    )
+    assert "rank 0/1" in resumed
+    state = json.loads((tmp_path / "run/checkpoints/000003/training_state/lerobot_shards_data.json").read_text())
+    assert (state["world_size"], state["elastic_world_size"], state["equal_samples_per_rank"]) == (1, 2, True)
 
 
 def test_repo_id_alone_resolves_lerobots_home() -> None:

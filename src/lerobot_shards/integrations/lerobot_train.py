@@ -40,7 +40,7 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -154,9 +154,19 @@ def _is_our_source(url: str, storage_options: dict[str, Any] | None) -> bool:
     try:
         fs, path = url_to_fs(url, **(storage_options or {}))
         path = path.rstrip("/")
-        return bool(
-            fs.exists(posixpath.join(path, "manifest.json")) or fs.exists(posixpath.join(path, "meta/info.json"))
-        )
+        if fs.exists(posixpath.join(path, "manifest.json")) or fs.exists(posixpath.join(path, "meta/info.json")):
+            return True
+        if fs.exists(posixpath.join(path, "convert.json")):  # else LeRobot's "meta/info.json: no such file"
+            raise ValueError(
+                f"lerobot-shards train: {url} holds an unfinished conversion (convert.json, no manifest.json): "
+                "re-run the conversion to finish it, or `lerobot-shards convert ... --finalize` after array tasks"
+            )
+        parent = posixpath.dirname(path)
+        if posixpath.basename(path) == "shards" and fs.exists(posixpath.join(parent, "manifest.json")):
+            raise ValueError(
+                f"lerobot-shards train: {url} is a conversion's shards/ folder: give the conversion itself, {parent}"
+            )
+        return False
     except (FileNotFoundError, NotADirectoryError):
         return False
 
@@ -209,7 +219,7 @@ class PositionedLoader:
             self.batches += 1
             if log_dir:  # an audit trail: which frames this rank trained on, batch by batch
                 with open(Path(log_dir) / f"rank{self.dataset.rank}.txt", "a") as f:
-                    f.write(f"{self.epoch} {self.batches} {' '.join(map(str, batch['index'].tolist()))}\n")
+                    f.write(f"{self.epoch} {self.batches} {' '.join(_logged(batch))}\n")
             yield batch
         self.epoch, self.batches = self.epoch + 1, 0
 
@@ -217,12 +227,52 @@ class PositionedLoader:
         return self.dataset.state_dict(batches_consumed=self.batches, batch_size=int(self.loader.batch_size or 1))
 
 
+def _logged(batch: Mapping[str, Any]) -> list[str]:
+    """The samples of a batch as the audit log names them: ``index``, or ``dataset_index:index`` for
+    a mixture (its sources' indices repeat)."""
+    index = map(str, batch["index"].tolist())
+    if "dataset_index" not in batch:
+        return list(index)
+    return [f"{d}:{i}" for d, i in zip(batch["dataset_index"].tolist(), index)]
+
+
 class _Run:
     """What the patched seams share within one ``train()`` call."""
 
     loader: PositionedLoader | None = None
-    resume: dict[str, int] | None = None
+    resume: dict[str, Any] | None = None
     layout: str = ""
+    cfg: Any = None  # the trainer's config, and its dataset.streaming as the user gave it
+    streaming: bool = False
+
+
+def _equal_samples_per_rank(state: Mapping[str, Any] | None) -> bool | None:
+    """``LEROBOT_SHARDS_EQUAL_SAMPLES_PER_RANK`` (``1``/``0``), else a resumed state's setting, else
+    None (the loader's default: on with several ranks). A checkpoint resumed on another number
+    of processes keeps the order setting it was saved with, so the loader resumes elastically."""
+    text = os.environ.get("LEROBOT_SHARDS_EQUAL_SAMPLES_PER_RANK")
+    if text is not None and text.strip():
+        if text.strip() not in ("0", "1"):
+            raise ValueError(f"LEROBOT_SHARDS_EQUAL_SAMPLES_PER_RANK must be 0 or 1, got {text!r}")
+        return text.strip() == "1"
+    saved = (state or {}).get("equal_samples_per_rank")
+    return saved if isinstance(saved, bool) else None
+
+
+def _fit_layout(cfg: Any, dataset: Any, cores: int) -> str:
+    """The chosen worker count, lowered when the ranks' workers outnumber the episodes (each
+    worker reads episodes of its own: with fewer, the loader refuses); a line saying so."""
+    sources = getattr(dataset, "sources", None) or [dataset]
+    fit = min(s.num_episodes for s in sources) // dataset.world_size
+    note = ""
+    if cfg.num_workers > fit:
+        chosen, cfg.num_workers = cfg.num_workers, (fit if fit >= 2 else 0)
+        note = f", fewer than the {chosen} for its cores: {fit} episodes per rank"
+    threads = min(cores // cfg.num_workers if cfg.num_workers else cores, MAX_AUTO_DECODE_THREADS)
+    return (
+        f"num_workers={cfg.num_workers}, decode_threads={max(threads, 0)} (chosen for this rank's {cores} "
+        f"cores{note}; --num_workers N overrides)"
+    )
 
 
 def _make_datasets(original: Any, run: type[_Run], argv: Sequence[str]) -> Any:
@@ -245,20 +295,20 @@ def _make_datasets(original: Any, run: type[_Run], argv: Sequence[str]) -> Any:
         from lerobot.utils.constants import IMAGENET_STATS
 
         cores = cores_per_rank()  # this rank's share of the node's cores: ranks on one node share them
-        if _given(argv, "num_workers") or cfg.resume:  # a resume keeps the saved run's workers: the same streams
-            decode_threads = min(cores // cfg.num_workers if cfg.num_workers else cores, MAX_AUTO_DECODE_THREADS)
-            why = "given" if _given(argv, "num_workers") else "the checkpoint's"
-            run.layout = (
-                f"num_workers={cfg.num_workers} ({why}), decode_threads={decode_threads} "
-                f"(for this rank's {cores} cores)"
-            )
+        chosen = not (_given(argv, "num_workers") or cfg.resume)  # a resume keeps the saved run's workers
+        decode_threads: int | None = None  # chosen: the loader's own, by the workers it runs under
+        if chosen:
+            cfg.num_workers, _ = choose_layout(cores, 1)
         else:
-            cfg.num_workers, decode_threads = choose_layout(cores, 1)
-            run.layout = (
-                f"num_workers={cfg.num_workers}, decode_threads={decode_threads} "
-                f"(chosen for this rank's {cores} cores; --num_workers N overrides)"
-            )
-        cfg.dataset.streaming = True  # the trainer then builds a plain DataLoader (no sampler) over our iterable
+            decode_threads = min(cores // cfg.num_workers if cfg.num_workers else cores, MAX_AUTO_DECODE_THREADS)
+        # The trainer then builds a plain DataLoader (no sampler) over our iterable; the user's value
+        # is put back once it is built, so the checkpoints' train_config.json says what was asked.
+        run.cfg, run.streaming = cfg, cfg.dataset.streaming
+        cfg.dataset.streaming = True
+        state: dict[str, Any] | None = None
+        state_path = Path(cfg.checkpoint_path) / "training_state" / DATA_STATE_NAME if cfg.resume else None
+        if state_path is not None and state_path.is_file():
+            state = json.loads(state_path.read_text())
         common: dict[str, Any] = dict(
             storage_options=options,
             cache_dir=os.environ.get("LEROBOT_SHARDS_CACHE_DIR") or None,
@@ -272,6 +322,9 @@ def _make_datasets(original: Any, run: type[_Run], argv: Sequence[str]) -> Any:
         else:
             common["episodes"] = cfg.dataset.episodes
         pool = _pool_size()
+        equal = _equal_samples_per_rank(state)
+        if equal is not None:
+            common["equal_samples_per_rank"] = equal
         dataset = open_dataset(
             url,
             seed=cfg.seed if cfg.seed is not None else 0,
@@ -281,6 +334,14 @@ def _make_datasets(original: Any, run: type[_Run], argv: Sequence[str]) -> Any:
             episode_pool_size=pool,
             **common,
         )
+        if chosen:
+            run.layout = _fit_layout(cfg, dataset, cores)
+        else:
+            why = "given" if _given(argv, "num_workers") else "the checkpoint's"
+            run.layout = (
+                f"num_workers={cfg.num_workers} ({why}), decode_threads={decode_threads} "
+                f"(for this rank's {cores} cores)"
+            )
         # the policy's windows need the dataset's metadata: opened once, its windows set after
         dataset.set_delta_timestamps(resolve_delta_timestamps(cfg.trainable_config, dataset.meta), cfg.tolerance_s)
         meta = LeRobotMeta(dataset.meta, cfg.dataset.repo_id)
@@ -291,11 +352,10 @@ def _make_datasets(original: Any, run: type[_Run], argv: Sequence[str]) -> Any:
                 for name, value in IMAGENET_STATS.items():
                     meta.stats.setdefault(key, {})[name] = torch.tensor(value, dtype=torch.float32)
         dataset.__dict__["meta"] = meta  # what the trainer, make_policy and the processors read
-        if cfg.resume:
-            state_path = Path(cfg.checkpoint_path) / "training_state" / DATA_STATE_NAME
-            if state_path.is_file():
-                run.resume = json.loads(state_path.read_text())
-                dataset.load_state_dict(run.resume)
+        if state_path is not None:
+            if state is not None:
+                run.resume = state
+                dataset.load_state_dict(state)
             else:
                 log.warning(
                     "lerobot-shards train: %s not found: the data order restarts at epoch 0 (checkpoint not written "
@@ -329,6 +389,8 @@ def _accelerator_class(base: type, run: type[_Run]) -> type:
             out = []
             for arg, mine in zip(args, ours):
                 if mine:
+                    if run.cfg is not None:  # built: the config LeRobot saves says what the user asked
+                        run.cfg.dataset.streaming = run.streaming
                     state = run.resume or {}
                     loader = with_slabs(arg, layout=slab_layout())
                     if loader is not arg:
