@@ -56,7 +56,16 @@ RETRY_FIRST_WAIT_S = 0.5
 RETRY_MAX_WAIT_S = 8.0
 UPLOAD_MIN_BYTES_PER_S = 256 * 1024  # an upload slower than this on average is given up (plus the call bound)
 # Errors no retry can fix: a missing bucket or local file, refused access, a bad option.
-PERMANENT_ERRORS = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, TypeError, ValueError)
+PERMANENT_ERRORS = (
+    FileNotFoundError,
+    FileExistsError,
+    PermissionError,
+    IsADirectoryError,
+    NotADirectoryError,
+    NotImplementedError,
+    TypeError,
+    ValueError,
+)
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
@@ -316,10 +325,23 @@ class Destination:
 
         Locally exclusive: a complete temporary file is hard-linked to ``rel``, which fails if a
         process got there first (two array tasks started at once: one wins, the other reads the
-        winner's file). Remotely a look then one PUT: object stores offer no create-if-absent
-        everywhere, so the caller reads the file back.
+        winner's file). On S3 a conditional PUT (``If-None-Match: *``), which AWS S3 and compatible
+        stores refuse when the object exists; elsewhere (or a store that answers it is not
+        implemented) a look then one PUT. A store that ignores the condition overwrites: the
+        caller reads the file back either way.
         """
         if not self.is_local:
+            if "s3" in _protocols(self.fs):
+                try:
+                    self.retrying(
+                        f"{self.url}/{rel}",
+                        lambda: bounded(self.fs, "pipe_file", self.path(rel), data, mode="create"),
+                    )
+                    return True
+                except FileExistsError:  # a retry of our own PUT finds it too: the read-back tells
+                    return False
+                except NotImplementedError:
+                    pass
             if self.exists(rel):
                 return False
             self.write_bytes(rel, data)
