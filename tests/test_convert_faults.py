@@ -10,6 +10,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -348,3 +349,22 @@ except Exception as e:
 """
     result = subprocess.run([CLI[0], "-c", code], capture_output=True, text=True, timeout=120)
     assert "gone" in result.stdout and "Error" in result.stdout.split()[0], result.stdout + result.stderr
+
+
+def test_staging_folders_of_killed_uploads_are_swept_and_nothing_else(tmp_path: Path) -> None:
+    """A conversion to a bucket killed mid-shard left its staging folder (a shard) in TMPDIR for good."""
+    from lerobot_shards.convert.destination import STALE_STAGING_S, sweep_staging
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    for name in (f"lerobot-shards-staging-{dead.pid}-abc", f"lerobot-shards-staging-{os.getpid()}-def", "mine"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "shard-000000.tar").write_bytes(b"x")
+    (tmp_path / f"lerobot-shards-staging-{dead.pid}-link").symlink_to(tmp_path / "mine")
+    later = time.time() + STALE_STAGING_S + 60
+    assert sweep_staging(str(tmp_path), now=time.time()) == 0  # recent: maybe another namespace's, writing
+    assert sweep_staging(str(tmp_path), now=later) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [f"lerobot-shards-staging-{os.getpid()}-def", "mine", f"lerobot-shards-staging-{dead.pid}-link"]
+    )
+    assert (tmp_path / "mine" / "shard-000000.tar").exists()

@@ -154,6 +154,47 @@ def overlap(fs_a: Any, root_a: str, fs_b: Any, root_b: str) -> str | None:
     return "lies inside" if a_in_b else "holds" if b_in_a else None
 
 
+STAGING_PREFIX = "lerobot-shards-staging-"  # + the staging process's pid: TMPDIR folders of uploads
+STALE_STAGING_S = 3600.0
+_swept: list[int] = []
+_STAGING = re.compile(re.escape(STAGING_PREFIX) + r"(\d+)-[\w]+")
+
+
+def sweep_staging(tmpdir: str | None = None, *, now: float | None = None) -> int:
+    """Remove the upload staging folders a killed conversion left in ``TMPDIR`` (a shard each, up to
+    512 MB, per worker and preemption): only this converter's (by name), only when no process of
+    that pid runs here and nothing in the folder changed for an hour (a converter in another
+    PID namespace sharing TMPDIR keeps writing). Returns how many were removed."""
+    root = tmpdir or tempfile.gettempdir()
+    now = time.time() if now is None else now
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return 0
+    removed = 0
+    for name in names:
+        found = _STAGING.fullmatch(name)
+        path = os.path.join(root, name)
+        if not found or os.path.islink(path) or not os.path.isdir(path) or _running(int(found.group(1))):
+            continue
+        with contextlib.suppress(OSError):
+            times = [os.lstat(path).st_mtime, *(os.lstat(os.path.join(path, f)).st_mtime for f in os.listdir(path))]
+            if now - max(times) > STALE_STAGING_S:
+                shutil.rmtree(path)
+                removed += 1
+    return removed
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
 def tmp_name(final: str) -> str:
     """A temporary name next to ``final`` that no other process or call uses."""
     return f"{final}.{os.getpid()}-{secrets.token_hex(4)}{TMP_SUFFIX}"
@@ -400,7 +441,9 @@ class Destination:
             with self.open_local(rel) as f:
                 yield f
             return
-        with tempfile.TemporaryDirectory(prefix="lerobot-shards-") as tmpdir:
+        if not _swept:  # once per process
+            _swept.append(sweep_staging())
+        with tempfile.TemporaryDirectory(prefix=f"{STAGING_PREFIX}{os.getpid()}-") as tmpdir:
             local = os.path.join(tmpdir, posixpath.basename(rel))
             with _named_errors(local), open(local, "wb") as f:
                 yield f
