@@ -185,3 +185,27 @@ def test_paused_server_raw_bucket_fails_naming_the_file(cached: bool, own_server
     assert re.search(r"s3://paused/raw/(videos|data)/[\w./-]+\.(mp4|parquet)", str(error)), str(error)
     assert re.search(r"no answer from the storage within \d+ s|Timeout", str(error)), str(error)
     os.kill(proc.pid, signal.SIGCONT)
+
+
+def test_a_timed_out_upload_names_the_remote_object_not_the_local_file() -> None:
+    """put_file's first argument is the local file: the message read s3:///tmp/.../shard-000000.tar."""
+    import fsspec.asyn
+    import fsspec.exceptions
+
+    from lerobot_shards.timeouts import bounded
+
+    class Stalled(fsspec.asyn.AsyncFileSystem):
+        protocol = "s3"
+        config_kwargs = {"connect_timeout": 1, "read_timeout": 1, "retries": {"max_attempts": 0}}
+
+        def put_file(self, lpath, rpath, **kwargs):  # type: ignore[no-untyped-def]
+            raise fsspec.exceptions.FSTimeoutError
+
+    with pytest.raises(TimeoutError, match=r"^s3://bucket/out/shards/shard-000000.tar: no answer") as raised:
+        bounded(
+            Stalled(skip_instance_cache=True),
+            "put_file",
+            "/tmp/x/shard-000000.tar",
+            "bucket/out/shards/shard-000000.tar",
+        )
+    assert "/tmp/x" not in str(raised.value)

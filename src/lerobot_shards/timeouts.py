@@ -84,7 +84,8 @@ def bounded(fs: Any, method: str, *args: Any, extra_s: float = 0.0, **kwargs: An
     try:
         return getattr(fs, method)(*args, timeout=deadline, **kwargs)
     except fsspec.exceptions.FSTimeoutError:
-        what = f"{fs.unstrip_protocol(args[0])}: " if args and isinstance(args[0], str) else ""
+        target = args[1] if method in ("put_file", "put") and len(args) > 1 else args[0] if args else None
+        what = f"{fs.unstrip_protocol(target)}: " if isinstance(target, str) else ""  # the remote object
         raise TimeoutError(f"{what}no answer from the storage within {deadline:.0f} s ({method})") from None
 
 
