@@ -241,3 +241,13 @@ def test_files_under_folders_of_other_names_are_found(synth_factory, tmp_path: P
     (root / "meta" / "info.json").write_text(json.dumps(info))
     src = LeRobotV3Source(str(root))
     assert not src.missing_files and len(src.episodes) == 2
+
+
+def test_a_camera_folder_symlinked_elsewhere_is_named_as_such(synth_factory, tmp_path: Path) -> None:
+    root = tmp_path / "ds"
+    shutil.copytree(synth_factory(num_episodes=2), root)
+    camera = next((root / "videos").iterdir())
+    camera.rename(tmp_path / "elsewhere")
+    camera.symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(SourceError, match="reached only through a symlink, which is not followed"):
+        LeRobotV3Source(str(root))

@@ -451,7 +451,13 @@ class LeRobotV3Source:
                     sizes[posixpath.relpath(path, self.root)] = int(detail.get("size") or 0)
         missing = {p: ep for p, ep in needed.items() if p not in sizes}
         if missing:
-            listing = "; ".join(f"{p} (first needed by episode {ep})" for p, ep in sorted(missing.items()))
+            local = "file" in protocols(self.fs)
+
+            def why(rel: str) -> str:  # a file found only through a symlinked folder is not read
+                linked = local and os.path.exists(self._abs(rel))
+                return ", reached only through a symlink, which is not followed" if linked else ""
+
+            listing = "; ".join(f"{p} (first needed by episode {ep}{why(p)})" for p, ep in sorted(missing.items()))
             message = f"{self.url}: {len(missing)} missing file(s): {listing}"
             if not allow_missing:
                 raise SourceError(message)
