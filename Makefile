@@ -10,7 +10,9 @@ DEMO   ?= out/demo
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	@command -v ffmpeg >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -qq ffmpeg; }
-	@[ -x $(PY) ] || $(PYTHON) -m venv $(VENV)
+	@$(PY) -m pip --version >/dev/null 2>&1 || { \
+	  [ ! -e $(VENV) ] || [ -f $(VENV)/pyvenv.cfg ] || { echo "$(VENV) exists and is no virtual environment: move it away or pass VENV=DIR"; exit 1; }; \
+	  rm -rf $(VENV) && $(PYTHON) -m venv $(VENV); } || { echo "$(PYTHON) -m venv failed: install $(PYTHON) and its venv module (Debian/Ubuntu: apt-get install $(notdir $(PYTHON))-venv), or pass PYTHON=python3.12"; exit 1; }
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -c constraints.txt -e '.[test]'
 	@touch $@

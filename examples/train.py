@@ -2,7 +2,7 @@
 
     torchrun --nproc-per-node 8 examples/train.py DATASET --ckpt run/ckpt.pt      # one node
     accelerate launch examples/train.py DATASET --ckpt run/ckpt.pt              # same env vars
-    sbatch slurm/train.sbatch DATASET                                            # SLURM, requeued
+    DATASET=s3://bucket/ds CKPT=/shared/run/ckpt.pt sbatch slurm/train.sbatch   # SLURM, requeued
     python examples/train.py DATASET --dummy                                     # loading only
 
 DATASET may be a mixture file (``.yaml``/``.yml``/``.json``, README "Mixing datasets"): the

@@ -217,7 +217,11 @@ _STORAGE_OPTIONS = click.option(
     metavar="SIZE",
     help=f"Target shard size, e.g. 256MB or 1GB.  [default: {DEFAULT_SHARD_BYTES // 2**20}MB]",
 )
-@click.option("--episodes-per-shard", type=click.IntRange(min=1), help="Fixed number of episodes per shard instead.")
+@click.option(
+    "--episodes-per-shard",
+    type=click.IntRange(min=1),
+    help="About N episodes per shard instead (a last group under N/2 joins the shard before it).",
+)
 @click.option(
     "--shuffle-episodes",
     "shuffle_seed",
