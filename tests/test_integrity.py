@@ -486,3 +486,35 @@ def test_verify_reads_member_headers_as_the_loader_does(accented: Path, tmp_path
         f"{out}/shards/shard-000000.tar: member {name} at byte {at}: the header in front of its ustar header "
         "is of type b'L', not a PAX header"
     ]
+
+
+def test_a_cached_shard_failing_its_sha256_outside_every_member_is_refused(
+    s3_server, bucket: str, converted: Path, tmp_path: Path
+) -> None:
+    """A byte of a tar header (no member checksum covers it) changed in the bucket: the download
+    failed its sha256 silently, every epoch, while the episodes were served. Now the shard is
+    downloaded once more, then refused naming it; nothing is left in the cache."""
+    fs = s3_server.filesystem()
+    data = bytearray((converted / SHARDS_DIR / "shard-000000.tar").read_bytes())
+    data[10] ^= 0x01  # the first member's name field in its tar header
+    fs.pipe_file(f"{bucket[5:]}/shards/shard-000000.tar", bytes(data))
+    cache = tmp_path / "cache"
+    with pytest.raises(IntegrityError, match=r"shards/shard-000000\.tar: downloaded .* the manifest says"):
+        _samples(bucket, cache_dir=str(cache), storage_options=s3_server.storage_options, shuffle=False)
+    assert not list(cache.glob("*/shard-000000.tar*"))
+
+
+def test_a_format_1_shard_is_served_only_once_its_sha256_is_checked(s3_server, converted: Path, tmp_path: Path) -> None:
+    """Format 1 has no member checksums: its cached shard's bytes were served while they downloaded,
+    before the sha256 check, so a changed member gave wrong values every epoch, silently."""
+    out = _copy(converted, tmp_path)
+    _to_format_1(out)
+    m = _member(out, 1, _member_name("clip", 1))
+    _flip(out / SHARDS_DIR / "shard-000000.tar", m.offset + m.size // 2)
+    fs = s3_server.filesystem()
+    fs.mkdir("integ-format-1")
+    fs.put(str(out) + "/", "integ-format-1/ds", recursive=True)
+    cache = tmp_path / "cache"
+    with pytest.raises(IntegrityError, match=r"shards/shard-000000\.tar: downloaded .* the manifest says"):
+        _samples("s3://integ-format-1/ds", cache_dir=str(cache), storage_options=s3_server.storage_options)
+    assert not list(cache.glob("*/shard-000000.tar*"))

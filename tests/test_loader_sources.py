@@ -423,3 +423,22 @@ def test_next_shard_starts_only_after_the_entered_shards_first_read(pair, monkey
     source._readers[second.index].result()  # the prefetch was started
     assert events == [("open", first.index), ("read", first.index), ("open", second.index)]
     source.close()
+
+
+def test_parsed_sidecars_of_shards_left_behind_are_not_kept(synth_factory, tmp_path: Path) -> None:
+    """Every shard's parsed sidecar (frame tables, ~235 B per frame and camera) stayed until the
+    source closed: a worker's whole epoch of them."""
+    from lerobot_shards.loader.sources import open_source
+
+    out = tmp_path / "conv"
+    convert_dataset(
+        synth_factory(num_episodes=6, length_range=(4, 6)), out, ConvertOptions(episodes_per_shard=1), progress=False
+    )
+    source = open_source(str(out))
+    try:
+        for shard in range(6):
+            source.read_episode(shard, shard)
+            assert set(source._sidecars) <= {shard, shard + 1}, shard  # the current and the one read ahead
+        source.read_episode(0, 0)  # a shard read again (a later pass) fetches its sidecar again
+    finally:
+        source.close()

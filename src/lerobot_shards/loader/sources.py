@@ -407,6 +407,12 @@ class ShardSource:
             keep = {shard, *self._ahead()}
             for other in [k for k in self._readers if k not in keep]:
                 close_when_open(self._readers.pop(other))
+            # and its parsed sidecar (frame tables: ~235 B per frame and camera, an epoch's worth
+            # otherwise); a shard read again (a later pass) fetches it again
+            for other in [k for k in self._sidecars if k not in keep]:
+                for e in self._sidecars.pop(other).episodes:
+                    if self._entries.get(e.episode_index, (None,))[0] == other:
+                        del self._entries[e.episode_index]
         return self._readers[shard].result()
 
     def _opener(self) -> ThreadPoolExecutor:
@@ -470,11 +476,22 @@ class ShardSource:
                 os.remove(reader.path)
         reader.close()
 
+    def _shard_end(self, shard: int) -> int:
+        """Where the shard's last episode's members end."""
+        return max(e.span()[1] for e in self.sidecar(shard).episodes)
+
     def _read_span(self, shard: int, entry: fmt.EpisodeEntry, where: str) -> bytes:
         """The episode's bytes, checked against the sidecar's member checksums."""
         start, end = entry.span()
         reader = self._reader(shard)
+        if isinstance(reader, CachedFile) and self.manifest.format_version < 2:
+            reader.wait()  # no member checksums: nothing is served before the whole shard is verified
         blob = reader.read(start, end)
+        if isinstance(reader, CachedFile) and (reader.done.done() or end == self._shard_end(shard)):
+            # A download that failed its sha256 is not the manifest's shard (bytes outside every
+            # member differ): it raises here, and the episode is read again from a new download.
+            # The shard's last episode waits for the check, so no shard is left unchecked.
+            reader.wait()
         self._named = True
         pending = reader.requested() if isinstance(reader, RemoteFile) else []
         for ahead in self._ahead():  # what was awaited has landed: the next shards may start after the rest
