@@ -368,3 +368,18 @@ def test_staging_folders_of_killed_uploads_are_swept_and_nothing_else(tmp_path: 
         [f"lerobot-shards-staging-{os.getpid()}-def", "mine", f"lerobot-shards-staging-{dead.pid}-link"]
     )
     assert (tmp_path / "mine" / "shard-000000.tar").exists()
+
+
+def test_the_run_record_is_created_exclusively_without_hard_links(tmp_path: Path, monkeypatch) -> None:
+    """A file system without hard links (some FUSE mounts) failed the exclusive create outright."""
+    from lerobot_shards.convert.destination import Destination
+
+    def no_links(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise OSError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(os, "link", no_links)
+    dest = Destination(str(tmp_path))
+    assert dest.create_bytes("convert.json", b"first") is True
+    assert dest.create_bytes("convert.json", b"second") is False
+    assert (tmp_path / "convert.json").read_bytes() == b"first"
+    assert [p.name for p in tmp_path.iterdir()] == ["convert.json"]  # no temporary file left

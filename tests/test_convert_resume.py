@@ -156,6 +156,27 @@ def test_a_source_rewritten_between_tasks_is_another_conversion(source: Path, tm
     assert not (out / MANIFEST_NAME).exists()
 
 
+def test_a_run_record_from_before_source_digests_still_resumes(source: Path, tmp_path: Path) -> None:
+    """convert.json written before source_sha256 existed (same converter version) was refused as
+    "the source's files changed", and --overwrite would have thrown every shard away."""
+    import json
+
+    out = tmp_path / "out"
+    task = ["convert", source, out, "--episodes-per-shard", "2", "--num-tasks", "2", "--no-progress"]
+    assert run_cli(*task, "--task-index", "0").returncode == 0
+    record = json.loads((out / "convert.json").read_text())
+    del record["source_sha256"]
+    (out / "convert.json").write_text(json.dumps(record))
+    result = run_cli(*task, "--task-index", "1")
+    assert result.returncode == 0, result.stderr
+    assert "recorded before source digests: resuming without checking" in result.stderr
+    convert_dataset(source, tmp_path / "ref", ConvertOptions(episodes_per_shard=2), progress=False)
+    mine, ref = output_files(out), output_files(tmp_path / "ref")
+    assert {k: v for k, v in mine.items() if k != "convert.json"} == {
+        k: v for k, v in ref.items() if k != "convert.json"
+    }
+
+
 def test_slurm_array_script(source: Path, tmp_path: Path) -> None:
     """slurm/convert.sbatch run as a 1-based array of 2 tasks gives the single-process output."""
     script = Path(__file__).resolve().parents[1] / "slurm/convert.sbatch"

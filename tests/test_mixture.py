@@ -590,31 +590,44 @@ def test_elastic_resume_covers_what_remains_of_each_source(tables: dict[int, Pat
     assert sum(fifteen.values()) == 25 and set(fifteen.values()) == {1}
 
 
+def _equal_resume(mix: Mixture, new_world: int, cut: int, **kw: Any) -> list[list[tuple[str, int, int]]]:
+    """Every new rank's samples after 2 ranks in equal-count mode were cut at batch ``cut``."""
+    state = None
+    for rank in range(2):
+        ds = MixtureDataset(mix, rank=rank, world_size=2, equal_samples_per_rank=True, **kw)
+        for i, _ in enumerate(DataLoader(ds, batch_size=BATCH)):
+            if i == cut:
+                state = state or ds.state_dict(batches_consumed=cut, batch_size=BATCH)
+                break
+    out = []
+    for rank in range(new_world):
+        ds = MixtureDataset(mix, rank=rank, world_size=new_world, equal_samples_per_rank=True, **kw)
+        ds.load_state_dict(state)
+        out.append([k for b in _batches(ds) for k in b])
+    return out
+
+
 @pytest.mark.parametrize("new_world", [3, 4])
-def test_an_equal_count_elastic_resume_gives_every_rank_as_many_samples(
+def test_an_equal_count_elastic_resume_reads_a_sources_part_from_its_other_frames(
     tables: dict[int, Path], new_world: int
 ) -> None:
-    """Equal-count mode (the multi-rank default) from 2 ranks to 3 or 4: a new rank that holds no
-    frame of some group of a source's remaining frames (there are few) reads its part from its
-    other frames, where it used to fail with an internal error; every rank yields as many samples."""
-    mix = _mixture(tables)
-    kw: dict[str, Any] = dict(seed=11, equal_samples_per_rank=True)
+    """Equal-count mode (the multi-rank default) from 2 ranks to 3 or 4: a new rank holding no frame
+    of one group of a source's remaining frames (whole passes, partial ones) reads that part from
+    the source's other frames it holds, where it used to fail with an internal error. Every rank
+    yields as many samples, all real frames of the source."""
+    mix = Mixture([MixtureSource(str(tables[15]), name="15fps", repeat=1)])
     for cut in (1, 2, 3):
-        state = None
-        for rank in range(2):
-            ds = MixtureDataset(mix, rank=rank, world_size=2, **kw)
-            for i, _ in enumerate(DataLoader(ds, batch_size=BATCH)):
-                if i == cut:
-                    state = state or ds.state_dict(batches_consumed=cut, batch_size=BATCH)
-                    break
-        counts = []
-        for rank in range(new_world):
-            ds = MixtureDataset(mix, rank=rank, world_size=new_world, **kw)
-            ds.load_state_dict(state)
-            keys = [k for b in _batches(ds) for k in b]
-            assert set(keys) <= set(_all_frames(ds)), (cut, rank)
-            counts.append(len(keys))
-        assert len(set(counts)) == 1 and counts[0] > 0, (cut, counts)
+        ranks = _equal_resume(mix, new_world, cut, seed=11, episodes_per_shard=2)
+        assert len({len(r) for r in ranks}) == 1 and ranks[0], (cut, [len(r) for r in ranks])
+        assert {k for r in ranks for k in r} <= set(_all_frames(MixtureDataset(mix)))
+
+
+def test_an_equal_count_elastic_resume_never_moves_samples_between_sources(tables: dict[int, Path]) -> None:
+    """A new rank holding no frame at all of one source cannot read its part elsewhere: moving it
+    to another source changed the mixture's counts (30fps read 92 of a 61-sample share). Refused
+    in one line naming the source."""
+    with pytest.raises(ValueError, match=r"equal-count mode: mixture source '\w+' owes this consumer \d+ samples"):
+        _equal_resume(_mixture(tables), 4, 2, seed=11)
 
 
 def test_elastic_resume_continues_a_share_of_several_passes_pass_by_pass(tables: dict[int, Path]) -> None:

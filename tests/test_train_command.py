@@ -107,13 +107,18 @@ def test_equal_counts_per_rank_follow_the_environment_then_the_checkpoint(monkey
     """A checkpoint resumed on another number of processes keeps its setting (else the loader's
     default flips with the world size and the resume is refused, advising a keyword the command lacks)."""
     monkeypatch.delenv("LEROBOT_SHARDS_EQUAL_SAMPLES_PER_RANK", raising=False)
-    assert _equal_samples_per_rank(None) is None
-    assert _equal_samples_per_rank({"equal_samples_per_rank": False}) is False
+    assert _equal_samples_per_rank(None, 2) is None
+    assert _equal_samples_per_rank({"equal_samples_per_rank": True}, 1) is True  # 2 processes -> 1
+    assert _equal_samples_per_rank({"equal_samples_per_rank": True}, 8) is True
+    assert _equal_samples_per_rank({"equal_samples_per_rank": False}, 1) is False
+    # one process -> several: ranks would run different batch counts and drift apart (helper review)
+    with pytest.raises(ValueError, match="saved by one process.*resumed on 2 processes they would drift apart"):
+        _equal_samples_per_rank({"equal_samples_per_rank": False}, 2)
     monkeypatch.setenv("LEROBOT_SHARDS_EQUAL_SAMPLES_PER_RANK", "1")
-    assert _equal_samples_per_rank({"equal_samples_per_rank": False}) is True
+    assert _equal_samples_per_rank({"equal_samples_per_rank": False}, 1) is True
     monkeypatch.setenv("LEROBOT_SHARDS_EQUAL_SAMPLES_PER_RANK", "yes")
     with pytest.raises(ValueError, match="LEROBOT_SHARDS_EQUAL_SAMPLES_PER_RANK must be 0 or 1, got 'yes'"):
-        _equal_samples_per_rank(None)
+        _equal_samples_per_rank(None, 1)
 
 
 def test_an_unfinished_conversion_or_its_shards_folder_is_named(tmp_path) -> None:

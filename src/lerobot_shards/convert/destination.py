@@ -195,6 +195,9 @@ def _running(pid: int) -> bool:
     return True
 
 
+_NO_LINKS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK, errno.ENOSYS}
+
+
 def tmp_name(final: str) -> str:
     """A temporary name next to ``final`` that no other process or call uses."""
     return f"{final}.{os.getpid()}-{secrets.token_hex(4)}{TMP_SUFFIX}"
@@ -372,7 +375,8 @@ class Destination:
         caller reads the file back either way.
         """
         if not self.is_local:
-            if "s3" in _protocols(self.fs):
+            # a conditional PUT where this s3fs offers one (``mode="create"``); an older one lacks it
+            if "s3" in _protocols(self.fs) and "mode" in inspect.signature(self.fs._pipe_file).parameters:
                 try:
                     self.retrying(
                         f"{self.url}/{rel}",
@@ -397,7 +401,13 @@ class Destination:
                     f.flush()
                     os.fsync(f.fileno())
             with _named_errors(final):
-                os.link(tmp, self.confined(rel))
+                try:
+                    os.link(tmp, self.confined(rel))
+                except OSError as e:  # no hard links here (some FUSE and network file systems)
+                    if isinstance(e, FileExistsError) or e.errno not in _NO_LINKS:
+                        raise
+                    with open(self.confined(rel), "xb") as f:  # exclusive too; not atomic to readers
+                        f.write(data)
             return True
         except FileExistsError:
             return False

@@ -94,6 +94,13 @@ def _check_claim(dest: Destination, record: dict[str, Any], *, overwrite: bool) 
         if theirs == record:
             log.info("%s holds this conversion's output: resuming", dest.url)
             return False
+        if "source_sha256" not in theirs and theirs == {k: v for k, v in record.items() if k != "source_sha256"}:
+            log.warning(
+                "%s holds this conversion's output, recorded before source digests: resuming without "
+                "checking that the source is unchanged since it started",
+                dest.url,
+            )
+            return False
         if not overwrite:
             diff = sorted(k for k in set(record) | set(theirs) if record.get(k) != theirs.get(k))
             changed = " (the source's files changed since it started)" if "source_sha256" in diff else ""

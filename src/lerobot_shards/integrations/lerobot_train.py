@@ -246,17 +246,39 @@ class _Run:
     streaming: bool = False
 
 
-def _equal_samples_per_rank(state: Mapping[str, Any] | None) -> bool | None:
-    """``LEROBOT_SHARDS_EQUAL_SAMPLES_PER_RANK`` (``1``/``0``), else a resumed state's setting, else
-    None (the loader's default: on with several ranks). A checkpoint resumed on another number
-    of processes keeps the order setting it was saved with, so the loader resumes elastically."""
+def _equal_samples_per_rank(state: Mapping[str, Any] | None, world_size: int) -> bool | None:
+    """``LEROBOT_SHARDS_EQUAL_SAMPLES_PER_RANK`` (``1``/``0``), else what a resumed checkpoint needs,
+    else None (the loader's default: on with several ranks).
+
+    A checkpoint saved with equal counts per rank keeps them on any number of processes (its
+    epoch then finishes elastically). One saved without them (a single process) resumes so on one
+    process only: on several, ranks would run different batch counts every epoch and drift
+    apart, while a checkpoint holds one position for all of them; that resume is refused."""
     text = os.environ.get("LEROBOT_SHARDS_EQUAL_SAMPLES_PER_RANK")
     if text is not None and text.strip():
         if text.strip() not in ("0", "1"):
             raise ValueError(f"LEROBOT_SHARDS_EQUAL_SAMPLES_PER_RANK must be 0 or 1, got {text!r}")
         return text.strip() == "1"
     saved = (state or {}).get("equal_samples_per_rank")
-    return saved if isinstance(saved, bool) else None
+    if saved is True or (saved is False and world_size == 1):
+        return saved
+    if saved is False:
+        raise ValueError(
+            f"lerobot-shards train: this checkpoint was saved by one process, whose ranks need no equal "
+            f"batch counts (equal_samples_per_rank=False); resumed on {world_size} processes they would "
+            f"drift apart: resume it on one process, or start a new run on {world_size}"
+        )
+    return None
+
+
+def _world_size() -> int:
+    """The number of training processes, as the loader will find it (torch.distributed, else WORLD_SIZE)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size()
+    text = os.environ.get("WORLD_SIZE", "1").strip() or "1"
+    return int(text) if text.isdigit() else 1
 
 
 def _fit_layout(cfg: Any, dataset: Any, cores: int) -> str:
@@ -322,7 +344,7 @@ def _make_datasets(original: Any, run: type[_Run], argv: Sequence[str]) -> Any:
         else:
             common["episodes"] = cfg.dataset.episodes
         pool = _pool_size()
-        equal = _equal_samples_per_rank(state)
+        equal = _equal_samples_per_rank(state, _world_size())
         if equal is not None:
             common["equal_samples_per_rank"] = equal
         dataset = open_dataset(

@@ -232,30 +232,30 @@ class MixtureOrder:
     ) -> list[tuple[list[ElasticPlan], list[ConsumerPlan]]]:
         """Equal-count mode gives every new consumer an equal part of each group of a source's frames
         (whole passes, partial ones, later passes), also of a group it holds no frame of. Such a part
-        moves to the consumer's largest group of the source, or, holding no frame of the source at
-        all, to its largest group of any source; those frames then repeat, as equal mode repeats.
-        The consumer's total stays, so every rank still runs the same number of batches."""
-        if not all(o.equal_samples_per_rank for o in self.orders):
-            return sources
-        plans = [[*(e.plan for e in now), *later] for now, later in sources]
-        counts = [[p.num_samples if p.lengths else 0 for p in ps] for ps in plans]
-        frames = [[sum(p.lengths) for p in ps] for ps in plans]
-        homeless = [sum(p.num_samples for p in ps if not p.lengths) for ps in plans]
-        for d, n in enumerate(homeless):
-            if n and any(frames[d]):
-                counts[d][frames[d].index(max(frames[d]))] += n
-            elif n:  # the source's part goes to the largest group this consumer holds
-                best = max(((f, -e, -j) for e, fs in enumerate(frames) for j, f in enumerate(fs)), default=(0, 0, 0))
-                if best[0] == 0:
-                    return sources  # nothing anywhere: ``_start_elastic`` says so
-                counts[-best[1]][-best[2]] += n
-        return [
-            (
-                [ElasticPlan(dataclasses.replace(e.plan, num_samples=n), e.frames, e.loads) for e, n in zip(now, cs)],
-                [dataclasses.replace(p, num_samples=n) for p, n in zip(later, cs[len(now) :])],
+        moves to the consumer's largest group of the same source, whose frames then repeat as equal
+        mode repeats: the consumer's count of every source, and so the mixture's shares, stay. A
+        consumer holding no frame of a source at all cannot be given its part (moving it to another
+        source would change the mixture): ``_start_elastic`` refuses that resume."""
+        out = []
+        for now, later in sources:
+            plans = [*(e.plan for e in now), *later]
+            frames = [sum(p.lengths) for p in plans]
+            homeless = sum(p.num_samples for p in plans if not p.lengths)
+            if not homeless or not any(frames) or not all(o.equal_samples_per_rank for o in self.orders):
+                out.append((now, later))
+                continue
+            counts = [p.num_samples if p.lengths else 0 for p in plans]
+            counts[frames.index(max(frames))] += homeless
+            out.append(
+                (
+                    [
+                        ElasticPlan(dataclasses.replace(e.plan, num_samples=n), e.frames, e.loads)
+                        for e, n in zip(now, counts)
+                    ],
+                    [dataclasses.replace(p, num_samples=n) for p, n in zip(later, counts[len(now) :])],
+                )
             )
-            for (now, later), cs in zip(sources, counts)
-        ]
+        return out
 
     def _later_passes(
         self, d: int, epoch: int, origin: Origin, done: dict[tuple[int, int], np.ndarray], consumer: Consumer
