@@ -204,6 +204,40 @@ def test_each_frame_is_closest_to_the_source_frame_it_claims(
     assert compared == 2 * src.total_frames
 
 
+def _member_differences(a: Path, b: Path) -> str:
+    """Which tar members of two conversions differ, and for a clip by how much its decoded frames do."""
+    import io
+    import tarfile
+
+    import av
+    import numpy as np
+
+    def members(out: Path) -> dict[str, bytes]:
+        found = {}
+        for path in sorted((out / SHARDS_DIR).glob("*.tar")):
+            with tarfile.open(path) as tar:
+                for m in tar.getmembers():
+                    found[f"{path.name}/{m.name}"] = tar.extractfile(m).read()  # type: ignore[union-attr]
+        return found
+
+    def frames(data: bytes) -> list[np.ndarray]:
+        with av.open(io.BytesIO(data)) as c:
+            return [f.to_ndarray(format="yuv420p").astype(np.int16) for f in c.decode(video=0)]
+
+    left, right = members(a), members(b)
+    lines = []
+    for name in sorted(set(left) | set(right)):
+        x, y = left.get(name), right.get(name)
+        if x == y:
+            continue
+        if x is not None and y is not None and name.endswith(".mp4"):
+            worst = [int(np.abs(p - q).max()) for p, q in zip(frames(x), frames(y))]
+            lines.append(f"{name}: {len(x)} vs {len(y)} bytes, max |YUV difference| per frame {worst}")
+        else:
+            lines.append(f"{name}: differs")
+    return "; ".join(lines) or "only files outside the tars differ"
+
+
 def test_cli_per_camera_sizes_inspect_and_identical_rerun(portrait: Path, tmp_path: Path) -> None:
     args = ["--resize", "128x128", "--resize", f"{TOP}=96x64", "--resize-mode", "crop", "--episodes-per-shard", "1"]
     result = run_cli("convert", portrait, tmp_path / "a", *args, "--workers", "2", "--no-progress")
@@ -216,7 +250,8 @@ def test_cli_per_camera_sizes_inspect_and_identical_rerun(portrait: Path, tmp_pa
     # Same bytes from one process as from two, on a re-run in another folder.
     options = _options(resize=parse_resize(["128x128", f"{TOP}=96x64"]), resize_mode="crop")
     convert_dataset(portrait, tmp_path / "b", options, progress=False)
-    assert output_files(tmp_path / "a") == output_files(tmp_path / "b")
+    a, b = output_files(tmp_path / "a"), output_files(tmp_path / "b")
+    assert a == b, _member_differences(tmp_path / "a", tmp_path / "b")  # rare: unexplained (notes, 2026-12-05)
 
     shown = run_cli("inspect", tmp_path / "a")
     assert shown.returncode == 0, shown.stderr
