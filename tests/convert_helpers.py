@@ -138,3 +138,32 @@ def held_cli(hold: Path, *args: object) -> list[str]:
 def release(hold: Path) -> None:
     """Let a ``held_cli`` run go on."""
     (hold / "release").touch()
+
+
+def _claim_at_once(url: str, options: dict, crf: int, barrier, results) -> None:  # type: ignore[no-untyped-def]
+    from lerobot_shards.convert.destination import Destination
+    from lerobot_shards.convert.run import ConvertError, _claim
+
+    barrier.wait()
+    try:
+        _claim(Destination(url, storage_options=options), {"format": "test", "crf": crf}, clear=False)
+        results.put(crf)
+    except ConvertError:
+        results.put(None)
+
+
+def claims_at_once(url: str, options: dict | None = None, processes: int = 4) -> list[int]:
+    """``processes`` forked tasks claim ``url`` behind a barrier, each with its own record (``crf``):
+    the records of those that won."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    barrier, results = ctx.Barrier(processes), ctx.Queue()
+    procs = [
+        ctx.Process(target=_claim_at_once, args=(url, options or {}, crf, barrier, results)) for crf in range(processes)
+    ]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+    return [r for r in (results.get(timeout=10) for _ in procs) if r is not None]

@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from convert_helpers import CLI, held_cli, output_files, release, run_cli
+from convert_helpers import CLI, claims_at_once, held_cli, output_files, release, run_cli
 from lerobot_shards.convert.plan import ConvertOptions
 from lerobot_shards.convert.run import convert_dataset
 from lerobot_shards.convert.verify import verify_dataset
@@ -301,32 +301,11 @@ def test_second_converter_into_the_same_destination_is_refused(synth_factory, tm
     assert output_files(array) == output_files(tmp_path / "ref")
 
 
-def _claim_at_once(out: str, crf: int, barrier, results) -> None:  # type: ignore[no-untyped-def]
-    from lerobot_shards.convert.destination import Destination
-    from lerobot_shards.convert.run import ConvertError, _claim
-
-    barrier.wait()
-    try:
-        _claim(Destination(out), {"format": "test", "crf": crf}, clear=False)
-        results.put(crf)
-    except ConvertError:
-        results.put(None)
-
-
 def test_tasks_claiming_at_once_with_other_options_one_wins(tmp_path: Path) -> None:
     """Array tasks started together with other options each saw no run record, each wrote its own
     (the last rename won) and both converted, under one record. The record is now created
     exclusively: exactly one task claims the destination, the others read its record and stop."""
-    import multiprocessing
-
-    ctx = multiprocessing.get_context("fork")
-    barrier, results = ctx.Barrier(4), ctx.Queue()
-    procs = [ctx.Process(target=_claim_at_once, args=(str(tmp_path), crf, barrier, results)) for crf in range(4)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=60)
-    won = [r for r in (results.get(timeout=10) for _ in procs) if r is not None]
+    won = claims_at_once(str(tmp_path))
     assert len(won) == 1
     assert json.loads((tmp_path / "convert.json").read_text())["crf"] == won[0]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from convert_helpers import output_files, run_cli
+from convert_helpers import claims_at_once, output_files, run_cli
 from lerobot_shards.convert.plan import ConvertOptions
 from lerobot_shards.convert.run import convert_dataset
 from lerobot_shards.convert.verify import verify_dataset
@@ -65,32 +65,10 @@ def test_convert_from_bucket(s3_server, small_synth: Path, tmp_path: Path) -> No
     assert len(shards) == 4 and {k: a[k] for k in shards} == {k: b[k] for k in shards}
 
 
-def _claim_at_once(url: str, options: dict, crf: int, barrier, results) -> None:  # type: ignore[no-untyped-def]
-    from lerobot_shards.convert.destination import Destination
-    from lerobot_shards.convert.run import ConvertError, _claim
-
-    barrier.wait()
-    try:
-        _claim(Destination(url, storage_options=options), {"format": "test", "crf": crf}, clear=False)
-        results.put(crf)
-    except ConvertError:
-        results.put(None)
-
-
 def test_tasks_claiming_a_bucket_at_once_with_other_options_one_wins(s3_server) -> None:
     """In a bucket the run record is created with a conditional PUT (If-None-Match): of tasks started
     at once with other options exactly one claims the destination (a look then a PUT let several)."""
-    import multiprocessing
-
     s3_server.filesystem().mkdir("claim-race")
-    ctx = multiprocessing.get_context("fork")
-    barrier, results = ctx.Barrier(4), ctx.Queue()
-    args = ("s3://claim-race/out", s3_server.storage_options)
-    procs = [ctx.Process(target=_claim_at_once, args=(*args, crf, barrier, results)) for crf in range(4)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=120)
-    won = [r for r in (results.get(timeout=10) for _ in procs) if r is not None]
+    won = claims_at_once("s3://claim-race/out", s3_server.storage_options)
     assert len(won) == 1
     assert json.loads(s3_server.filesystem().cat_file("claim-race/out/convert.json"))["crf"] == won[0]
