@@ -100,13 +100,22 @@ def test_act_trains_20_steps_from_a_bucket(act_run: tuple[Path, str, int]) -> No
 
 
 def test_diffusion_trains_20_steps_from_a_bucket(written_bucket: str, s3_server, tmp_path: Path) -> None:
-    """On the LeRobot-written dataset's shards (one camera: with 2 obs steps, as many images per step as ACT)."""
+    """On the LeRobot-written dataset's shards (one camera: with 2 obs steps, as many images per step as ACT);
+    as LeRobot's sampler, never on an episode's last 7 frames (Diffusion's drop_n_last_frames)."""
     out = tmp_path / "run"
+    samples = tmp_path / "samples"
+    samples.mkdir()
     cmd = [*CLI, "train", *_args(written_bucket, out, DIFFUSION)]
-    log = run(cmd, tmp_path / "log.txt", _bucket_env(s3_server), TIMEOUT)
+    log = run(cmd, tmp_path / "log.txt", _bucket_env(s3_server, LEROBOT_SHARDS_SAMPLE_LOG=str(samples)), TIMEOUT)
     assert "lerobot-shards train: s3://written-shards/shards: 3 episodes, 141 frames" in log
     assert "step:20 " in log and "End of training" in log
     assert (out / "checkpoints/000020/pretrained_model/model.safetensors").is_file()
+    state = json.loads((out / "checkpoints/000020/training_state/lerobot_shards_data.json").read_text())
+    assert state["drop_n_last_frames"] == 7
+    ends = [40, 40 + 47, 40 + 47 + 54]  # the episodes' global index ends (40, 47, 54 frames)
+    dropped = {i for end in ends for i in range(end - 7, end)}
+    trained = [int(i) for line in (samples / "rank0.txt").read_text().splitlines() for i in line.split()[2:]]
+    assert len(trained) == 40 and not dropped & set(trained)
 
 
 def test_killed_after_step_10_and_resumed_ends_with_the_same_weights(

@@ -271,6 +271,24 @@ def _equal_samples_per_rank(state: Mapping[str, Any] | None, world_size: int) ->
     return None
 
 
+def _drop_n_last_frames(cfg: Any, state: Mapping[str, Any] | None) -> int:
+    """The frames at each episode's end LeRobot's ``EpisodeAwareSampler`` never samples for this
+    policy (``drop_n_last_frames``: Diffusion's 7), or a resumed checkpoint's own value: its epoch
+    goes on in the order it started (a checkpoint from before the option dropped none)."""
+    wanted = int(getattr(cfg.trainable_config, "drop_n_last_frames", 0) or 0)
+    if state is None or "order_digest" not in state:
+        return wanted
+    saved = int(state.get("drop_n_last_frames", 0))
+    if saved != wanted:
+        log.warning(
+            "lerobot-shards train: the checkpoint's data order leaves the last %d frames of each episode "
+            "unsampled, the policy asks for %d: the checkpoint's value is kept",
+            saved,
+            wanted,
+        )
+    return saved
+
+
 def _world_size() -> int:
     """The number of training processes, as the loader will find it (torch.distributed, else WORLD_SIZE)."""
     import torch.distributed as dist
@@ -347,6 +365,7 @@ def _make_datasets(original: Any, run: type[_Run], argv: Sequence[str]) -> Any:
         equal = _equal_samples_per_rank(state, _world_size())
         if equal is not None:
             common["equal_samples_per_rank"] = equal
+        common["drop_n_last_frames"] = _drop_n_last_frames(cfg, state)
         dataset = open_dataset(
             url,
             seed=cfg.seed if cfg.seed is not None else 0,

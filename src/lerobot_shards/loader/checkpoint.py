@@ -65,10 +65,21 @@ class OrderKey:
     sampler_order: int
     episodes_digest: str  # the episodes read (the ``episodes`` subset, or all of them)
     shard_plan_digest: str  # the source's shards: a converted dataset's, or a raw one's virtual plan
+    drop_n_last_frames: int = 0
 
     def digest(self) -> str:
-        """A digest of every field: equal digests, equal orders."""
-        return digest(dataclasses.asdict(self))
+        """A digest of every field (a later one at the value states without it had left out, so
+        their digests still match): equal digests, equal orders."""
+        fields = dataclasses.asdict(self)
+        for name, old in LATER_FIELDS.items():
+            if fields[name] == old:
+                del fields[name]
+        return digest(fields)
+
+
+# Order fields added after resume states were first written, with the value the order had before:
+# a full state (one with an order digest) lacking one was saved with that value.
+LATER_FIELDS: dict[str, Any] = {"drop_n_last_frames": 0}
 
 
 # What to say about a field that changed, beyond its name and values.
@@ -78,6 +89,7 @@ _ORDER_HINTS = {
         "or start the next epoch here)"
     ),
     "episodes_digest": " (another episodes= subset)",
+    "drop_n_last_frames": " (another policy: its frames left unsampled at each episode's end)",
     "shard_plan_digest": (
         " (other shards: another conversion of the dataset, or a raw source's shard_bytes/episodes_per_shard)"
     ),
@@ -133,6 +145,7 @@ _INTS = {
     "seed": (0, 2**64 - 1),
     "episode_pool_size": (1, MAX_COUNT),
     "sampler_order": (1, 1 << 30),
+    "drop_n_last_frames": (0, MAX_COUNT),
 }
 _ORDER_FIELDS = {f.name: f.type for f in dataclasses.fields(OrderKey)}
 KNOWN_KEYS = frozenset({*POSITION, *LAYOUT, *ELASTIC, EARLIER, ELASTIC_EARLIER, *_ORDER_FIELDS, ORDER_DIGEST})
@@ -171,6 +184,8 @@ def parse_state(state: Mapping[str, Any]) -> SavedState:
     found = state.get(ORDER_DIGEST)
     if found is not None and not _is_digest(found):
         raise ValueError(f"resume state: {ORDER_DIGEST} must be a {DIGEST_CHARS}-character hex digest, got {found!r}")
+    if found is not None:
+        order = {**LATER_FIELDS, **order}
     if found is not None and set(_ORDER_FIELDS) - set(order):
         lacking = sorted(set(_ORDER_FIELDS) - set(order))
         raise ValueError(f"resume state has an {ORDER_DIGEST} but lacks {lacking}: it was edited or is damaged")
@@ -279,7 +294,7 @@ class Start(NamedTuple):
 class EpochOrder:
     """What fixes the order on this rank: the shards to read and the order settings (resolved)."""
 
-    shards: tuple[ShardSpec, ...]  # the plan after the episode subset
+    shards: tuple[ShardSpec, ...]  # the plan after the episode subset, as sampled (``partition.sampled_shards``)
     source_shards_digest: str  # the source's whole plan, before the subset
     seed: int
     shuffle: bool
@@ -288,6 +303,7 @@ class EpochOrder:
     drop_last: bool
     rank: int
     world_size: int
+    drop_n_last_frames: int = 0  # what ``shards`` left out of each episode (recorded, not applied here)
 
     @property
     def plan_options(self) -> PlanOptions:
@@ -306,6 +322,7 @@ class EpochOrder:
             sampler_order=SAMPLER_ORDER,
             episodes_digest=episodes_digest(self.shards),
             shard_plan_digest=self.source_shards_digest,
+            drop_n_last_frames=self.drop_n_last_frames,
         )
 
     def plan(self, epoch: int, rank: int, worker: int, num_workers: int) -> ConsumerPlan:

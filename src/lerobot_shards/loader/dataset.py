@@ -36,7 +36,15 @@ from .elastic import SubsetSampler
 from .emission import SampleLayout, stream_samples
 from .meta import DatasetMeta, Stats, dataset_meta, episode_stats_rows
 from .options import DecodeOptions, OrderOptions, ReadOptions, check_episodes, group_options
-from .partition import Consumer, ConsumerPlan, PlanOptions, ShardSpec, filter_shards, too_few_episodes
+from .partition import (
+    Consumer,
+    ConsumerPlan,
+    PlanOptions,
+    ShardSpec,
+    filter_shards,
+    sampled_shards,
+    too_few_episodes,
+)
 from .remote import with_timeouts
 from .sampling import PoolSampler
 from .sources import EpisodeSource, ShardSource, SourceMetadata, open_source
@@ -137,8 +145,15 @@ class EpisodePoolDataset(IterableDataset):
         self.select_cameras(cameras)
         self.shards = self._select_shards(info.shards, episodes)
         assert order.equal_samples_per_rank is not None
+        sampled = sampled_shards(self.shards, order.drop_n_last_frames)
+        if not sampled:
+            longest = max(n for s in self.shards for n in s.lengths)
+            raise ValueError(
+                f"{self.source_url}: drop_n_last_frames={order.drop_n_last_frames} leaves no frame to sample "
+                f"(the longest chosen episode has {longest} frames)"
+            )
         self._order = EpochOrder(
-            shards=tuple(self.shards),
+            shards=tuple(sampled),
             source_shards_digest=shards_digest(info.shards),
             seed=order.seed,
             shuffle=order.shuffle,
@@ -147,6 +162,7 @@ class EpisodePoolDataset(IterableDataset):
             drop_last=order.drop_last,
             rank=self.rank,
             world_size=self.world_size,
+            drop_n_last_frames=order.drop_n_last_frames,
         )
         if order.equal_samples_per_rank and self.num_episodes < self.world_size:  # some rank would read none
             one = Consumer(self.rank, self.world_size, 0, 1)

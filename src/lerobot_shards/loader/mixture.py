@@ -92,7 +92,7 @@ class MixtureDataset(IterableDataset):
         self._stats = SharedStats()
         self.set_delta_timestamps(delta_timestamps, tolerance_s)
         try:
-            counts = source_counts(self.mixture, [ds.num_frames for ds in self.sources])
+            counts = source_counts(self.mixture, [sum(s.frames for s in ds.epoch_order.shards) for ds in self.sources])
         except ValueError as e:
             raise MixtureError(f"mixture: {e}") from None
         self._order = MixtureOrder(tuple(ds.epoch_order for ds in self.sources), counts, self.names)
@@ -389,7 +389,7 @@ def _undecoded(ds: EpisodePoolDataset) -> set[str]:
 
 
 # The order settings a mixture's state records that are not the mixture's own (sources, shares).
-_SETTINGS = ("seed", "shuffle", "episode_pool_size", "equal_samples_per_rank", "drop_last")
+_SETTINGS = ("seed", "shuffle", "episode_pool_size", "equal_samples_per_rank", "drop_last", "drop_n_last_frames")
 
 
 def _differences(saved: Any, current: Mapping[str, int]) -> str:

@@ -92,6 +92,10 @@ class OrderOptions:
     equal_samples_per_rank: bool | None = None
     # Must match the DataLoader's drop_last (resume counts batches with it).
     drop_last: bool = False
+    # Frames at each episode's end never sampled, as LeRobot's EpisodeAwareSampler leaves out a
+    # policy's ``drop_n_last_frames`` (Diffusion: 7); windows still read them as context. An
+    # episode of at most this many frames gives no sample.
+    drop_n_last_frames: int = 0
 
     def __post_init__(self) -> None:
         plain_numbers(self)
@@ -104,6 +108,7 @@ class OrderOptions:
         _bool("shuffle", self.shuffle)
         _bool("equal_samples_per_rank", self.equal_samples_per_rank, none="on when world_size > 1")
         _bool("drop_last", self.drop_last)
+        _int("drop_n_last_frames", self.drop_n_last_frames, 0, hint="the frames left unsampled at each episode's end")
 
 
 @dataclass(frozen=True)

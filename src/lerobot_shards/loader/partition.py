@@ -50,6 +50,21 @@ def filter_shards(shards: Sequence[ShardSpec], episodes: set[int]) -> list[Shard
     return out
 
 
+def sampled_shards(shards: Sequence[ShardSpec], drop_n_last_frames: int) -> list[ShardSpec]:
+    """The frames each episode is sampled at: its first ``length - drop_n_last_frames`` (LeRobot's
+    ``EpisodeAwareSampler``); an episode with none, and a shard left empty, drop out. Every plan
+    and sampler works on these lengths, so no dropped frame is ever emitted, while the reader
+    still holds whole episodes: a window reads past the sampled frames as context."""
+    if not drop_n_last_frames:
+        return list(shards)
+    out = []
+    for s in shards:
+        kept = [(e, n - drop_n_last_frames) for e, n in zip(s.episodes, s.lengths) if n > drop_n_last_frames]
+        if kept:
+            out.append(ShardSpec(s.index, tuple(e for e, _ in kept), tuple(n for _, n in kept)))
+    return out
+
+
 @dataclass(frozen=True)
 class Consumer:
     """One independent stream: a DataLoader worker on a rank (num_workers=0 counts as one)."""
