@@ -16,10 +16,7 @@ from lerobot_shards.integrations.lerobot_train import (
     _fit_layout,
     _is_our_source,
     _logged,
-    _pool_size,
-    _storage_options,
     choose_layout,
-    slab_layout,
 )
 
 
@@ -61,27 +58,6 @@ def test_layout_choice(cpus: int, ranks: int, want: tuple[int, int]) -> None:
     assert choose_layout(cpus, ranks) == want
 
 
-def test_the_slab_layout_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("LEROBOT_SHARDS_SLAB_LAYOUT", raising=False)
-    assert slab_layout() == "sample"
-    monkeypatch.setenv("LEROBOT_SHARDS_SLAB_LAYOUT", "contiguous")
-    assert slab_layout() == "contiguous"
-    monkeypatch.setenv("LEROBOT_SHARDS_SLAB_LAYOUT", "nchw")
-    with pytest.raises(ValueError, match="LEROBOT_SHARDS_SLAB_LAYOUT must be 'sample' or 'contiguous', got 'nchw'"):
-        slab_layout()
-
-
-def test_environment_options_name_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("LEROBOT_SHARDS_EPISODE_POOL_SIZE", "abc")
-    with pytest.raises(ValueError, match="LEROBOT_SHARDS_EPISODE_POOL_SIZE must be a whole number >= 1, got 'abc'"):
-        _pool_size()
-    monkeypatch.setenv("LEROBOT_SHARDS_EPISODE_POOL_SIZE", "4")
-    assert _pool_size() == 4
-    monkeypatch.setenv("LEROBOT_SHARDS_STORAGE_OPTIONS", "notjson")
-    with pytest.raises(ValueError, match="LEROBOT_SHARDS_STORAGE_OPTIONS is not JSON"):
-        _storage_options()
-
-
 def test_the_chosen_layout_never_gives_the_ranks_more_workers_than_episodes() -> None:
     """8 ranks of 12 cores chose 6 workers each: with 40 episodes the loader refused at the first batch."""
     from types import SimpleNamespace
@@ -103,22 +79,17 @@ def test_the_chosen_layout_never_gives_the_ranks_more_workers_than_episodes() ->
     assert "fewer" not in _fit_layout(cfg, SimpleNamespace(num_episodes=100, world_size=2), 6)
 
 
-def test_equal_counts_per_rank_follow_the_environment_then_the_checkpoint(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_equal_counts_per_rank_follow_the_setting_then_the_checkpoint() -> None:
     """A checkpoint resumed on another number of processes keeps its setting (else the loader's
     default flips with the world size and the resume is refused, advising a keyword the command lacks)."""
-    monkeypatch.delenv("LEROBOT_SHARDS_EQUAL_SAMPLES_PER_RANK", raising=False)
-    assert _equal_samples_per_rank(None, 2) is None
-    assert _equal_samples_per_rank({"equal_samples_per_rank": True}, 1) is True  # 2 processes -> 1
-    assert _equal_samples_per_rank({"equal_samples_per_rank": True}, 8) is True
-    assert _equal_samples_per_rank({"equal_samples_per_rank": False}, 1) is False
+    assert _equal_samples_per_rank(None, None, 2) is None
+    assert _equal_samples_per_rank(None, {"equal_samples_per_rank": True}, 1) is True  # 2 processes -> 1
+    assert _equal_samples_per_rank(None, {"equal_samples_per_rank": True}, 8) is True
+    assert _equal_samples_per_rank(None, {"equal_samples_per_rank": False}, 1) is False
     # one process -> several: ranks would run different batch counts and drift apart (helper review)
     with pytest.raises(ValueError, match="saved by one process.*resumed on 2 processes they would drift apart"):
-        _equal_samples_per_rank({"equal_samples_per_rank": False}, 2)
-    monkeypatch.setenv("LEROBOT_SHARDS_EQUAL_SAMPLES_PER_RANK", "1")
-    assert _equal_samples_per_rank({"equal_samples_per_rank": False}, 1) is True
-    monkeypatch.setenv("LEROBOT_SHARDS_EQUAL_SAMPLES_PER_RANK", "yes")
-    with pytest.raises(ValueError, match="LEROBOT_SHARDS_EQUAL_SAMPLES_PER_RANK must be 0 or 1, got 'yes'"):
-        _equal_samples_per_rank(None, 1)
+        _equal_samples_per_rank(None, {"equal_samples_per_rank": False}, 2)
+    assert _equal_samples_per_rank(True, {"equal_samples_per_rank": False}, 1) is True  # --shards.equal_... wins
 
 
 def test_an_unfinished_conversion_or_its_shards_folder_is_named(tmp_path) -> None:

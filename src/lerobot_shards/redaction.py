@@ -88,6 +88,23 @@ def register_secrets(options: Mapping[str, Any] | None) -> None:
             _secrets.add(value)
 
 
+def split_secrets(options: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Storage options (nested too) in two: without their secret values, and those alone, for
+    options that are stored (a training checkpoint) while their secrets never are."""
+    public: dict[str, Any] = {}
+    secret: dict[str, Any] = {}
+    for name, value in options.items():
+        if isinstance(value, Mapping):
+            public[name], inner = split_secrets(value)
+            if inner:
+                secret[name] = inner
+        elif _SECRET_OPTION.search(str(name)) and not isinstance(value, bool):
+            secret[name] = value
+        else:
+            public[name] = value
+    return public, secret
+
+
 @functools.lru_cache(maxsize=64)  # redact runs on every log line
 def _endpoint_patterns(url: str) -> tuple[re.Pattern[str], ...]:
     """The endpoint URL, its bare ``host:port`` and ``('host', port)`` as socket errors print it;

@@ -246,3 +246,40 @@ def test_act_trains_on_a_mixture_file(written, tmp_path: Path) -> None:
     state = json.loads((out / "checkpoints/000004/training_state/lerobot_shards_data.json").read_text())
     assert (state["epoch"], state["batches_consumed"]) == (0, 4)
     assert state["mixture_counts"] == {"shards": 30, "raw": 10} and len(state["mixture_digest"]) == 16
+
+
+def test_our_settings_are_arguments_recorded_in_the_checkpoint_and_restored(
+    written_bucket: str, s3_server, tmp_path: Path
+) -> None:
+    """``--shards.*`` arguments (pool, cache, storage options with the endpoint) go into the checkpoint,
+    the storage secret never; a resume from a shell whose environment says otherwise (another pool,
+    which the data order would refuse, no endpoint, no cache) runs on the checkpoint's."""
+    secret = "never-stored-7d1e"
+    options = {"key": "testing", "secret": secret, "client_kwargs": {"endpoint_url": s3_server.endpoint_url}}
+    shell = {k: v for k, v in s3_server.env.items() if k != "AWS_ENDPOINT_URL"}
+    out, cache = tmp_path / "run", tmp_path / "cache"
+    args = [
+        *_args(written_bucket, out, ACT, steps=2, save_freq=2),
+        f"--shards.storage_options={json.dumps(options)}",
+        f"--shards.cache_dir={cache}",
+        "--shards.episode_pool_size=4",
+    ]
+    run([*CLI, "train", *args], tmp_path / "a.txt", env(**shell), TIMEOUT)
+    checkpoint = out / "checkpoints/000002"
+    state = json.loads((checkpoint / "training_state/lerobot_shards_data.json").read_text())
+    assert state["episode_pool_size"] == 4
+    assert state["settings"]["episode_pool_size"] == 4 and state["settings"]["cache_dir"] == str(cache)
+    assert state["settings"]["storage_options"] == {"client_kwargs": {"endpoint_url": s3_server.endpoint_url}}
+    assert not [p for p in out.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
+    cached = {p.name for p in cache.rglob("*.tar")}
+    assert cached
+    for p in cache.rglob("*.tar"):
+        p.unlink()
+    other = env(**shell, LEROBOT_SHARDS_EPISODE_POOL_SIZE="2", LEROBOT_SHARDS_CACHE_DIR=str(tmp_path / "elsewhere"))
+    config = checkpoint / "pretrained_model/train_config.json"
+    resumed = run(
+        [*CLI, "train", "--resume=true", f"--config_path={config}", "--steps=4"], tmp_path / "b.txt", other, TIMEOUT
+    )
+    assert "lerobot-shards train: s3://written-shards" in resumed and (out / "checkpoints/000004").is_dir()
+    assert {p.name for p in cache.rglob("*.tar")}  # read through the checkpoint's cache again
+    assert not (tmp_path / "elsewhere").exists()

@@ -26,11 +26,11 @@ resumed run's first step sees the RNG one draw later than the uninterrupted run 
 step (dropout masks, ACT's latent sample differ: the loss differs from the first resumed step).
 Forking leaves the global RNG untouched in both runs, so a resume continues bit-identically.
 
-Options beyond ``lerobot-train``'s arguments come from the environment:
-``LEROBOT_SHARDS_STORAGE_OPTIONS`` (JSON fsspec options), ``LEROBOT_SHARDS_CACHE_DIR``,
-``LEROBOT_SHARDS_EPISODE_POOL_SIZE``, ``LEROBOT_SHARDS_SLAB_LAYOUT`` (``slab_layout``);
-``LEROBOT_SHARDS_SAMPLE_LOG=DIR`` appends each batch's
-``index`` values to ``DIR/rank<R>.txt`` (which frames each rank trained on).
+Our own settings beyond ``lerobot-train``'s arguments are ``--shards.NAME=VALUE`` arguments
+(``train_settings``: storage options, cache directory, pool size, equal counts, slab layout, sample
+log), each defaulting to ``LEROBOT_SHARDS_<NAME>``; the data state records them and a resume
+restores them. ``--shards.sample_log=DIR`` appends each batch's ``index`` values to
+``DIR/rank<R>.txt`` (which frames each rank trained on).
 """
 
 from __future__ import annotations
@@ -52,14 +52,16 @@ from ..loader import EpisodePoolDataset, MixtureDataset
 from ..loader.decode import MAX_AUTO_DECODE_THREADS
 from ..loader.mixture import open_dataset
 from ..loader.mixture_spec import is_mixture_file
-from ..loader.transport import Layout, with_slabs
+from ..loader.transport import with_slabs
 from ..video import cores_per_rank
+from .train_settings import TrainSettings, resolve, split_args, usage
 
 log = logging.getLogger(__name__)
 
 SUPPORTED = ("0.6",)  # LeRobot minor versions this integration is tested with
 INSTALL_HINT = 'pip install "lerobot[training]==0.6.1"  (needs Python >= 3.12)'
 DATA_STATE_NAME = "lerobot_shards_data.json"  # in a checkpoint's training_state/
+SETTINGS_KEY = "settings"  # our settings in it, beside the data position (``train_settings``)
 
 
 class LeRobotUnavailable(LeRobotShardsError, RuntimeError):
@@ -107,39 +109,6 @@ def choose_layout(cpus: int, ranks_per_node: int) -> tuple[int, int]:
 
 def _given(argv: Sequence[str], name: str) -> bool:
     return any(a == f"--{name}" or a.startswith(f"--{name}=") for a in argv)
-
-
-def _storage_options() -> dict[str, Any] | None:
-    text = os.environ.get("LEROBOT_SHARDS_STORAGE_OPTIONS")
-    if not text:
-        return None
-    try:
-        options = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ValueError(
-            f"LEROBOT_SHARDS_STORAGE_OPTIONS is not JSON ({e}): give a JSON object of fsspec options"
-        ) from None
-    if not isinstance(options, dict):
-        raise ValueError("LEROBOT_SHARDS_STORAGE_OPTIONS must be a JSON object of fsspec options")
-    return options
-
-
-def _pool_size() -> int:
-    """``LEROBOT_SHARDS_EPISODE_POOL_SIZE`` (default 16): episodes resident per consumer."""
-    text = os.environ.get("LEROBOT_SHARDS_EPISODE_POOL_SIZE", "16")
-    if not text.strip().isdigit() or int(text) < 1:
-        raise ValueError(f"LEROBOT_SHARDS_EPISODE_POOL_SIZE must be a whole number >= 1, got {text!r}")
-    return int(text)
-
-
-def slab_layout() -> Layout:
-    """``LEROBOT_SHARDS_SLAB_LAYOUT``: ``sample`` (default; image batches keep the decoded frames'
-    channels-last memory, one plain copy per batch in the workers) or ``contiguous`` (as
-    ``default_collate``, for a policy that ``.view``s image batches across the channel axis)."""
-    value = os.environ.get("LEROBOT_SHARDS_SLAB_LAYOUT", "sample")
-    if value not in ("sample", "contiguous"):
-        raise ValueError(f"LEROBOT_SHARDS_SLAB_LAYOUT must be 'sample' or 'contiguous', got {value!r}")
-    return "contiguous" if value == "contiguous" else "sample"
 
 
 def _is_our_source(url: str, storage_options: dict[str, Any] | None) -> bool:
@@ -205,16 +174,17 @@ class PositionedLoader:
     the position after step N is exact: ``{epoch, batches_consumed}`` of the pass in progress.
     """
 
-    def __init__(self, loader: DataLoader, epoch: int = 0, batches: int = 0) -> None:
+    def __init__(self, loader: DataLoader, epoch: int = 0, batches: int = 0, sample_log: str | None = None) -> None:
         self.loader = loader
         self.dataset: EpisodePoolDataset | MixtureDataset = loader.dataset  # type: ignore[assignment]
         self.epoch, self.batches = epoch, batches
+        self.sample_log = sample_log
 
     def __iter__(self) -> Iterator[Any]:
         self.dataset.set_epoch(self.epoch)
         with torch.random.fork_rng(devices=[]):  # the iterator's base seed must not move the training RNG
             batches = iter(self.loader)
-        log_dir = os.environ.get("LEROBOT_SHARDS_SAMPLE_LOG")
+        log_dir = self.sample_log
         for batch in batches:
             self.batches += 1
             if log_dir:  # an audit trail: which frames this rank trained on, batch by batch
@@ -241,24 +211,22 @@ class _Run:
 
     loader: PositionedLoader | None = None
     resume: dict[str, Any] | None = None
+    settings: TrainSettings = TrainSettings()
     layout: str = ""
     cfg: Any = None  # the trainer's config, and its dataset.streaming as the user gave it
     streaming: bool = False
 
 
-def _equal_samples_per_rank(state: Mapping[str, Any] | None, world_size: int) -> bool | None:
-    """``LEROBOT_SHARDS_EQUAL_SAMPLES_PER_RANK`` (``1``/``0``), else what a resumed checkpoint needs,
-    else None (the loader's default: on with several ranks).
+def _equal_samples_per_rank(given: bool | None, state: Mapping[str, Any] | None, world_size: int) -> bool | None:
+    """``--shards.equal_samples_per_rank`` when set (``given``), else what a resumed checkpoint
+    needs, else None (the loader's default: on with several ranks).
 
     A checkpoint saved with equal counts per rank keeps them on any number of processes (its
     epoch then finishes elastically). One saved without them (a single process) resumes so on one
     process only: on several, ranks would run different batch counts every epoch and drift
     apart, while a checkpoint holds one position for all of them; that resume is refused."""
-    text = os.environ.get("LEROBOT_SHARDS_EQUAL_SAMPLES_PER_RANK")
-    if text is not None and text.strip():
-        if text.strip() not in ("0", "1"):
-            raise ValueError(f"LEROBOT_SHARDS_EQUAL_SAMPLES_PER_RANK must be 0 or 1, got {text!r}")
-        return text.strip() == "1"
+    if given is not None:
+        return given
     saved = (state or {}).get("equal_samples_per_rank")
     if saved is True or (saved is False and world_size == 1):
         return saved
@@ -315,10 +283,16 @@ def _fit_layout(cfg: Any, dataset: Any, cores: int) -> str:
     )
 
 
-def _make_datasets(original: Any, run: type[_Run], argv: Sequence[str]) -> Any:
+def _make_datasets(original: Any, run: type[_Run], argv: Sequence[str], given: Mapping[str, str]) -> Any:
     def make_train_eval_datasets(cfg: Any) -> Any:
         url = dataset_url(cfg)
-        options = _storage_options()
+        state: dict[str, Any] | None = None
+        state_path = Path(cfg.checkpoint_path) / "training_state" / DATA_STATE_NAME if cfg.resume else None
+        if state_path is not None and state_path.is_file():
+            state = json.loads(state_path.read_text())
+        recorded = state.pop(SETTINGS_KEY, None) if state is not None else None
+        settings = run.settings = resolve(given, recorded)
+        options = settings.storage_options
         if not _is_our_source(url, options):
             log.info(
                 "lerobot-shards train: %s is neither converted nor a v3.0 dataset; LeRobot's dataset reads it", url
@@ -345,14 +319,7 @@ def _make_datasets(original: Any, run: type[_Run], argv: Sequence[str]) -> Any:
         # is put back once it is built, so the checkpoints' train_config.json says what was asked.
         run.cfg, run.streaming = cfg, cfg.dataset.streaming
         cfg.dataset.streaming = True
-        state: dict[str, Any] | None = None
-        state_path = Path(cfg.checkpoint_path) / "training_state" / DATA_STATE_NAME if cfg.resume else None
-        if state_path is not None and state_path.is_file():
-            state = json.loads(state_path.read_text())
-        common: dict[str, Any] = dict(
-            storage_options=options,
-            cache_dir=os.environ.get("LEROBOT_SHARDS_CACHE_DIR") or None,
-        )
+        common: dict[str, Any] = dict(storage_options=options, cache_dir=settings.cache_dir)
         if is_mixture_file(url):
             if cfg.dataset.episodes:
                 raise ValueError(
@@ -361,8 +328,7 @@ def _make_datasets(original: Any, run: type[_Run], argv: Sequence[str]) -> Any:
                 )
         else:
             common["episodes"] = cfg.dataset.episodes
-        pool = _pool_size()
-        equal = _equal_samples_per_rank(state, _world_size())
+        equal = _equal_samples_per_rank(settings.equal_samples_per_rank, state, _world_size())
         if equal is not None:
             common["equal_samples_per_rank"] = equal
         common["drop_n_last_frames"] = _drop_n_last_frames(cfg, state)
@@ -372,7 +338,7 @@ def _make_datasets(original: Any, run: type[_Run], argv: Sequence[str]) -> Any:
             image_dtype=torch.uint8,
             tolerance_s=cfg.tolerance_s,
             decode_threads=decode_threads,
-            episode_pool_size=pool,
+            episode_pool_size=settings.episode_pool_size,
             **common,
         )
         if chosen:
@@ -433,7 +399,7 @@ def _accelerator_class(base: type, run: type[_Run]) -> type:
                     if run.cfg is not None:  # built: the config LeRobot saves says what the user asked
                         run.cfg.dataset.streaming = run.streaming
                     state = run.resume or {}
-                    loader = with_slabs(arg, layout=slab_layout())
+                    loader = with_slabs(arg, layout=run.settings.slab_layout)
                     if loader is not arg:
                         print(
                             f"lerobot-shards train: {loader.num_workers} workers hand batches over in reused "
@@ -442,7 +408,10 @@ def _accelerator_class(base: type, run: type[_Run]) -> type:
                             flush=True,
                         )
                     run.loader = PositionedLoader(
-                        loader, int(state.get("epoch", 0)), int(state.get("batches_consumed", 0))
+                        loader,
+                        int(state.get("epoch", 0)),
+                        int(state.get("batches_consumed", 0)),
+                        sample_log=run.settings.sample_log,
                     )
                     out.append(run.loader)
                 else:
@@ -458,7 +427,8 @@ def _save_checkpoint(original: Any, run: type[_Run]) -> Any:
         if run.loader is not None:
             target = Path(checkpoint_dir) / "training_state" / DATA_STATE_NAME
             tmp = target.with_suffix(".tmp")
-            tmp.write_text(json.dumps(run.loader.state_dict(), sort_keys=True))
+            state = {**run.loader.state_dict(), SETTINGS_KEY: run.settings.recorded()}
+            tmp.write_text(json.dumps(state, sort_keys=True))
             os.replace(tmp, target)
 
     return save_checkpoint
@@ -466,13 +436,16 @@ def _save_checkpoint(original: Any, run: type[_Run]) -> Any:
 
 def train(argv: Sequence[str]) -> None:
     """Run LeRobot's ``lerobot-train`` with ``argv`` (its arguments), our loader in place of its dataset."""
+    given, argv = split_args(argv)
+    if "--help" in argv or "-h" in argv:
+        print(usage(), flush=True)
     check_lerobot()
     import accelerate
     from lerobot.scripts import lerobot_train as lt
 
     run = type("Run", (_Run,), {})
     patches = {
-        (lt, "make_train_eval_datasets"): _make_datasets(lt.make_train_eval_datasets, run, argv),
+        (lt, "make_train_eval_datasets"): _make_datasets(lt.make_train_eval_datasets, run, argv, given),
         (lt, "save_checkpoint"): _save_checkpoint(lt.save_checkpoint, run),
         (accelerate, "Accelerator"): _accelerator_class(accelerate.Accelerator, run),
     }

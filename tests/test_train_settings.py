@@ -1,0 +1,91 @@
+"""``lerobot-shards train``'s own settings: arguments, environment defaults, what a checkpoint records
+(never a secret) and what a resume restores. The command itself runs in tests/lerobot/test_train.py."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from lerobot_shards.integrations.train_settings import TrainSettings, resolve, split_args, usage
+
+SECRET = "never-stored-9f3c"
+OPTIONS = {"key": "AKIDEXAMPLE", "secret": SECRET, "client_kwargs": {"endpoint_url": "http://127.0.0.1:9"}}
+
+
+def test_our_arguments_are_taken_out_of_lerobots() -> None:
+    given, rest = split_args(
+        ["--policy.type=act", "--shards.episode_pool_size=4", "--shards.cache_dir", "/tmp/c", "--steps=3"]
+    )
+    assert given == {"episode_pool_size": "4", "cache_dir": "/tmp/c"}
+    assert rest == ["--policy.type=act", "--steps=3"]
+    with pytest.raises(ValueError, match=r"unknown --shards.pool_size; known: storage_options, cache_dir, "):
+        split_args(["--shards.pool_size=4"])
+    with pytest.raises(ValueError, match=r"--shards.cache_dir needs a value"):
+        split_args(["--shards.cache_dir"])
+    with pytest.raises(ValueError, match=r"--shards.cache_dir given twice"):
+        split_args(["--shards.cache_dir=/a", "--shards.cache_dir=/b"])
+    assert all(f"--shards.{f.name}" in usage() for f in dataclasses.fields(TrainSettings))
+
+
+def test_every_setting_reads_its_type_and_refuses_a_bad_value_naming_it() -> None:
+    s = resolve(
+        {
+            "storage_options": json.dumps(OPTIONS),
+            "cache_dir": "/tmp/c",
+            "episode_pool_size": "4",
+            "equal_samples_per_rank": "false",
+            "slab_layout": "contiguous",
+            "sample_log": "/tmp/log",
+        },
+        None,
+        {},
+    )
+    assert s == TrainSettings(OPTIONS, "/tmp/c", 4, False, "contiguous", "/tmp/log")
+    assert resolve({"equal_samples_per_rank": "null", "cache_dir": "none"}, None, {}) == TrainSettings()
+    bad = {
+        "episode_pool_size": ("0", r"--shards.episode_pool_size \(or \$LEROBOT_SHARDS_EPISODE_POOL_SIZE\) must be a"),
+        "storage_options": ("[1]", r"--shards.storage_options .* must be a JSON object"),
+        "equal_samples_per_rank": ("yes", r"--shards.equal_samples_per_rank must be true or false, got 'yes'"),
+        "slab_layout": ("nchw", r"--shards.slab_layout .* must be 'sample' or 'contiguous', got 'nchw'"),
+    }
+    assert sorted(bad) == sorted(f.name for f in dataclasses.fields(TrainSettings) if f.type != "str | None")
+    for name, (text, message) in bad.items():
+        with pytest.raises(ValueError, match=message):
+            resolve({name: text}, None, {})
+    with pytest.raises(ValueError, match=r"LEROBOT_SHARDS_STORAGE_OPTIONS is not JSON"):
+        resolve({}, None, {"LEROBOT_SHARDS_STORAGE_OPTIONS": "notjson"})
+
+
+def test_the_command_line_then_the_checkpoint_then_the_environment() -> None:
+    env = {"LEROBOT_SHARDS_EPISODE_POOL_SIZE": "2", "LEROBOT_SHARDS_CACHE_DIR": "/env/cache"}
+    assert resolve({}, None, env) == TrainSettings(cache_dir="/env/cache", episode_pool_size=2)
+    first = resolve({"episode_pool_size": "4"}, None, env)
+    recorded = json.loads(json.dumps(first.recorded()))  # as a checkpoint holds it
+    other_shell = {
+        "LEROBOT_SHARDS_EPISODE_POOL_SIZE": "8",
+        "LEROBOT_SHARDS_CACHE_DIR": "/other",
+        "LEROBOT_SHARDS_SAMPLE_LOG": "/log",
+    }
+    resumed = resolve({}, recorded, other_shell)
+    assert (resumed.episode_pool_size, resumed.cache_dir) == (4, "/env/cache")  # the checkpoint's
+    assert resumed.sample_log == "/log"  # where this process writes its audit trail: never recorded
+    assert resolve({"episode_pool_size": "3"}, recorded, other_shell).episode_pool_size == 3  # given wins
+
+
+def test_storage_secrets_are_never_recorded_and_a_resume_takes_them_from_its_shell() -> None:
+    first = resolve({"storage_options": json.dumps(OPTIONS)}, None, {})
+    text = json.dumps(first.recorded())
+    assert SECRET not in text and "AKIDEXAMPLE" not in text
+    assert json.loads(text)["storage_options"] == {"client_kwargs": {"endpoint_url": "http://127.0.0.1:9"}}
+    shell = {"LEROBOT_SHARDS_STORAGE_OPTIONS": json.dumps({"secret": "s2", "key": "k2", "anon": True})}
+    resumed = resolve({}, json.loads(text), shell)
+    assert resumed.storage_options == {
+        "key": "k2",
+        "secret": "s2",
+        "client_kwargs": {"endpoint_url": "http://127.0.0.1:9"},
+    }
+    assert resolve({}, json.loads(text), {}).storage_options == {
+        "client_kwargs": {"endpoint_url": "http://127.0.0.1:9"}
+    }
