@@ -71,6 +71,7 @@ BAD_LOADER_OPTIONS = [
     ("order", "equal_samples_per_rank", 1, r"equal_samples_per_rank must be True or False or None .*, got 1"),
     ("order", "drop_last", None, r"drop_last must be True or False, got None"),
     ("order", "drop_n_last_frames", -7, r"drop_n_last_frames must be an int >= 0; the frames left .*, got -7"),
+    ("order", "partition", "rack", r"partition must be one of \(.global., .node.\), got .rack."),
     ("read", "storage_options", "anon=true", r"storage_options must be a dict or None, got str"),
     ("read", "cache_dir", 5, r"cache_dir must be a path or None, got 5"),
     ("read", "cache_max_bytes", 0, r"cache_max_bytes must be an int >= 1 \(None: .*\), got 0"),

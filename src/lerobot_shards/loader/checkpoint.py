@@ -66,6 +66,8 @@ class OrderKey:
     episodes_digest: str  # the episodes read (the ``episodes`` subset, or all of them)
     shard_plan_digest: str  # the source's shards: a converted dataset's, or a raw one's virtual plan
     drop_n_last_frames: int = 0
+    # Nodes of a node-sticky partition, 1 for the global one: each node's part depends on it.
+    nodes: int = 1
 
     def digest(self) -> str:
         """A digest of every field (a later one at the value states without it had left out, so
@@ -79,7 +81,7 @@ class OrderKey:
 
 # Order fields added after resume states were first written, with the value the order had before:
 # a full state (one with an order digest) lacking one was saved with that value.
-LATER_FIELDS: dict[str, Any] = {"drop_n_last_frames": 0}
+LATER_FIELDS: dict[str, Any] = {"drop_n_last_frames": 0, "nodes": 1}
 
 
 # What to say about a field that changed, beyond its name and values.
@@ -95,6 +97,11 @@ _ORDER_HINTS = {
     ),
     "equal_samples_per_rank": (
         " (its default follows the world size: pass equal_samples_per_rank= explicitly to resume under another one)"
+    ),
+    "nodes": (
+        " (partition='node' gives each node a fixed part of the dataset, which depends on the node count, "
+        "world_size // LOCAL_WORLD_SIZE: resume on as many nodes, any number of ranks per node and workers, "
+        "or start a new run)"
     ),
 }
 
@@ -146,6 +153,7 @@ _INTS = {
     "episode_pool_size": (1, MAX_COUNT),
     "sampler_order": (1, 1 << 30),
     "drop_n_last_frames": (0, MAX_COUNT),
+    "nodes": (1, MAX_WORLD_SIZE),
 }
 _ORDER_FIELDS = {f.name: f.type for f in dataclasses.fields(OrderKey)}
 KNOWN_KEYS = frozenset({*POSITION, *LAYOUT, *ELASTIC, EARLIER, ELASTIC_EARLIER, *_ORDER_FIELDS, ORDER_DIGEST})
@@ -304,11 +312,12 @@ class EpochOrder:
     rank: int
     world_size: int
     drop_n_last_frames: int = 0  # what ``shards`` left out of each episode (recorded, not applied here)
+    nodes: int = 1  # node-sticky partition over this many nodes (1: the global partition)
 
     @property
     def plan_options(self) -> PlanOptions:
         """The settings that shape every consumer's plan."""
-        return PlanOptions(shuffle=self.shuffle, equal_samples_per_rank=self.equal_samples_per_rank)
+        return PlanOptions(shuffle=self.shuffle, equal_samples_per_rank=self.equal_samples_per_rank, nodes=self.nodes)
 
     @functools.cached_property
     def key(self) -> OrderKey:
@@ -323,6 +332,7 @@ class EpochOrder:
             episodes_digest=episodes_digest(self.shards),
             shard_plan_digest=self.source_shards_digest,
             drop_n_last_frames=self.drop_n_last_frames,
+            nodes=self.nodes,
         )
 
     def plan(self, epoch: int, rank: int, worker: int, num_workers: int) -> ConsumerPlan:

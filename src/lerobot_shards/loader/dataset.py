@@ -64,6 +64,8 @@ class EpisodePoolDataset(IterableDataset):
         cameras: subset of camera keys to decode (default all).
         tolerance_s: tolerance for ``delta_timestamps`` (LeRobot's default 1e-4 s).
         rank, world_size: each as given, else from torch.distributed, else ``RANK``/``WORLD_SIZE``, else 0/1.
+        local_world_size: ranks per node, which ``partition="node"`` groups (as given, else
+            ``LOCAL_WORLD_SIZE`` as torchrun sets it, else 1: every rank its own node).
         order: ``OrderOptions`` (pool size, seed, shuffle, equal counts per rank, drop_last).
         read: ``ReadOptions`` (storage options, cache, read-ahead, on_error, a raw source's
             virtual shards).
@@ -97,6 +99,7 @@ class EpisodePoolDataset(IterableDataset):
         tolerance_s: float = 1e-4,
         rank: int | None = None,
         world_size: int | None = None,
+        local_world_size: int | None = None,
         order: OrderOptions | None = None,
         read: ReadOptions | None = None,
         decode: DecodeOptions | None = None,
@@ -163,6 +166,7 @@ class EpisodePoolDataset(IterableDataset):
             rank=self.rank,
             world_size=self.world_size,
             drop_n_last_frames=order.drop_n_last_frames,
+            nodes=_nodes(order.partition, self.world_size, local_world_size),
         )
         if order.equal_samples_per_rank and self.num_episodes < self.world_size:  # some rank would read none
             one = Consumer(self.rank, self.world_size, 0, 1)
@@ -464,6 +468,24 @@ def _distributed(rank: int | None, world_size: int | None) -> tuple[int, int]:
             f"rank must be in [0, world_size): {given}; pass both, or neither to use torch.distributed or RANK/WORLD_SIZE"
         )
     return r, w
+
+
+def _nodes(partition: str, world_size: int, local_world_size: int | None) -> int:
+    """Nodes of a node-sticky partition (1 for the global one): ``world_size // local_world_size``,
+    the ranks per node as given, else ``LOCAL_WORLD_SIZE``, else 1."""
+    if local_world_size is not None and (
+        isinstance(local_world_size, bool) or not isinstance(local_world_size, numbers.Integral)
+    ):
+        raise ValueError(f"local_world_size must be an int, got {local_world_size!r}")
+    if partition != "node":
+        return 1
+    local = int(local_world_size) if local_world_size is not None else _env_int("LOCAL_WORLD_SIZE", 1)
+    if local < 1 or world_size % local:
+        raise ValueError(
+            f"partition='node' groups ranks into nodes of local_world_size ranks, but {local} "
+            f"({'given' if local_world_size is not None else 'LOCAL_WORLD_SIZE'}) does not divide world_size={world_size}"
+        )
+    return world_size // local
 
 
 def _env_int(name: str, default: int) -> int:

@@ -6,7 +6,9 @@ the round-robin gave out (each old rank consumed the same ``batches_consumed`` b
 emitted frames are read off the sampler's state at the cut (episodes admitted and finished were
 emitted whole; only the resident ones are partial), so nothing is kept per emitted frame. The
 frames not yet emitted are then laid out again over the new consumers by ``split_shards``
-(contiguous episode ranges, balanced by remaining frames, so reads stay sequential), and each
+(contiguous episode ranges, balanced by remaining frames, so reads stay sequential; in a
+node-sticky plan each node's remaining frames over that node's consumers, the node count being
+part of the order), and each
 consumer draws uniformly over the remaining frames of its resident episodes (``SubsetSampler``).
 Every not-yet-emitted frame is emitted exactly once (equal-count mode: every new consumer yields
 ``remaining // consumers`` samples, dropping or repeating like the equal mode of a full epoch).
@@ -20,7 +22,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .partition import Consumer, ConsumerPlan, PlanOptions, ShardSpec, plan_consumer, split_shards
+from .partition import (
+    Consumer,
+    ConsumerPlan,
+    PlanOptions,
+    ShardSpec,
+    filter_shards,
+    node_layout,
+    node_parts,
+    plan_consumer,
+    ranks_per_node,
+    split_shards,
+)
 from .resume import Segments, samples_to_skip
 from .sampling import Emission, PoolSampler, consumer_rng, keyed_rng
 
@@ -148,7 +161,12 @@ def plan_elastic(
                 kept.append((e, len(frames[e])))
         if kept:
             remaining.append(ShardSpec(s.index, tuple(e for e, _ in kept), tuple(n for _, n in kept)))
-    units = split_shards(remaining, consumer.count, seed=seed, epoch=epoch, shuffle=options.shuffle)
+    parts = [
+        filter_shards(remaining, {e for s in part for e in s.episodes})
+        for part in node_parts(shards, options.nodes, seed=seed, shuffle=options.shuffle)
+    ]
+    per_node = ranks_per_node(consumer.world_size, options.nodes) * consumer.num_workers
+    units = node_layout(parts, per_node, seed=seed, epoch=epoch, shuffle=options.shuffle, layout=split_shards)
     loads = [sum(s.frames for s in mine) for mine in units]
     counts = [sum(loads) // len(loads)] * len(loads) if options.equal_samples_per_rank else loads
     if replay is None and options.equal_samples_per_rank and counts[0] and not all(loads):

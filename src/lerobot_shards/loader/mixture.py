@@ -80,6 +80,11 @@ class MixtureDataset(IterableDataset):
         self.mixture_file = None if isinstance(mixture, Mixture) else os.fspath(mixture)
         self.mixture = mixture if isinstance(mixture, Mixture) else load_mixture(mixture)
         order, read, decode = group_options(order, read, decode, options, caller="MixtureDataset()")
+        if order.partition != "global":  # its sources' shares are laid out over all consumers (mixture_order)
+            raise ValueError(
+                f"MixtureDataset: partition={order.partition!r} is not supported for mixtures yet; use "
+                f"partition='global' (a node's frame cache then misses in later epochs)"
+            )
         self.sources = tuple(
             _open(spec, rank=rank, world_size=world_size, order=order, read=read, decode=decode)
             for spec in self.mixture.sources

@@ -31,6 +31,7 @@ from ..resize import check_mode, check_size
 from .device import rank_device
 
 OnError = Literal["raise", "skip"]
+Partition = Literal["global", "node"]
 CudaBackend = Literal["nvdec", "ffmpeg"]  # torchcodec's names
 ResizeMode = Literal["pad", "crop", "stretch"]  # format.RESIZE_MODES, as convert --resize stores them
 Size = tuple[int, int]
@@ -96,6 +97,11 @@ class OrderOptions:
     # policy's ``drop_n_last_frames`` (Diffusion: 7); windows still read them as context. An
     # episode of at most this many frames gives no sample.
     drop_n_last_frames: int = 0
+    # "global": every epoch the shards are dealt to all ranks anew. "node": each node (ranks
+    # grouped by LOCAL_WORLD_SIZE, rank // local_world_size) reads the same part of the dataset
+    # every epoch, dealt anew to its own ranks and workers, so a node-local frame or shard cache
+    # is hit from the second epoch on; a resume keeps the node count (``partition.node_parts``).
+    partition: Partition = "global"
 
     def __post_init__(self) -> None:
         plain_numbers(self)
@@ -109,6 +115,7 @@ class OrderOptions:
         _bool("equal_samples_per_rank", self.equal_samples_per_rank, none="on when world_size > 1")
         _bool("drop_last", self.drop_last)
         _int("drop_n_last_frames", self.drop_n_last_frames, 0, hint="the frames left unsampled at each episode's end")
+        _choice("partition", self.partition, Partition)
 
 
 @dataclass(frozen=True)

@@ -6,18 +6,24 @@ every consumer busy and balanced (fewer shards than consumers, or a few large on
 ``split_shards`` cuts the shard sequence into contiguous episode ranges instead (``work_units``
 picks). ``plan_consumer`` is the one place that turns (shards, seed, epoch, consumer, options)
 into a consumer's episodes and sample count.
+
+A node-sticky plan (``PlanOptions.nodes`` > 1, ``partition="node"``) first splits the dataset
+into one part per node, the same every epoch (``node_parts``), then lays each part out over its
+node's consumers anew every epoch: a node-local decoded-frame cache then holds the frames its
+node reads in every epoch, while the ranks of each node still see other episodes each epoch.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from lerobot_shards.loader.sampling import PARTITION_STREAM, keyed_rng
 
 SPLIT_STREAM = 0x5350_4C54  # "SPLT": the split's own random stream, apart from assign_shards'
+NODE_STREAM = 0x4E4F_4445  # "NODE": salts the node split and each node's own layout
 
 
 @dataclass(frozen=True)
@@ -108,6 +114,7 @@ def assign_shards(
     seed: int,
     epoch: int,
     shuffle: bool = True,
+    salt: tuple[int, ...] = (),
 ) -> list[list[int]]:
     """Disjoint whole shards per consumer, every shard exactly once, balanced by frames.
 
@@ -117,13 +124,14 @@ def assign_shards(
     within a bucket come in a (seed, epoch)-permuted order: balance stays close to exact LPT,
     while the near-equal shards a converter writes regroup every epoch, so a pool mixes
     different episodes each epoch. Each consumer then reads its shards in a (seed, epoch)-
-    shuffled order. ``shuffle=False`` uses source order for ties and reading.
+    shuffled order. ``shuffle=False`` uses source order for ties and reading. ``salt`` (a node
+    plan's) adds words to the random stream's key.
     """
     if num_consumers < 1:
         raise ValueError(f"num_consumers must be at least 1, got {num_consumers}")
     if any(f < 0 for f in shard_frames):
         raise ValueError("shard frame counts must be non-negative")
-    rng = keyed_rng(PARTITION_STREAM, seed, epoch)
+    rng = keyed_rng(PARTITION_STREAM, seed, epoch, *salt)
     n = len(shard_frames)
     order = [int(i) for i in rng.permutation(n)] if shuffle else list(range(n))
     bucket = max(1, max(shard_frames, default=0)) / SIZE_BUCKETS
@@ -219,7 +227,13 @@ def too_few_episodes(episodes: int, consumer: Consumer) -> str:
 
 
 def split_shards(
-    shards: Sequence[ShardSpec], num_consumers: int, *, seed: int, epoch: int, shuffle: bool = True
+    shards: Sequence[ShardSpec],
+    num_consumers: int,
+    *,
+    seed: int,
+    epoch: int,
+    shuffle: bool = True,
+    salt: tuple[int, ...] = (),
 ) -> list[list[ShardSpec]]:
     """Contiguous episode ranges of the shard sequence per consumer: every episode exactly once.
 
@@ -235,7 +249,7 @@ def split_shards(
     """
     if num_consumers < 1:
         raise ValueError(f"num_consumers must be at least 1, got {num_consumers}")
-    rng = keyed_rng(SPLIT_STREAM, seed, epoch)
+    rng = keyed_rng(SPLIT_STREAM, seed, epoch, *salt)
     order = [int(i) for i in rng.permutation(len(shards))] if shuffle else list(range(len(shards)))
     runs = [(shards[i].index, e, n) for i in order for e, n in zip(shards[i].episodes, shards[i].lengths)]
     bounds = [0, *itertools.accumulate(n for _, _, n in runs)]
@@ -272,7 +286,13 @@ def _nearest_boundary(bounds: Sequence[int], target: float) -> int:
 
 
 def work_units(
-    shards: Sequence[ShardSpec], num_consumers: int, *, seed: int, epoch: int, shuffle: bool = True
+    shards: Sequence[ShardSpec],
+    num_consumers: int,
+    *,
+    seed: int,
+    epoch: int,
+    shuffle: bool = True,
+    salt: tuple[int, ...] = (),
 ) -> list[list[ShardSpec]]:
     """Each consumer's shards (or pieces of shards) for ``epoch``: whole shards when they suffice.
 
@@ -285,13 +305,13 @@ def work_units(
     shard_frames = [s.frames for s in shards]
     whole = [
         [shards[i] for i in mine]
-        for mine in assign_shards(shard_frames, num_consumers, seed=seed, epoch=epoch, shuffle=shuffle)
+        for mine in assign_shards(shard_frames, num_consumers, seed=seed, epoch=epoch, shuffle=shuffle, salt=salt)
     ]
     loads = [sum(s.frames for s in mine) for mine in whole]
     mean = sum(loads) / num_consumers
     if all(loads) and max(loads) <= mean * (1 + SPLIT_TOLERANCE):
         return whole
-    split = split_shards(shards, num_consumers, seed=seed, epoch=epoch, shuffle=shuffle)
+    split = split_shards(shards, num_consumers, seed=seed, epoch=epoch, shuffle=shuffle, salt=salt)
     if max(sum(s.frames for s in mine) for mine in split) < max(loads):
         return split
     return whole
@@ -303,6 +323,47 @@ class PlanOptions:
 
     shuffle: bool = True
     equal_samples_per_rank: bool = False  # every consumer yields total_frames // consumers samples
+    # 1: one global partition, redrawn every epoch; N > 1: node-sticky, ranks grouped by
+    # world_size // N into nodes (rank // ranks_per_node), each node reading its fixed part.
+    nodes: int = 1
+
+
+def ranks_per_node(world_size: int, nodes: int) -> int:
+    """Ranks on each of ``nodes`` nodes; one line when ``world_size`` does not divide evenly."""
+    if nodes < 1 or world_size % nodes:
+        raise ValueError(
+            f"a node-sticky partition needs world_size divisible by the node count: {world_size} ranks "
+            f"on {nodes} nodes (LOCAL_WORLD_SIZE ranks per node)"
+        )
+    return world_size // nodes
+
+
+def node_parts(shards: Sequence[ShardSpec], nodes: int, *, seed: int, shuffle: bool = True) -> list[list[ShardSpec]]:
+    """Each node's part of the dataset: the same in every epoch (its key holds no epoch), balanced
+    by frames (``work_units`` over nodes: whole shards, or contiguous episode ranges)."""
+    if nodes == 1:
+        return [list(shards)]
+    return work_units(shards, nodes, seed=seed, epoch=0, shuffle=shuffle, salt=(NODE_STREAM,))
+
+
+def node_layout(
+    parts: Sequence[Sequence[ShardSpec]],
+    per_node: int,
+    *,
+    seed: int,
+    epoch: int,
+    shuffle: bool,
+    layout: Callable[..., list[list[ShardSpec]]] = work_units,
+) -> list[list[ShardSpec]]:
+    """Every consumer's units (rank-major) when node ``n``'s ``per_node`` consumers share ``parts[n]``
+    alone, laid out by ``layout`` with a (seed, epoch, node) stream: the ranks and workers of a
+    node read other episodes each epoch, the node the same ones. One part: the global layout."""
+    if len(parts) == 1:
+        return layout(parts[0], per_node, seed=seed, epoch=epoch, shuffle=shuffle)
+    units: list[list[ShardSpec]] = []
+    for node, part in enumerate(parts):
+        units += layout(part, per_node, seed=seed, epoch=epoch, shuffle=shuffle, salt=(NODE_STREAM, node))
+    return units
 
 
 @dataclass(frozen=True)
@@ -323,15 +384,26 @@ def plan_consumer(
     """A consumer's episodes in reading order and its sample count for ``epoch``. No I/O.
 
     Every consumer computes the same assignment of all shards independently, so no coordination
-    is needed across ranks or workers.
+    is needed across ranks or workers. With ``options.nodes`` > 1 each node's consumers share
+    that node's fixed part (``node_parts``), laid out anew every epoch.
     """
-    units = work_units(shards, consumer.count, seed=seed, epoch=epoch, shuffle=options.shuffle)
+    per_node = ranks_per_node(consumer.world_size, options.nodes) * consumer.num_workers
+    parts = node_parts(shards, options.nodes, seed=seed, shuffle=options.shuffle)
+    units = node_layout(parts, per_node, seed=seed, epoch=epoch, shuffle=options.shuffle)
     pieces = [s for mine in units for s in mine]
     shard_frames = [s.frames for s in pieces]
     starts = [0, *itertools.accumulate(len(mine) for mine in units)]
     assignment = [list(range(a, b)) for a, b in itertools.pairwise(starts)]
     if options.equal_samples_per_rank:
         if not all(consumer_frames(assignment, shard_frames)):
+            fewest = min(sum(len(s.episodes) for s in part) for part in parts)
+            if options.nodes > 1:
+                raise ValueError(
+                    f"a node-sticky partition gives each of {options.nodes} nodes a part of about "
+                    f"{fewest} episodes, too few for its {per_node} consumers (ranks x DataLoader workers) in "
+                    f"equal-count mode: use fewer DataLoader workers, partition='global', or "
+                    f"equal_samples_per_rank=False"
+                )
             raise ValueError(too_few_episodes(sum(len(s.episodes) for s in shards), consumer))
         counts = [equal_sample_count(assignment, shard_frames)] * len(assignment)
     else:
