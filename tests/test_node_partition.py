@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from torch.utils.data import DataLoader
 
-from lerobot_shards.loader import EpisodePoolDataset
+from lerobot_shards.loader import EpisodePoolDataset, MixtureDataset
+from lerobot_shards.loader.mixture_spec import Mixture, MixtureSource
 from lerobot_shards.loader.partition import Consumer, PlanOptions, ShardSpec, node_parts, plan_consumer
 from lerobot_shards.synth import read_identity, synth_dataset
 
@@ -202,3 +203,9 @@ def test_a_global_state_without_nodes_still_resumes(raw: Path) -> None:
 def test_local_world_size_that_does_not_divide_the_world_is_named(raw: Path) -> None:
     with pytest.raises(ValueError, match=r"local_world_size ranks, but 3 \(given\) does not divide world_size=4"):
         _dataset(raw, 0, 4, 3)
+
+
+def test_a_mixture_refuses_the_node_partition_in_one_line(raw: Path) -> None:
+    mix = Mixture([MixtureSource(str(raw), name="a", repeat=1)])
+    with pytest.raises(ValueError, match=r"MixtureDataset: partition='node' is not supported for mixtures yet"):
+        MixtureDataset(mix, partition="node")
