@@ -701,11 +701,41 @@ RAW: list[tuple[str, Edit, str | None]] = [
         rows(DATA0, lambda rs: put(rs[2], frame_index=99)),
         DATA + r"column 'frame_index' holds 99 at row 2, expected 2",
     ),
-    (
+    (  # LeRobot decodes at the row's timestamp, we by position: the two must agree (tolerance_s)
         "data: timestamp nan",
         rows(DATA0, lambda rs: put(rs[2], timestamp=math.nan)),
+        DATA + r"row 2: timestamp nan s is not frame_index 2 / fps 30",
+    ),
+    (
+        "data: timestamps swapped",
+        rows(
+            DATA0,
+            lambda rs: (
+                [put(a, timestamp=b["timestamp"]) for a, b in ((rs[1], dict(rs[2])), (rs[2], dict(rs[1])))] and None
+            ),
+        ),
+        DATA + r"row 1: timestamp 0\.0666\d* s is not frame_index 1 / fps 30 = 0\.033333 s",
+    ),
+    (
+        "data: timestamps doubled",
+        rows(DATA0, lambda rs: [put(r, timestamp=2 * r["timestamp"]) for r in rs] and None),
+        DATA + r"row 1: timestamp 0\.0666\d* s is not frame_index 1",
+    ),
+    (
+        "data: timestamps half a frame late",
+        rows(DATA0, lambda rs: [put(r, timestamp=r["timestamp"] + 0.5 / 30) for r in rs] and None),
+        DATA + r"row 0: timestamp 0\.01666\d* s is not frame_index 0",
+    ),
+    (
+        "data: timestamps within tolerance",
+        rows(DATA0, lambda rs: [put(r, timestamp=r["timestamp"] + 5e-5) for r in rs] and None),
         HARMLESS,
-    ),  # frames are found by position
+    ),
+    (
+        "tasks: one string twice",
+        rows("meta/tasks.parquet", lambda rs: put(rs[1], __index_level_0__=rs[0]["__index_level_0__"])),
+        r"meta/tasks\.parquet: task '[^']+' is listed twice \(task_index 0 and 1\)",
+    ),
     ("data: state null", rows(DATA0, _pop(STATE)), DATA + r"column 'observation\.state' has 8 null value\(s\)"),
     (
         "data: state width 3",

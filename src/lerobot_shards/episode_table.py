@@ -36,13 +36,15 @@ def check_episode_table(
     where: str,
     error: type[Exception],
     episode_tasks: Sequence[str] = (),
+    fps: float | None = None,
 ) -> None:
     """Raise ``error`` naming ``where`` and the column unless the episode's rows agree with its metadata.
 
     ``length`` rows; no nulls in a feature's column; each row of a feature as many values as its
     ``shape`` holds; integer and bool features not stored as floats; ``episode_index`` the
     episode's, ``frame_index`` 0..length-1, every ``task_index`` a row of ``tasks`` and, when the
-    episode lists its tasks (``episode_tasks``: a converted episode's own header), one of those.
+    episode lists its tasks (``episode_tasks``: a converted episode's own header), one of those;
+    with ``fps``, every ``timestamp`` ``frame_index / fps`` (``check_timestamps``).
     A feature without a column is left to the caller (each says which file lacks it).
     """
     if table.num_rows != length:
@@ -53,6 +55,8 @@ def check_episode_table(
         _check_feature(table.column(name).combine_chunks(), name, spec, where, error)
     _check_index(table, "episode_index", np.full(length, episode_index), where, error)
     _check_index(table, "frame_index", np.arange(length), where, error)
+    if fps is not None:
+        check_timestamps(table, fps, where, error)
     if "task_index" in table.column_names and length:
         used = np.unique(numpy_of(table.column("task_index")))
         if used[0] < 0 or used[-1] >= len(tasks):
@@ -63,6 +67,41 @@ def check_episode_table(
             raise error(
                 f"{where}: its rows' task_index names tasks {sorted(named)}, the episode lists {sorted(episode_tasks)}"
             )
+
+
+TOLERANCE_S = 1e-4  # LeRobot's tolerance_s: how far a decoded frame may lie from the row's timestamp
+
+
+def check_timestamps(table: pa.Table, fps: float, where: str, error: type[Exception]) -> None:
+    """Raise ``error`` naming ``where`` and the row unless every row's ``timestamp`` is its ``frame_index / fps``.
+
+    LeRobot decodes a frame at its row's timestamp while we (and the frame tables) go by the row's
+    position: a swapped, doubled or shifted timestamp would pair one frame's pixels with another
+    frame's time. Allowed: LeRobot's ``tolerance_s``, plus the rounding of the stored float type
+    (float32 timestamps of a long episode are coarser than 1e-4 s).
+    """
+    if "timestamp" not in table.column_names or not table.num_rows:
+        return
+    col = table.column("timestamp").combine_chunks()
+    if col.null_count or not (pa.types.is_floating(col.type) or pa.types.is_integer(col.type)):
+        raise error(f"{where}: column 'timestamp' is not a column of numbers ({col.type}, {col.null_count} nulls)")
+    stored = numpy_of(col)
+    frames = numpy_of(table.column("frame_index")) if "frame_index" in table.column_names else np.arange(len(stored))
+    want = frames.astype(np.float64) / fps
+    slack = TOLERANCE_S + (
+        np.spacing(np.abs(want).astype(stored.dtype)).astype(np.float64) if stored.dtype.kind == "f" else 0
+    )
+    off = np.abs(stored.astype(np.float64) - want) > slack
+    if off.any():  # NaN compares False: caught by the second test
+        row = int(np.flatnonzero(off)[0])
+    elif not np.isfinite(stored.astype(np.float64)).all():
+        row = int(np.flatnonzero(~np.isfinite(stored.astype(np.float64)))[0])
+    else:
+        return
+    raise error(
+        f"{where}: row {row}: timestamp {float(stored[row])!r} s is not frame_index {int(frames[row])} / fps {fps:g} "
+        f"= {want[row]:.6f} s (LeRobot decodes at the row's timestamp; tolerance {TOLERANCE_S:g} s)"
+    )
 
 
 def _check_feature(col: pa.Array, name: str, spec: dict[str, Any], where: str, error: type[Exception]) -> None:

@@ -327,11 +327,15 @@ class LeRobotV3Source:
         names = table.column(name_col).to_pylist()
         idx = _column(table, "task_index", where).to_pylist()
         tasks: list[str | None] = [None] * len(names)
+        seen: dict[str, int] = {}
         for name, i in zip(names, idx):
             if not isinstance(name, str):
                 raise SourceError(f"{where}: task {i!r} is {name!r}, not a string")
             if type(i) is not int or not 0 <= i < len(names) or tasks[i] is not None:
                 raise SourceError(f"{where}: task_index {i!r} of task {name!r} is out of range or repeated")
+            if name in seen:  # LeRobot maps a task string to one task_index; the manifest lists each once
+                raise SourceError(f"{where}: task {name!r} is listed twice (task_index {seen[name]} and {i})")
+            seen[name] = i
             tasks[i] = name
         if not tasks:
             raise SourceError(f"{where}: no tasks (every frame has a task_index into this table)")

@@ -24,6 +24,7 @@ import av
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ..episode_table import check_timestamps
 from ..exceptions import ConvertError
 from ..format import (
     ClipInfo,
@@ -173,7 +174,8 @@ def episode_members(
     try:
         table = source.read_episode_table(ep)
         tasks = source.episode_tasks(ep, table)
-        source.check_episode_videos(ep)
+        source.check_episode_videos(ep)  # first: an fps the files lack is named as such, not as every row's time
+        check_timestamps(table, source.fps, f"{_where(source, ep.data_path)}: episode {episode_index}", SourceError)
     except SourceError as e:
         message = str(e) if f"episode {episode_index}" in str(e) else f"episode {episode_index}: {e}"
         raise ConvertError(message) from None

@@ -367,6 +367,7 @@ class _Verifier:
                     where=f"{at}: {table_member(entry.key)}",
                     error=FormatError,
                     episode_tasks=header.tasks,
+                    fps=self.manifest.fps,
                 )
             except FormatError as e:
                 self.report.problem(str(e))

@@ -155,6 +155,7 @@ def checked_columns(
         where=where,
         error=error,
         episode_tasks=episode_tasks,
+        fps=info.fps,
     )
     return table_to_columns(table, info.features, where)
 
