@@ -16,14 +16,17 @@ import math
 import numbers
 import os
 import posixpath
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+import fsspec
 import yaml
 
 from ..exceptions import LeRobotShardsError
+from ..format import FormatError
+from ..safe_io import read_small
 from .checkpoint import digest
 from .options import check_episodes, plain_numbers
 
@@ -32,12 +35,22 @@ class MixtureFileError(LeRobotShardsError, ValueError):
     """A mixture file that cannot be read or holds an unknown key or bad value; the message names both."""
 
 
-def _number(name: str, value: Any, *, integer: bool = False) -> None:
+# Bounds on what a mixture may ask for, so that a typo (or a hostile file) fails in one line naming the
+# field instead of in numpy's allocator: an epoch's schedule holds a few bytes per sample.
+MAX_SAMPLES_PER_EPOCH = 1 << 31  # 2.1e9 samples: 20x a 100M-frame dataset
+MAX_MIXTURE_BYTES = 16 * 1024 * 1024
+MAX_MIXTURE_VALUES = 10_000_000  # values in the parsed file, YAML aliases expanded (an alias bomb's billions)
+MAX_MIXTURE_DEPTH = 32  # nesting of lists and mappings (storage_options need a few levels)
+
+
+def _number(name: str, value: Any, *, integer: bool = False, high: float = math.inf) -> None:
     kind = numbers.Integral if integer else numbers.Real
     if value is None:
         return
     if isinstance(value, bool) or not isinstance(value, kind) or not math.isfinite(value) or value < 0:
         raise ValueError(f"{name} must be a non-negative {'int' if integer else 'number'}, got {value!r}")
+    if float(value) > high:
+        raise ValueError(f"{name} = {float(value):.6g} is more than {high:.0f}, the most samples an epoch may have")
 
 
 @dataclass(frozen=True)
@@ -73,8 +86,8 @@ class MixtureSource:
         if len(given) != 1:
             raise ValueError(f"{where}: give exactly one of weight, repeat, choose (got {given or 'none'})")
         _number(f"{where}: weight", self.weight)
-        _number(f"{where}: repeat", self.repeat)
-        _number(f"{where}: choose", self.choose, integer=True)
+        _number(f"{where}: repeat", self.repeat, high=MAX_SAMPLES_PER_EPOCH)
+        _number(f"{where}: choose", self.choose, integer=True, high=MAX_SAMPLES_PER_EPOCH)
         object.__setattr__(self, "episodes", check_episodes(f"{where}: episodes", self.episodes))
         if self.storage_options is not None and not isinstance(self.storage_options, Mapping):
             raise ValueError(f"{where}: storage_options must be a dict, got {type(self.storage_options).__name__}")
@@ -119,7 +132,7 @@ class Mixture:
         twice = sorted({n for n in names if names.count(n) > 1 and n is not None})
         if twice:
             raise ValueError(f"mixture source names must be unique; give name= to tell apart: {twice}")
-        _number("samples_per_epoch", self.samples_per_epoch, integer=True)
+        _number("samples_per_epoch", self.samples_per_epoch, integer=True, high=MAX_SAMPLES_PER_EPOCH)
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -149,6 +162,17 @@ def source_counts(mixture: Mixture, frames: Sequence[int]) -> tuple[int, ...]:
         s.choose if s.choose is not None else (round(s.repeat * n) if s.repeat is not None else None)
         for s, n in zip(mixture.sources, frames)
     ]
+    for s, n, c in zip(mixture.sources, frames, fixed):
+        if s.repeat is not None and c is not None and c > MAX_SAMPLES_PER_EPOCH:
+            raise ValueError(
+                f"mixture source {s.name!r}: repeat = {s.repeat:.6g} x its {n} frames = {c:.3g} samples per epoch, "
+                f"more than the {MAX_SAMPLES_PER_EPOCH} an epoch may have"
+            )
+    if sum(c for c in fixed if c is not None) > MAX_SAMPLES_PER_EPOCH:
+        raise ValueError(
+            f"the repeat/choose sources take {sum(c for c in fixed if c is not None)} samples per epoch together, "
+            f"more than the {MAX_SAMPLES_PER_EPOCH} an epoch may have"
+        )
     weighted = [i for i, c in enumerate(fixed) if c is None]
     total_fixed = sum(c for c in fixed if c is not None)
     total = mixture.samples_per_epoch
@@ -192,15 +216,23 @@ def load_mixture(path: str | os.PathLike[str]) -> Mixture:
     raises ``MixtureFileError`` in one line naming the file and the key.
     """
     file = Path(path)
-    try:
-        text = file.read_text()
+    kind = "JSON" if file.suffix == ".json" else "YAML"
+    try:  # a FIFO or device is refused before it is opened, a huge file before it is read
+        text = read_small(fsspec.filesystem("file"), str(file), MAX_MIXTURE_BYTES, where=str(file))
+    except FormatError as e:
+        raise MixtureFileError(f"{e}; a mixture file is a regular YAML or JSON file") from None
     except OSError as e:
         raise MixtureFileError(f"{file}: cannot read the mixture file ({e.strerror or e})") from None
     try:
-        raw = json.loads(text) if file.suffix == ".json" else yaml.safe_load(text)
+        raw = json.loads(text, object_pairs_hook=_unique_keys) if kind == "JSON" else yaml.load(text, _UniqueKeyLoader)
+    except _DuplicateKey as e:
+        raise MixtureFileError(f"{file}: key {e.key!r} is given twice{e.at}; keep one") from None
+    except RecursionError:
+        raise MixtureFileError(f"{file}: nested too deeply to be a mixture file") from None
     except (ValueError, yaml.YAMLError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise MixtureFileError(f"{file}: not valid {'JSON' if file.suffix == '.json' else 'YAML'}: {first}") from None
+        raise MixtureFileError(f"{file}: not valid {kind}: {first}") from None
+    _check_size(file, raw)
     if not isinstance(raw, Mapping):
         raise MixtureFileError(f"{file}: a mixture file holds a mapping with 'sources', got {type(raw).__name__}")
     _check_keys(file, "", raw, _TOP_KEYS)
@@ -227,6 +259,58 @@ def load_mixture(path: str | os.PathLike[str]) -> Mixture:
         return Mixture(sources, raw.get("samples_per_epoch"))
     except ValueError as e:
         raise MixtureFileError(f"{file}: {e}") from None
+
+
+class _DuplicateKey(Exception):
+    def __init__(self, key: object, at: str = "") -> None:
+        super().__init__(key)
+        self.key, self.at = key, at
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object, unless it gives one key twice (``json`` would keep the last silently)."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key)
+        out[key] = value
+    return out
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.safe_load``, but a mapping that gives one key twice is refused (PyYAML keeps the last).
+    A merge (``<<: *defaults``) may still be overridden by the mapping's own keys."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            if not isinstance(key, Hashable):
+                continue  # a list as a key: refused later as an unknown key
+            if key in seen:
+                raise _DuplicateKey(key, f" (line {key_node.start_mark.line + 1})")
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _check_size(file: Path, raw: Any) -> None:
+    """Refuse a parsed file deeper than ``MAX_MIXTURE_DEPTH`` or holding more than ``MAX_MIXTURE_VALUES``
+    values once YAML aliases are expanded: later steps (the secrets' registry, copies of storage
+    options, the digest) walk every value, and an alias bomb's few lines expand to billions."""
+    stack, count = [(raw, 0)], 0
+    while stack:
+        value, depth = stack.pop()
+        if depth > MAX_MIXTURE_DEPTH:
+            raise MixtureFileError(f"{file}: nested more than {MAX_MIXTURE_DEPTH} levels deep; not a mixture file")
+        children = value.values() if isinstance(value, Mapping) else value if isinstance(value, list) else ()
+        count += len(children) + 1
+        if count > MAX_MIXTURE_VALUES:
+            raise MixtureFileError(
+                f"{file}: holds more than {MAX_MIXTURE_VALUES} values (YAML aliases expanded); not a mixture file"
+            )
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (Mapping, list)))
 
 
 def _check_keys(file: Path, where: str, entry: Mapping[str, Any], known: set[str]) -> None:
