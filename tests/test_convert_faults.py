@@ -140,6 +140,16 @@ def test_vv_shows_traceback_with_credentials_redacted(s3_server, source: Path) -
     assert result.stderr.rstrip().splitlines()[-1].startswith("Error: s3://no-such-bucket/ds: bucket")
 
 
+def test_vv_shows_the_traceback_of_a_checked_error(tmp_path: Path) -> None:
+    """A checked error (a source with no meta/info.json) is one line; -vv logs its traceback before it."""
+    missing = tmp_path / "no-dataset"
+    assert "Traceback" not in _one_line(run_cli("convert", missing, tmp_path / "out", "--no-progress"))
+    result = run_cli("-vv", "convert", missing, tmp_path / "out", "--no-progress")
+    assert result.returncode == 1
+    assert "Traceback" in result.stderr and "SourceError" in result.stderr, result.stderr
+    assert result.stderr.rstrip().splitlines()[-1] == f"Error: {missing}/meta/info.json: file not found"
+
+
 def test_error_mapping_and_redaction() -> None:
     assert explain(OSError(errno.ENOSPC, "No space left on device", "/data/out/shards/x.tar.tmp")) == (
         "/data/out/shards/x.tar.tmp: no space left on the device; free space or choose a destination with more room"

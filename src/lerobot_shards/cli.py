@@ -18,7 +18,8 @@ log = logging.getLogger("lerobot_shards.cli")
 
 class _Group(click.Group):
     """Every error ends as one line (where, what went wrong, what to do) and exit status 1;
-    ``-vv`` logs the traceback first (credentials redacted)."""
+    ``-vv`` logs the traceback first (credentials redacted), also of the checked errors a command
+    turns into its one line itself."""
 
     def invoke(self, ctx: click.Context) -> object:
         try:
@@ -28,6 +29,9 @@ class _Group(click.Group):
 
             if isinstance(e, click.UsageError):
                 raise
+            cause = e.__cause__ or e.__context__  # a checked error a command turned into one line
+            if cause is not None and ctx.params.get("verbose", 0) >= 2:
+                log.error("traceback", exc_info=(type(cause), cause, cause.__traceback__))
             raise click.ClickException(redact(e.message)) from None
         except (click.exceptions.Exit, click.exceptions.Abort, SystemExit):
             raise

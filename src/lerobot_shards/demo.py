@@ -12,6 +12,7 @@ from pathlib import Path
 
 from torch.utils.data import DataLoader
 
+from .format import Manifest
 from .loader import EpisodePoolDataset
 from .synth import read_identity, synth_dataset
 
@@ -34,16 +35,20 @@ class DemoResult:
         return self.samples / self.seconds if self.seconds else 0.0
 
 
-def run_demo(
+def build_demo_data(
     out: str | Path,
     *,
     episodes: int = 24,
-    batches: int = 30,
-    batch_size: int = 16,
+    length_range: tuple[int, int] = (60, 120),
     num_workers: int = 2,
     progress: bool = True,
-) -> DemoResult:
-    """Make (or reuse) the default dataset under ``out``, convert it, and stream batches from it."""
+) -> Manifest:
+    """Make (or reuse) the default dataset in ``out/source`` and its conversion in ``out/converted``.
+
+    README and docs/ name these two folders in their examples; the snippet tests
+    (tests/test_docs.py) build a smaller set the same way, so the examples run on what the
+    demo makes.
+    """
     from .convert.plan import ConvertOptions
     from .convert.run import convert_dataset
 
@@ -56,7 +61,7 @@ def run_demo(
             cameras=CAMERAS,
             height=96,
             width=160,
-            length_range=(60, 120),
+            length_range=length_range,
             episodes_per_video_file=8,
             episodes_per_data_file=8,
             seed=0,
@@ -67,6 +72,22 @@ def run_demo(
     )
     if manifest is None:
         raise RuntimeError(f"{converted}: conversion did not finish")
+    return manifest
+
+
+def run_demo(
+    out: str | Path,
+    *,
+    episodes: int = 24,
+    batches: int = 30,
+    batch_size: int = 16,
+    num_workers: int = 2,
+    progress: bool = True,
+) -> DemoResult:
+    """Make (or reuse) the default dataset under ``out``, convert it, and stream batches from it."""
+    out = Path(out)
+    source, converted = out / "source", out / "converted"
+    manifest = build_demo_data(out, episodes=episodes, num_workers=num_workers, progress=progress)
     fps = manifest.fps
     ds = EpisodePoolDataset(
         str(converted),

@@ -1,0 +1,109 @@
+"""README.md and docs/*.md: every Python block runs, every local link resolves, README stays short.
+
+The convention (README, "Documentation"): each ```python block runs on its own, in a fresh
+namespace, from a working directory that holds ``out/demo/source`` (a LeRobot v3.0 dataset) and
+``out/demo/converted`` (its conversion), made as ``make demo`` makes them but smaller (6 short
+episodes), so an example a user copies after ``make demo`` is the example tested here. A ```yaml
+block whose first line is ``# NAME`` is written to ``NAME`` there before its page's Python blocks
+run. A block preceded by ``<!-- not-run: reason -->`` is skipped: keep those rare, and say why.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from lerobot_shards.demo import build_demo_data
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+README_MAX_LINES = 350
+NOT_RUN = re.compile(r"<!--\s*not-run:\s*\S.*-->")
+FILE_HEADER = re.compile(r"#\s*([\w.-]+\.(?:ya?ml|json))\s*$")
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+@dataclass(frozen=True)
+class Block:
+    page: Path
+    line: int  # of the opening fence, 1-based
+    lang: str
+    code: str
+    skip_reason: str | None
+
+    @property
+    def where(self) -> str:
+        return f"{self.page.relative_to(ROOT)}:{self.line}"
+
+
+def blocks(page: Path) -> list[Block]:
+    """The fenced blocks of a markdown page, with the not-run mark of the line before each."""
+    out: list[Block] = []
+    lines = page.read_text().splitlines()
+    i = 0
+    while i < len(lines):
+        fence = lines[i].strip()
+        if not fence.startswith("```"):
+            i += 1
+            continue
+        start, lang = i, fence[3:].strip()
+        i += 1
+        while i < len(lines) and not lines[i].strip().startswith("```"):
+            i += 1
+        before = next((lines[j] for j in range(start - 1, -1, -1) if lines[j].strip()), "")
+        mark = NOT_RUN.search(before)
+        out.append(
+            Block(page, start + 1, lang, "\n".join(lines[start + 1 : i]) + "\n", mark.group(0) if mark else None)
+        )
+        i += 1
+    return out
+
+
+PYTHON_BLOCKS = [b for page in PAGES for b in blocks(page) if b.lang == "python"]
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder holding ``out/demo`` as ``make demo`` leaves it (smaller), shared by the blocks."""
+    work = tmp_path_factory.mktemp("docs")
+    build_demo_data(work / "out/demo", episodes=6, length_range=(20, 40), num_workers=1, progress=False)
+    return work
+
+
+def test_every_page_has_blocks_and_the_readme_has_python() -> None:
+    assert any(b.page.name == "README.md" for b in PYTHON_BLOCKS)
+    skipped = [b.where for b in PYTHON_BLOCKS if b.skip_reason]
+    assert len(skipped) <= len(PYTHON_BLOCKS) // 4, f"too many not-run blocks: {skipped}"
+
+
+@pytest.mark.parametrize("block", PYTHON_BLOCKS, ids=lambda b: b.where)
+def test_python_block_runs(block: Block, workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    if block.skip_reason:
+        pytest.skip(block.skip_reason)
+    monkeypatch.chdir(workdir)
+    for other in blocks(block.page):  # the page's files (mix.yaml, ...) as its text shows them
+        header = FILE_HEADER.match(other.code.splitlines()[0]) if other.lang in ("yaml", "json") else None
+        if header:
+            (workdir / header.group(1)).write_text(other.code)
+    exec(compile(block.code, block.where, "exec"), {"__name__": "__main__"})
+
+
+def test_readme_is_short() -> None:
+    lines = len((ROOT / "README.md").read_text().splitlines())
+    assert lines <= README_MAX_LINES, f"README.md has {lines} lines: move detail into docs/"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_local_links_resolve(page: Path) -> None:
+    """A link to a file of this repository (docs page, benchmark summary, chart) names one that exists."""
+    broken = []
+    for target in LINK.findall(page.read_text()):
+        if re.match(r"[a-z]+:", target) or target.startswith("#"):
+            continue
+        path = (page.parent / target.split("#")[0]).resolve()
+        if not path.exists():
+            broken.append(target)
+    assert not broken, f"{page.relative_to(ROOT)}: links to missing files: {broken}"
