@@ -799,7 +799,7 @@ def test_metadata_edit(
 
 
 @pytest.mark.xfail(
-    strict=True, raises=AssertionError, reason="known gap, README 'Guarantees': resealed pts that stay increasing"
+    strict=True, raises=AssertionError, reason="known gap, docs/guarantees.md: resealed pts that stay increasing"
 )
 def test_a_shifted_pts_with_digests_recomputed(datasets: tuple[Path, Path], tmp_path: Path) -> None:
     """The loader trusts a frame table its digests vouch for: frame 2 then decodes as frame 3 (the

@@ -499,7 +499,7 @@ def demo(out: str, batches: int, workers: int) -> None:
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def train(args: tuple[str, ...]) -> None:
     """LeRobot's lerobot-train with its own arguments, reading a converted or raw v3.0 dataset
-    (--dataset.root, local or URL) with this loader (needs LeRobot 0.6; README: Training a LeRobot policy)."""
+    (--dataset.root, local or URL) with this loader (needs LeRobot 0.6; docs/lerobot.md)."""
     from .integrations.lerobot_train import LeRobotUnavailable
     from .integrations.lerobot_train import train as lerobot_train
 
