@@ -54,6 +54,7 @@ from ..loader.mixture import open_dataset
 from ..loader.mixture_spec import is_mixture_file
 from ..loader.transport import with_slabs
 from ..video import cores_per_rank
+from .eval_split import split_episodes
 from .train_settings import TrainSettings, resolve, split_args, usage
 
 log = logging.getLogger(__name__)
@@ -212,6 +213,7 @@ class _Run:
     loader: PositionedLoader | None = None
     resume: dict[str, Any] | None = None
     settings: TrainSettings = TrainSettings()
+    eval_dataset: EpisodePoolDataset | None = None  # the held-out episodes (--dataset.eval_split)
     layout: str = ""
     cfg: Any = None  # the trainer's config, and its dataset.streaming as the user gave it
     streaming: bool = False
@@ -283,6 +285,34 @@ def _fit_layout(cfg: Any, dataset: Any, cores: int) -> str:
     )
 
 
+def _eval_split(url: str, cfg: Any, common: Mapping[str, Any]) -> tuple[EpisodePoolDataset, list[int], list[int]]:
+    """The dataset before the split (``--dataset.episodes``, or all) and its training and held-out
+    episodes, as LeRobot's ``make_train_eval_datasets`` splits them (``eval_split``)."""
+    if is_mixture_file(url):
+        raise ValueError(
+            "lerobot-shards train: --dataset.eval_split does not apply to a mixture file (hold episodes out "
+            "with each source's episodes in the file)"
+        )
+    if cfg.max_eval_samples > 0:
+        raise ValueError(
+            "lerobot-shards train: --max_eval_samples is not supported: the evaluation reads every held-out "
+            "frame (leave it at 0)"
+        )
+    whole = EpisodePoolDataset(
+        url, episodes=cfg.dataset.episodes, storage_options=common["storage_options"], cache_dir=common["cache_dir"]
+    )
+    tasks = whole.episode_tasks()
+    train, held = split_episodes(list(cfg.dataset.episodes or sorted(tasks)), tasks, cfg.dataset.eval_split)
+    groups = len({t[0] if t else "" for t in tasks.values()})
+    print(
+        f"lerobot-shards train: train/eval split: {len(train)} train, {len(held)} eval episodes "
+        f"(eval_split={cfg.dataset.eval_split}, {groups} tasks)",
+        file=sys.stderr,
+        flush=True,
+    )
+    return whole, train, held
+
+
 def _make_datasets(original: Any, run: type[_Run], argv: Sequence[str], given: Mapping[str, str]) -> Any:
     def make_train_eval_datasets(cfg: Any) -> Any:
         url = dataset_url(cfg)
@@ -298,8 +328,6 @@ def _make_datasets(original: Any, run: type[_Run], argv: Sequence[str], given: M
                 "lerobot-shards train: %s is neither converted nor a v3.0 dataset; LeRobot's dataset reads it", url
             )
             return original(cfg)
-        if cfg.dataset.eval_split:
-            raise ValueError("lerobot-shards train: --dataset.eval_split is not supported (train on all episodes)")
         if cfg.dataset.image_transforms.enable:
             raise ValueError(
                 "lerobot-shards train: --dataset.image_transforms.enable=true is not supported yet (LeRobot applies "
@@ -331,6 +359,9 @@ def _make_datasets(original: Any, run: type[_Run], argv: Sequence[str], given: M
         equal = _equal_samples_per_rank(settings.equal_samples_per_rank, state, _world_size())
         if equal is not None:
             common["equal_samples_per_rank"] = equal
+        whole = None  # with an eval split: the dataset before it, whose stats the policy normalizes with
+        if cfg.dataset.eval_split:
+            whole, common["episodes"], held = _eval_split(url, cfg, common)
         common["drop_n_last_frames"] = _drop_n_last_frames(cfg, state)
         dataset = open_dataset(
             url,
@@ -350,8 +381,9 @@ def _make_datasets(original: Any, run: type[_Run], argv: Sequence[str], given: M
                 f"(for this rank's {cores} cores)"
             )
         # the policy's windows need the dataset's metadata: opened once, its windows set after
-        dataset.set_delta_timestamps(resolve_delta_timestamps(cfg.trainable_config, dataset.meta), cfg.tolerance_s)
-        meta = LeRobotMeta(dataset.meta, cfg.dataset.repo_id)
+        deltas = resolve_delta_timestamps(cfg.trainable_config, dataset.meta)
+        dataset.set_delta_timestamps(deltas, cfg.tolerance_s)
+        meta = LeRobotMeta((whole or dataset).meta, cfg.dataset.repo_id)
         if cfg.dataset.use_imagenet_stats:  # as LeRobot's make_dataset does
             for key in meta.camera_keys:
                 if key in meta.depth_keys:
@@ -375,7 +407,28 @@ def _make_datasets(original: Any, run: type[_Run], argv: Sequence[str], given: M
             file=sys.stderr,
             flush=True,
         )
-        return dataset, None
+        if whole is None:
+            return dataset, None
+        held_out = EpisodePoolDataset(  # read in index order, every frame once, as LeRobot's eval loader
+            url,
+            episodes=held,
+            shuffle=False,
+            equal_samples_per_rank=False,
+            image_dtype=torch.uint8,
+            tolerance_s=cfg.tolerance_s,
+            episode_pool_size=settings.episode_pool_size,
+            storage_options=options,
+            cache_dir=settings.cache_dir,
+        )
+        if len(held) < held_out.world_size:
+            raise ValueError(
+                f"lerobot-shards train: --dataset.eval_split={cfg.dataset.eval_split} holds out {len(held)} "
+                f"episodes, fewer than the {held_out.world_size} processes (each evaluates episodes of its own)"
+            )
+        held_out.set_delta_timestamps(deltas, cfg.tolerance_s)
+        held_out.__dict__["meta"] = meta
+        run.eval_dataset = held_out
+        return dataset, held_out
 
     return make_train_eval_datasets
 
@@ -393,9 +446,11 @@ def _accelerator_class(base: type, run: type[_Run]) -> type:
             if len(rest) == 1:
                 prepared = (prepared,)
             others = iter(prepared)
-            out = []
+            out: list[Any] = []
             for arg, mine in zip(args, ours):
-                if mine:
+                if mine and arg.dataset is run.eval_dataset:
+                    out.append(_eval_loader(arg))
+                elif mine:
                     if run.cfg is not None:  # built: the config LeRobot saves says what the user asked
                         run.cfg.dataset.streaming = run.streaming
                     state = run.resume or {}
@@ -419,6 +474,19 @@ def _accelerator_class(base: type, run: type[_Run]) -> type:
             return tuple(out) if len(out) > 1 else out[0]
 
     return ShardsAccelerator
+
+
+def _eval_loader(loader: DataLoader) -> DataLoader:
+    """The held-out episodes' loader without worker processes: samples come in index order, so
+    batches hold the frames LeRobot's sequential eval loader batches (workers would interleave them)."""
+    return DataLoader(
+        loader.dataset,
+        batch_size=loader.batch_size,
+        num_workers=0,
+        collate_fn=loader.collate_fn,
+        pin_memory=loader.pin_memory,
+        drop_last=loader.drop_last,
+    )
 
 
 def _save_checkpoint(original: Any, run: type[_Run]) -> Any:

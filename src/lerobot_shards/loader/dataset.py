@@ -286,6 +286,19 @@ class EpisodePoolDataset(IterableDataset):
             )
         return meta
 
+    def episode_tasks(self) -> dict[int, tuple[str, ...]]:
+        """The chosen episodes' tasks, each episode's in the order its metadata lists them (LeRobot's
+        ``meta.episodes["tasks"]``: its eval split goes by the first): a raw source's meta/episodes,
+        a converted episode's header (one small checked read each)."""
+        source = self._open_source()
+        try:
+            return source.episode_tasks(sorted(e for s in self.shards for e in s.episodes))
+        finally:
+            if isinstance(source, ShardSource):
+                source.close(wait=True)
+            else:
+                source.close()
+
     def _recorded_episode_stats(self, episodes: Sequence[int]) -> dict[int, Stats] | None:
         """A converted dataset's stats of ``episodes`` from its sidecars (None for a raw source)."""
         source = self._open_source()

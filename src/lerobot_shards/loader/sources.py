@@ -190,6 +190,10 @@ class EpisodeSource(Protocol):
         """
         ...
 
+    def episode_tasks(self, episodes: Sequence[int]) -> dict[int, tuple[str, ...]]:
+        """Each of ``episodes``' tasks in the order its metadata lists them (an eval split's key)."""
+        ...
+
     def io_stats(self) -> dict[str, int]:
         """Bytes fetched from storage and cache hits/misses/evictions so far (``cache.COUNTERS``)."""
         ...
@@ -363,6 +367,35 @@ class ShardSource:
                 if e.episode_index in wanted and e.stats:
                     out[e.episode_index] = stats_to_numpy(e.stats)
         return out
+
+    def episode_tasks(self, episodes: Sequence[int]) -> dict[int, tuple[str, ...]]:
+        """Each episode's tasks as its header records them (meta/episodes' order, which LeRobot's
+        eval split reads): the sidecars, then one small read of each header member, its checksum
+        checked (from object storage several at a time, on the fetch threads)."""
+        wanted = set(episodes)
+        records = [rec for rec in self.manifest.shards if wanted.intersection(rec.episodes)]
+        for rec in records:
+            self._sidecar_async(rec.index)
+        jobs = []
+        local: list[LocalFile] = []
+        try:
+            for rec in records:
+                where = f"{self.url}/{fmt.SHARDS_DIR}/{rec.name}"
+                path = self._shard_path(rec.name)
+                if self.remote is None:
+                    local.append(LocalFile(check_local_file(path, root=self.root, where=where)))
+                    fetch: Callable[[int, int], bytes] = local[-1].read
+                else:
+                    fetch = ranged(self.fs, path, where)
+                for entry in self.sidecar(rec.index).episodes:
+                    if entry.episode_index in wanted:
+                        jobs.append((entry, fetch, f"{where}: episode {entry.episode_index}"))
+            pool = self.remote.pool if self.remote is not None else None
+            headers = list(pool.map(_read_header, jobs) if pool is not None else map(_read_header, jobs))
+        finally:
+            for f in local:
+                f.close()
+        return {entry.episode_index: header.tasks for (entry, _, _), header in zip(jobs, headers)}
 
     def _episode_lengths(self, rec: fmt.ShardRecord) -> tuple[int, ...]:
         if len(rec.episode_lengths) == len(rec.episodes):  # in the manifest: no sidecar read to plan
@@ -557,6 +590,21 @@ class ShardSource:
         return ResidentEpisode(episode_index, entry.length, columns, clips, len(blob))
 
 
+def _read_header(job: tuple[fmt.EpisodeEntry, Callable[[int, int], bytes], str]) -> fmt.EpisodeHeader:
+    """An episode's header member alone, checked against the sidecar's checksum."""
+    entry, fetch, where = job
+    member = entry.members.get(fmt.header_member(entry.key))
+    if member is None:
+        raise fmt.FormatError(f"{where}: member {fmt.header_member(entry.key)!r} missing from the sidecar")
+    data = fetch(member.offset, member.offset + member.size)
+    if len(data) != member.size or (member.xxh3_128 is not None and fmt.member_checksum(data) != member.xxh3_128):
+        raise IntegrityError(f"{where}: member {member.name} does not match its checksum")
+    try:
+        return fmt.EpisodeHeader.from_dict(json.loads(data))
+    except (ValueError, KeyError, TypeError) as e:
+        raise fmt.FormatError(f"{where}: unreadable header ({e!r})") from None
+
+
 class RawSource:
     """A raw LeRobot v3.0 dataset read in place, split into the converter's plan as virtual shards.
 
@@ -618,6 +666,10 @@ class RawSource:
         self._lock = threading.Lock()  # episodes are released by the training thread
         self._opening: ThreadPoolExecutor | None = None
         self._next: int | None = None  # the virtual shard to prefetch after the next read
+
+    def episode_tasks(self, episodes: Sequence[int]) -> dict[int, tuple[str, ...]]:
+        """Each episode's tasks as meta/episodes lists them (the order LeRobot's eval split reads)."""
+        return {e: self.src.episode(e).tasks for e in episodes}
 
     def _check_frames(self, episodes: Sequence[int] | None) -> None:
         """Refuse, before any episode is read, an episode whose rows would take frames of another in a

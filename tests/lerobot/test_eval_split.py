@@ -1,0 +1,83 @@
+"""``--dataset.eval_split``: the episodes LeRobot 0.6.1's ``make_train_eval_datasets`` holds out, from
+converted shards and from the raw source; ``lerobot-shards train`` evaluates them as LeRobot's own
+trainer does (the same eval loss, with the weights held still)."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+from procs import CLI, env, run
+
+from conftest import Dataset
+from lerobot_shards.integrations.eval_split import split_episodes
+from lerobot_shards.loader import EpisodePoolDataset
+
+TIMEOUT = 400
+LEROBOT_TRAIN = [
+    sys.executable,
+    "-c",
+    "import sys; sys.argv[0] = 'lerobot-train'; from lerobot.scripts.lerobot_train import main; main()",
+]
+ACT = [
+    "--policy.type=act",
+    "--policy.dim_model=32",
+    "--policy.n_heads=2",
+    "--policy.dim_feedforward=64",
+    "--policy.n_encoder_layers=1",
+    "--policy.n_decoder_layers=1",
+    "--policy.latent_dim=8",
+    "--policy.chunk_size=10",
+    "--policy.n_action_steps=10",
+    "--policy.pretrained_backbone_weights=null",
+    "--policy.device=cpu",
+    "--policy.push_to_hub=false",
+    "--policy.optimizer_lr=0",  # the weights stay the initial ones: both runs evaluate the same model
+    "--policy.optimizer_lr_backbone=0",
+]
+
+
+def _lerobots_split(ds: Dataset, eval_split: float) -> tuple[list[int], list[int]]:
+    from lerobot.configs.default import DatasetConfig
+    from lerobot.configs.train import TrainPipelineConfig
+    from lerobot.datasets.factory import make_train_eval_datasets
+    from lerobot.policies.act.configuration_act import ACTConfig
+
+    cfg = TrainPipelineConfig(
+        dataset=DatasetConfig(repo_id=ds.repo_id, root=str(ds.raw), eval_split=eval_split),
+        policy=ACTConfig(device="cpu", push_to_hub=False),
+    )
+    train, held = make_train_eval_datasets(cfg)
+    return list(train.episodes), list(held.episodes)
+
+
+@pytest.mark.parametrize("source", ["shards", "raw"])
+@pytest.mark.parametrize("eval_split", [0.34, 0.5])
+def test_the_held_out_episodes_are_lerobots(written: Dataset, source: str, eval_split: float) -> None:
+    ours = EpisodePoolDataset(str(written.shards if source == "shards" else written.raw))
+    tasks = ours.episode_tasks()
+    assert split_episodes(sorted(tasks), tasks, eval_split) == _lerobots_split(written, eval_split)
+
+
+def test_the_eval_loss_is_lerobots(written: Dataset, tmp_path: Path) -> None:
+    args = [
+        f"--dataset.repo_id={written.repo_id}",
+        f"--dataset.root={written.raw}",
+        "--dataset.eval_split=0.5",
+        *ACT,
+        "--batch_size=8",
+        "--steps=1",
+        "--eval_steps=1",
+        "--save_checkpoint=false",
+        "--num_workers=0",
+        "--seed=7",
+        "--wandb.enable=false",
+    ]
+    losses = {}
+    for name, cmd in (("ours", [*CLI, "train"]), ("lerobot", LEROBOT_TRAIN)):
+        log = run([*cmd, *args, f"--output_dir={tmp_path / name}"], tmp_path / f"{name}.txt", env(), TIMEOUT)
+        losses[name] = re.findall(r"step 1: eval_loss=([0-9.]+)", log)
+    assert "train/eval split: 1 train, 2 eval episodes" in (tmp_path / "ours.txt").read_text()
+    assert losses["ours"] and losses["ours"] == losses["lerobot"]
