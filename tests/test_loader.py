@@ -231,7 +231,7 @@ def test_rank_and_world_size_given_win_and_the_missing_one_is_found(raw: Path, m
 @pytest.mark.filterwarnings("ignore:frames per consumer are uneven")
 def test_warns_when_a_consumer_gets_no_shard(raw: Path) -> None:
     ds = _dataset(raw, cameras=[], rank=0, world_size=4, equal_samples_per_rank=False)
-    with pytest.warns(UserWarning, match=r"1 of 8 consumers .* get no shard: 7 shards for 8 consumers"):
+    with pytest.warns(UserWarning, match=r"1 of 8 consumers .* get no episode: 7 episodes for 8 consumers"):
         ds.plan(rank=0, worker=0, num_workers=2)
     samples = sum(
         len(b)

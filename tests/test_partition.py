@@ -274,3 +274,31 @@ def test_too_few_episodes_for_equal_counts_says_how_many_workers_fit() -> None:
     plan_consumer(shards, seed=0, epoch=0, consumer=Consumer(0, 2, 0, 1), options=equal)  # 2 consumers: fine
     exact = PlanOptions(equal_samples_per_rank=False)  # every frame once: an idle worker is only warned about
     assert plan_consumer(shards, seed=0, epoch=0, consumer=Consumer(0, 2, 0, 2), options=exact).warnings
+
+
+def test_uneven_warning_names_few_episodes_per_consumer_not_shard_size() -> None:
+    """24 episodes of 60-120 frames over 8 workers: 3 whole episodes each cannot balance, whatever the
+    shard size; the warning says so and points at fewer workers, not at smaller shards."""
+    rng = np.random.default_rng(0)
+    lengths = [int(n) for n in rng.integers(60, 121, 24)]
+    shards = [ShardSpec(i, (2 * i, 2 * i + 1), (lengths[2 * i], lengths[2 * i + 1])) for i in range(12)]
+    options = PlanOptions()
+    (warning,) = plan_consumer(shards, seed=0, epoch=0, consumer=Consumer(0, 1, 0, 8), options=options).warnings
+    assert "frames per consumer are uneven" in warning and "smaller shards" not in warning
+    assert f"24 episodes of {min(lengths)}-{max(lengths)} frames over 8 consumers" in warning
+    assert "about 3.0 each" in warning and "fewer DataLoader workers" in warning
+    assert not plan_consumer(shards, seed=0, epoch=0, consumer=Consumer(0, 1, 0, 4), options=options).warnings
+    (idle,) = plan_consumer(shards[:2], seed=0, epoch=0, consumer=Consumer(0, 1, 0, 8), options=options).warnings
+    assert idle.startswith("4 of 8 consumers (ranks x workers) get no episode: 4 episodes for 8 consumers")
+    assert "smaller shards" not in idle
+
+
+def test_uneven_warning_still_names_large_shards_when_they_are_the_cause() -> None:
+    """Shards of 50, 50 and 10 one-frame episodes read whole by 3 consumers: a shard, not an
+    episode, is the unit that could not be split, so smaller shards do help."""
+    lengths = [1] * 110
+    frames = [50, 50, 10]
+    warnings = assignment_warnings([[0], [1], [2]], frames, episode_lengths=lengths)
+    assert warnings == [
+        f"frames per consumer are uneven: min 10, max 50 ({40 / (110 / 3):.0%} of the mean); smaller shards balance better"
+    ]

@@ -133,7 +133,25 @@ def test_frames_differing_from_source(converted: Path, small_synth: Path, tmp_pa
 def test_missing_manifest(converted: Path) -> None:
     (converted / MANIFEST_NAME).unlink()
     report = verify_dataset(converted)
-    assert not report.ok and "missing (conversion unfinished? run convert --finalize)" in report.problems[0]
+    assert not report.ok and "missing: the conversion is unfinished (run the same convert" in report.problems[0]
+    assert "FAILED (1 problem)\n" in str(report)
+
+
+def test_a_path_that_does_not_exist_is_one_line(tmp_path: Path) -> None:
+    """A mistyped path is named once, in one line, with no advice about finishing a conversion."""
+    missing = tmp_path / "no-such-conversion"
+    with pytest.raises(FileNotFoundError, match="no-such-conversion: no such file or directory"):
+        verify_dataset(missing)
+    result = run_cli("verify", missing)
+    assert result.returncode == 1 and result.stdout == "", result.stdout
+    assert result.stderr.strip() == f"Error: {missing}: no such file or directory"
+
+
+def test_a_folder_without_a_conversion_says_so_once(tmp_path: Path) -> None:
+    result = run_cli("verify", tmp_path)
+    assert result.returncode == 1 and result.stderr == "", result.stderr  # the report alone, not logged again
+    assert result.stdout.count("no conversion here (neither manifest.json nor convert.json)") == 1
+    assert "FAILED (1 problem)" in result.stdout and "--finalize" not in result.stdout
 
 
 def test_inspect(converted: Path, small_synth: Path) -> None:

@@ -400,15 +400,18 @@ def verify(
 
     _locations(source, out)
     options = _storage_options(storage_options)
-    report = verify_dataset(
-        out,
-        source,
-        decode_check,
-        seed=seed,
-        storage_options=_remote(out, options),
-        source_options=_remote(source, options) if source else None,
-        progress=progress,
-    )
+    try:
+        report = verify_dataset(
+            out,
+            source,
+            decode_check,
+            seed=seed,
+            storage_options=_remote(out, options),
+            source_options=_remote(source, options) if source else None,
+            progress=progress,
+        )
+    except FileNotFoundError as e:  # no such path: one line, no report of a dataset that is not there
+        raise click.ClickException(str(e)) from None
     click.echo(str(report))
     if not report.ok:
         raise SystemExit(1)

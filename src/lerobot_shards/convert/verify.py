@@ -50,9 +50,9 @@ from ..lerobot_v3 import LeRobotV3Source, SourceError
 from ..names import UnsafeNameError, check_name
 from ..safe_io import check_local_file
 from ..tar_headers import TarHeaderError, member_header
-from ..timeouts import open_bounded
+from ..timeouts import bounded, open_bounded
 from ..video import ClipError, decode_frames, decoded_frames, probe_clip, transform_frame
-from .destination import LEROBOT_INFO, Destination
+from .destination import LEROBOT_INFO, RUN_RECORD, Destination
 from .shard_status import shard_status
 
 log = logging.getLogger(__name__)
@@ -83,13 +83,14 @@ class VerifyReport:
         return not self.problems
 
     def problem(self, message: str) -> None:
-        """Record (and log) one problem; the message names the file and what is wrong."""
-        log.error(message)
+        """Record one problem (logged at INFO as it is found: ``-v``); the message names the file and
+        what is wrong. The report lists every problem, so an ERROR log would print each one twice."""
+        log.info(message)
         self.problems.append(message)
 
     def __str__(self) -> str:
         lines = [
-            f"verify {self.dest}: {'OK' if self.ok else f'FAILED ({len(self.problems)} problems)'}",
+            f"verify {self.dest}: " + ("OK" if self.ok else f"FAILED ({_count(len(self.problems), 'problem')})"),
             f"  shards {self.shards}, episodes {self.episodes}, frames {self.frames}, {self.bytes / 1e6:.1f} MB "
             "checked (sha256, tar members against sidecar offsets, frame counts, episode stats, episode coverage)",
         ]
@@ -110,6 +111,10 @@ class VerifyReport:
             )
         lines += [f"  - {p}" for p in self.problems]
         return "\n".join(lines)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
 class _HashingReader:
@@ -548,12 +553,19 @@ def verify_dataset(
     try:
         manifest = Manifest.from_json(out.read_bytes(MANIFEST_NAME), where=out.path(MANIFEST_NAME))
     except FileNotFoundError:
+        if not bounded(out.fs, "exists", out.root):  # a wrong path, not a damaged conversion
+            raise FileNotFoundError(f"{out.url}: no such file or directory") from None
         if out.exists(LEROBOT_INFO):
             report.problem(
                 f"{out.url}: a raw LeRobot dataset (meta/info.json), not a conversion: verify checks convert's output"
             )
+        elif out.exists(RUN_RECORD):
+            report.problem(
+                f"{out.path(MANIFEST_NAME)}: missing: the conversion is unfinished (run the same convert command "
+                "again to resume it; after a failed array task, convert --finalize writes the manifest)"
+            )
         else:
-            report.problem(f"{out.path(MANIFEST_NAME)}: missing (conversion unfinished? run convert --finalize)")
+            report.problem(f"{out.url}: no conversion here (neither manifest.json nor convert.json)")
         return report
     except (FormatError, ValueError, KeyError) as e:
         report.problem(f"{out.path(MANIFEST_NAME)}: unreadable ({e})")

@@ -161,6 +161,7 @@ def assignment_warnings(
     *,
     tolerance: float = 0.05,
     slack: int = 0,
+    episode_lengths: Sequence[int] = (),
 ) -> list[str]:
     """Human-readable problems: idle consumers, and frame totals spread beyond ``tolerance``.
 
@@ -169,14 +170,25 @@ def assignment_warnings(
 
     Idle consumers waste workers; uneven totals leave the epoch's tail to fewer workers and,
     unless every consumer yields an equal count, give ranks different batch counts (DDP hangs).
+    Each message names its cause: with ``episode_lengths`` (every episode of the plan), a spread
+    within two episodes comes from whole episodes per consumer (few each), which smaller shards
+    cannot change (the loader already cuts shards at episode boundaries, ``split_shards``): the
+    remedy is fewer consumers.
     """
     frames = consumer_frames(assignment, shard_frames)
     messages: list[str] = []
+    consumers = len(assignment)
     idle = sum(1 for shards in assignment if not shards)
-    if idle:
+    if idle and 0 < len(episode_lengths) < consumers:
         messages.append(
-            f"{idle} of {len(assignment)} consumers (ranks x workers) get no shard: "
-            f"{len(shard_frames)} shards for {len(assignment)} consumers; write smaller shards "
+            f"{idle} of {consumers} consumers (ranks x workers) get no episode: {len(episode_lengths)} episodes for "
+            f"{consumers} consumers, and an episode is never split between consumers; use at most "
+            f"{len(episode_lengths)} consumers (fewer DataLoader workers)"
+        )
+    elif idle:
+        messages.append(
+            f"{idle} of {consumers} consumers (ranks x workers) get no shard: "
+            f"{len(shard_frames)} shards for {consumers} consumers; write smaller shards "
             f"(at least one per consumer, ideally several) or use fewer DataLoader workers"
         )
     busy = [f for shards, f in zip(assignment, frames) if shards]
@@ -184,10 +196,16 @@ def assignment_warnings(
         lo, hi = min(busy), max(busy)
         spread = (hi - lo) / (sum(busy) / len(busy))
         if spread > tolerance and hi - lo > slack:
-            messages.append(
-                f"frames per consumer are uneven: min {lo}, max {hi} ({spread:.0%} of the mean); "
-                f"smaller shards balance better"
-            )
+            uneven = f"frames per consumer are uneven: min {lo}, max {hi} ({spread:.0%} of the mean)"
+            if episode_lengths and hi - lo <= 2 * max(episode_lengths):
+                n = len(episode_lengths)
+                messages.append(
+                    f"{uneven}: {n} episodes of {min(episode_lengths)}-{max(episode_lengths)} frames over "
+                    f"{consumers} consumers (ranks x workers) are about {n / consumers:.1f} each, and an episode "
+                    f"is never split between consumers; fewer DataLoader workers (more episodes each) balance better"
+                )
+            else:
+                messages.append(f"{uneven}; smaller shards balance better")
     return messages
 
 
@@ -417,6 +435,11 @@ def plan_consumer(
         num_samples=counts[consumer.index],
         rank_samples=tuple(counts[first : first + consumer.num_workers]),
         warnings=tuple(
-            assignment_warnings(assignment, shard_frames, slack=max((n for s in shards for n in s.lengths), default=0))
+            assignment_warnings(
+                assignment,
+                shard_frames,
+                slack=max((n for s in shards for n in s.lengths), default=0),
+                episode_lengths=[n for s in shards for n in s.lengths],
+            )
         ),
     )
