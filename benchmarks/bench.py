@@ -6,6 +6,8 @@
         --batches 200 --max-seconds 120 --timeout 600 --out benchmarks/results/full
     .venv/bin/python benchmarks/bench.py --modes act --sources converted-local \\
         --opt num_ffmpeg_threads=2 --label ffmpeg2            # one more case: any loader option
+    .venv/bin/python benchmarks/bench.py --sources '' --frame-cache converted-local,converted-resized \\
+        --workers 0,2 --transports slab --baseline-datasets map --no-limits   # cold and warm epochs
 
 Builds (once) a synthetic LeRobot v3.0 dataset with the weight of real footage and its conversion,
 serves both from the real S3-protocol server behind our shaper (30 ms per request, 100 MB/s
@@ -20,6 +22,7 @@ round. One JSON per case lands in ``--out``; ``summarize.py`` then writes the ta
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -35,11 +38,12 @@ REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 
 from harness import data  # noqa: E402
-from harness.cases import DECODES, MODES, SOURCES, TRANSPORTS, Case, expand  # noqa: E402
+from harness.cases import DECODES, FRAME_CACHE_SOURCES, MODES, SOURCES, TRANSPORTS, Case, expand  # noqa: E402
 from harness.runner import LEROBOT, baseline_command, median_round, our_command, run_case  # noqa: E402
 from harness.shaper import PROFILES, Profile  # noqa: E402
 
 LEROBOT_LATEST_SH = Path("/work/shared/tools/lerobot-latest.sh")
+LEROBOT_ENV_SH = REPO / "tests/lerobot/env.sh"  # the tests' LeRobot 0.6.1 root (Python 3.13), when built
 
 
 def _list(text: str) -> list[str]:
@@ -64,7 +68,10 @@ def default_baselines() -> list[str]:
     """LeRobot interpreters found on this machine (see README): NAME=COMMAND."""
     found = []
     rootfs = os.environ.get("LEROBOT_LATEST_ROOTFS")
-    if rootfs and LEROBOT_LATEST_SH.is_file():
+    env_root = subprocess.run(["bash", str(LEROBOT_ENV_SH), "root"], capture_output=True, text=True).stdout.strip()
+    if env_root and (Path(env_root) / "opt/lerobot/bin/python").is_file():
+        found.append(f"lerobot-0.6.1=bash {LEROBOT_ENV_SH} run {{dirs}} --")
+    elif rootfs and LEROBOT_LATEST_SH.is_file():
         found.append(f"lerobot-0.6.1=bash {LEROBOT_LATEST_SH} run {rootfs} {{dirs}} --")
     venv = Path(os.environ.get("LEROBOT_VENV", REPO / ".venv-lerobot"))
     if (venv / "bin/python").is_file():
@@ -121,6 +128,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="NAME=COMMAND: a LeRobot interpreter (a python, or a wrapper with {dirs}); default: those found",
     )
     ap.add_argument("--baseline-datasets", default="map,streaming", help="LeRobot datasets to run: map,streaming")
+    ap.add_argument("--baseline-workers", help="worker counts of LeRobot's baselines, e.g. 1,2,3 (default: --workers)")
+    ap.add_argument(
+        "--frame-cache",
+        default="",
+        help=f"subset of {','.join(FRAME_CACHE_SOURCES)}: ours' cold and warm epochs through the decoded-frame "
+        "cache, each measured whole (converted-resized: the conversion with --resize at --resized-conversion)",
+    )
+    ap.add_argument("--resized-conversion", default="224x224", help="HxW of the converted-resized source")
     ap.add_argument("--no-baselines", action="store_true")
     ap.add_argument("--no-limits", action="store_true", help="skip the pure-decode limit and the DataLoader ceiling")
     ap.add_argument("--no-summary", action="store_true")
@@ -167,9 +182,10 @@ def _git() -> str | None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     sources, modes, decodes = _list(args.sources), _list(args.modes), _list(args.decodes)
-    transports = _list(args.transports)
+    transports, frame_cache = _list(args.transports), _list(args.frame_cache)
     for values, allowed, what in (
         (sources, SOURCES, "source"),
+        (frame_cache, FRAME_CACHE_SOURCES, "frame-cache source"),
         (modes, MODES, "mode"),
         (decodes, DECODES, "decode"),
         (transports, TRANSPORTS, "transport"),
@@ -191,6 +207,8 @@ def main(argv: list[str] | None = None) -> int:
         baseline_datasets=_list(args.baseline_datasets),
         limits=not args.no_limits,
         transports=tuple(transports),
+        frame_cache_sources=tuple(frame_cache),
+        baseline_workers=[int(w) for w in _list(args.baseline_workers)] if args.baseline_workers else None,
         batch_size=args.batch_size,
         pool_size=args.pool_size,
         prefetch_factor=args.prefetch_factor,
@@ -209,12 +227,17 @@ def main(argv: list[str] | None = None) -> int:
     raw = data.raw_dataset(data_dir, args.size, seed=args.seed)
     convert_opts = data.convert_options(args.size, _options(args.convert_opt))
     converted = data.converted_dataset(raw, convert_opts)
+    resized_size = [int(x) for x in args.resized_conversion.lower().split("x")]
+    resized_opts = {**convert_opts, "resize": {"*": resized_size}}
+    resized = data.converted_dataset(raw, resized_opts) if "converted-resized" in frame_cache else None
     if args.prepare_only:
-        print(f"[bench] datasets ready: {raw} and {converted}")
+        print(f"[bench] datasets ready: {raw} and {converted}" + (f" and {resized}" if resized else ""))
         return 0
     info = json.loads((raw / "meta/info.json").read_text())
     cameras = [k for k, v in info["features"].items() if v["dtype"] == "video"]
     paths: dict[str, str] = {"raw-local": str(raw), "converted-local": str(converted)}
+    if resized is not None:
+        paths["converted-resized"] = str(resized)
     gpu = "cuda" in decodes and not no_cuda and args.cuda_reencode
     if gpu:  # NVDEC of Hopper GPUs (H100/H200) cannot decode AV1: cuda cases read an H.264 conversion
         paths["converted-local@cuda"] = str(
@@ -227,6 +250,7 @@ def main(argv: list[str] | None = None) -> int:
         "raw_bytes": data.tree_bytes(raw),
         "converted_bytes": data.tree_bytes(converted),
         "convert_options": convert_opts,
+        **({"resized_convert_options": resized_opts, "resized_bytes": data.tree_bytes(resized)} if resized else {}),
         "network": {
             "profile": args.profile,
             "latency_ms": profile.latency_s * 1000,
@@ -327,6 +351,12 @@ def _run(
         "hf_home": str(data_dir / "hf-home"),
         "raw_plan": data.raw_plan(config["convert_options"]),
     }
+    frames = None
+    if case.epoch:  # the cold epoch fills this cache, the warm one after it reads it: shared by the pair
+        frames = out / "cache" / "frames" / dataclasses.replace(case, epoch="").name
+        spec["frame_cache_dir"] = str(frames)
+        if case.epoch == "cold":
+            shutil.rmtree(frames, ignore_errors=True)
     if ":" in case.kind:
         command = [*baseline_command(baselines[case.kind.split(":")[0]], [REPO, data_dir, out]), str(LEROBOT)]
     else:
@@ -336,9 +366,15 @@ def _run(
         if case.source == "converted-bucket-warm":  # fill the cache with what the measured run will read
             primed = run_case({**spec, "name": case.name + "__prime"}, command, out / "priming", args.timeout, proxy)
             spec["config"] = {**config, "prime": {k: primed.get(k) for k in ("status", "samples", "storage_bytes")}}
+        if case.epoch == "warm" and frames is not None and not frames.is_dir():  # no cold epoch ran before it
+            cold = {**spec, "name": case.name + "__prime", "case": {**spec["case"], "epoch": "cold"}}
+            primed = run_case(cold, command, out / "priming", args.timeout, proxy)
+            spec["config"] = {**config, "prime": {k: primed.get(k) for k in ("status", "samples")}}
         return run_case(spec, command, out, args.timeout, proxy)
     finally:
         shutil.rmtree(out / "cache" / case.name, ignore_errors=True)
+        if case.epoch == "warm" and frames is not None:
+            shutil.rmtree(frames, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -261,3 +261,78 @@ def test_slurm_matrix_submits_one_job_per_case_then_the_summary(tmp_path: Path) 
     cuda = [line for line in submitted if "--decodes\\ cuda" in line]
     assert len(cuda) == 2 and all("--workers\\ 2\\ " in line for line in cuda)
     assert "afterany:" in submitted[-1] and "summarize.py" in submitted[-1]
+
+
+def test_frame_cache_epochs_come_cold_then_warm_and_lerobot_at_its_own_worker_counts() -> None:
+    cases = expand(
+        sources=[],
+        modes=["act"],
+        decodes=["cpu"],
+        workers=[0, 2],
+        image_dtypes=["uint8"],
+        baselines=["lerobot-0.6.1"],
+        baseline_datasets=["map"],
+        limits=False,
+        transports=("slab",),
+        frame_cache_sources=("converted-local", "converted-resized"),
+        baseline_workers=[1, 2, 3],
+    )
+    ours = [(c.source, c.workers, c.transport, c.epoch) for c in cases if c.kind == "ours"]
+    assert ours == [
+        (s, w, x, e)
+        for s in ("converted-local", "converted-resized")
+        for w, x in ((0, "queue"), (2, "slab"))
+        for e in ("cold", "warm")
+    ]
+    assert sorted(c.workers for c in cases if c.kind.startswith("lerobot")) == [1, 2, 3]
+    assert len({c.name for c in cases}) == len(cases)
+
+
+def _epoch(source: str, epoch: str, workers: int, sps: float, **extra: object) -> dict:
+    case = Case("ours", source, "act", workers=workers, epoch=epoch).to_dict()
+    memory = {"workers": [{"floor_growth_mb": 1.0}], "main": {"floor_growth_mb": 2.0}}
+    return {"status": "ok", "samples_per_s": sps, "case": case, "memory": memory, **extra}
+
+
+def test_frame_cache_epochs_are_held_to_their_own_targets() -> None:
+    split = {"decode_ms": 1.0, "cache_read_ms": 0.5, "collate_ms": 4.0, "rest_ms": 0.5}
+    results = [
+        _epoch("converted-local", "cold", 2, 90.0, first_batch_s=1.5),
+        _epoch("converted-local", "warm", 2, 170.0, cpu_split_ms=split, cpu_ms_per_sample=6.0),
+        _epoch("converted-resized", "warm", 2, 400.0),
+        _result("lerobot-0.6.1:map", 2, 20.0),
+        _result("lerobot-0.6.1:map", 3, 25.0),
+    ]
+    found = {t["target"]: t for t in targets(results)}
+    cold = found["cold epoch, converted-local >= 3x lerobot-0.6.1:map (best: w3)"]
+    assert (cold["value"], cold["result"], cold["epoch"]) == ("3.60x", "met", "cold")
+    assert found["first batch, cold cache, converted-local < 2 s"]["result"] == "met"
+    warm = found["warm epoch, converted-local >= 8x lerobot-0.6.1:map (best: w3)"]
+    assert (warm["value"], warm["result"]) == ("6.80x", "missed")
+    assert warm["bound_by"] == "collation: 4.0 of 6.0 CPU ms/sample on ? cores"
+    assert found["warm epoch, converted-resized >= 15x lerobot-0.6.1:map (best: w3)"]["value"] == "16.00x"
+    assert not any("converted-bucket" in t for t in found)  # the windowed cases' targets are not theirs
+
+
+def test_throughput_chart_shows_cold_and_warm_epochs_apart() -> None:
+    def row(loader: str, source: str, epoch: str, workers: int, sps: float) -> dict:
+        common = {"decode": "cpu", "dtype": "uint8", "status": "ok", "mode": "act"}
+        return {"loader": loader, "source": source, "epoch": epoch, "workers": workers, "samples_per_s": sps, **common}
+
+    rows = [
+        row("ours", "converted-local", "cold", 0, 80.0),
+        row("ours slab", "converted-local", "warm", 2, 400.0),
+        row("ours", "converted-local", "warm", 0, 300.0),
+        row("ours", "converted-resized", "warm", 0, 900.0),
+        row("lerobot-0.6.1:map", "raw-local", "", 2, 40.0),
+    ]
+    groups = throughput_groups(rows, "act")
+    assert [title for title, _ in groups] == [
+        "ours, converted-local, cold epoch",
+        "ours, converted-local, warm epoch",
+        "ours, converted-resized, warm epoch",
+        "LeRobot (raw-local)",
+    ]
+    assert [b["ratio"] for b in groups[1][1]] == [300.0 / 40.0, 400.0 / 40.0]
+    assert {b["style"] for b in groups[0][1]} == {"ours cold epoch"}
+    assert {b["style"] for _, bs in groups[1:3] for b in bs} == {"ours warm epoch"}

@@ -4,6 +4,11 @@ A case is one loader configuration run in its own process. ``kind`` says which l
 ``ours`` (EpisodePoolDataset), a LeRobot baseline (``<name>:map`` or ``<name>:streaming`` where
 ``<name>`` names an interpreter command), ``pure-decode`` (torchcodec alone, the decode limit per
 core) or ``ceiling`` (same-shape samples with no I/O through the same DataLoader).
+
+A case of ours with an ``epoch`` (``cold`` or ``warm``) reads through the decoded-frame cache
+(``frame_cache_dir``) and is measured over a whole epoch, from ``iter()`` to its last batch:
+``cold`` the first epoch into an empty cache (each frame decoded once, in order), ``warm`` the
+next epoch, every frame read back from the cache the cold epoch filled.
 """
 
 from __future__ import annotations
@@ -14,6 +19,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 SOURCES = ("raw-local", "converted-local", "raw-bucket", "converted-bucket", "converted-bucket-warm")
+# Sources of the frame cache's epochs: the conversion, and a training-size one (``--resized-conversion``).
+FRAME_CACHE_SOURCES = ("converted-local", "converted-resized")
+EPOCHS = ("cold", "warm")
 MODES = ("frame", "act", "long")
 DECODES = ("cpu", "cuda")
 TRANSPORTS = ("queue", "slab")  # worker -> main: the DataLoader's default collate, or loader.transport
@@ -62,12 +70,15 @@ class Case:
     label: str = ""  # names a variant (e.g. loader options under test); part of the case name
     transport: str = "queue"  # with workers: "queue" (the DataLoader's default collate) or "slab" (SlabCollate)
     loader_opts: dict[str, Any] = field(default_factory=dict)  # passed to EpisodePoolDataset as is
+    epoch: str = ""  # "cold" or "warm": a whole epoch through the frame cache (see the module docstring)
 
     @property
     def name(self) -> str:
         parts = [self.kind.replace(":", "-"), self.source, self.mode, self.decode, f"w{self.workers}", self.image_dtype]
         if self.label:
             parts.append(self.label)
+        if self.epoch:
+            parts.append(self.epoch)
         if self.transport != "queue":
             parts.append(self.transport)
         if self.loader_opts:  # distinct options never overwrite each other's results
@@ -89,6 +100,8 @@ def expand(
     baseline_datasets: list[str],
     limits: bool,
     transports: tuple[str, ...] = ("queue",),
+    frame_cache_sources: tuple[str, ...] = (),
+    baseline_workers: list[int] | None = None,
     **common: Any,
 ) -> list[Case]:
     """Every case of the matrix, ours first, then baselines and limits (raw-local, cpu), per mode.
@@ -99,6 +112,10 @@ def expand(
     LeRobot's baselines run only at worker counts above 0: its loaders are always measured with
     DataLoader workers, and ours at workers=0 (decode threads in the main process) is compared
     with LeRobot's best worker count instead (``report.targets``).
+
+    Each of ``frame_cache_sources`` adds ours' cold epoch, then its warm one (which reads the
+    cache the cold one filled), per worker count, transport and dtype. ``baseline_workers``
+    (default ``workers``): the worker counts LeRobot's baselines run at, to find its best one.
     """
     ways = lambda w: transports if w else ("queue",)  # noqa: E731
     cases = [
@@ -110,15 +127,24 @@ def expand(
         for x in ways(w)
         for t in image_dtypes
     ]
+    cases += [
+        Case("ours", s, m, "cpu", w, image_dtype=t, transport=x, epoch=e, **common)
+        for m in modes
+        for s in frame_cache_sources
+        for w in workers
+        for x in ways(w)
+        for t in image_dtypes
+        for e in EPOCHS
+    ]
     for m in modes:
-        for w in workers:
-            for b in baselines if w else ():
+        for w in sorted(set(workers) | set(baseline_workers or ())):
+            for b in baselines if w and w in (baseline_workers or workers) else ():
                 cases += [
                     Case(f"{b}:{kind}", "raw-local", m, "cpu", w, image_dtype=t, **common)
                     for kind in baseline_datasets
                     for t in image_dtypes
                 ]
-            if limits:
+            if limits and w in workers:
                 cases.append(Case("pure-decode", "converted-local", m, "cpu", w, image_dtype="uint8", **common))
                 cases += [
                     Case("ceiling", "converted-local", m, "cpu", w, image_dtype=t, transport=x, **common)
