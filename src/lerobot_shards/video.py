@@ -758,7 +758,7 @@ def decode_frames(
     torchcodec (and with it torch) is imported here, not at module level: the converter never
     decodes, and each of its spawned workers would pay 1-2 s and ~180 MB for the import.
     """
-    from torchcodec.decoders import VideoDecoder
+    from .torch_pair import VideoDecoder
 
     source = str(src) if isinstance(src, (str, os.PathLike)) else bytes(src)
     decoder = VideoDecoder(source, custom_frame_mappings=frame_mappings)

@@ -173,7 +173,7 @@ class _SourceFrames:
 
     def _file(self, rel_path: str) -> tuple[Any, Any]:
         """(local path or the file's bytes, torchcodec decoder) of one source mp4."""
-        from torchcodec.decoders import VideoDecoder
+        from ..torch_pair import VideoDecoder
 
         if self._current is None or self._current[0] != rel_path:
             local = self.source.local_path(rel_path)

@@ -30,13 +30,13 @@ import av
 import numpy as np
 import torch
 from torch.utils.data import get_worker_info
-from torchcodec.decoders import VideoDecoder, set_cuda_backend
 
 from ..exceptions import LeRobotShardsError
 from ..filesystems import url_to_fs
 from ..redaction import redact
 from ..resize import DEFAULT_MODE, plan_transform
 from ..timeouts import READ_HINT, is_timeout, open_bounded
+from ..torch_pair import VideoDecoder, set_cuda_backend
 from ..video import cores_per_rank, transform_rgb
 from .sources import ClipRef
 
