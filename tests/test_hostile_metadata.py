@@ -555,6 +555,16 @@ RAW: list[tuple[str, Edit, str | None]] = [
     ),
     ("total_episodes -1", info(lambda d: put(d, total_episodes=-1)), INFO + "total_episodes = -1 is not a count"),
     ("data_path escapes", info(lambda d: put(d, data_path="../{chunk_index}.parquet")), INFO + "field 'data_path'"),
+    (  # a width is bounded before it is used: formatted, this one is 900 MB
+        "data_path width 9e8",
+        info(lambda d: put(d, data_path="data/chunk-{chunk_index:0900000000d}/file-{file_index:03d}.parquet")),
+        INFO + r"field 'data_path' = .*: \{chunk_index:0900000000d\} is not a path template's field \(format widths up",
+    ),
+    (
+        "video_path nested width",
+        info(lambda d: put(d, video_path="videos/{video_key}/{chunk_index:{file_index}}.mp4")),
+        INFO + r"field 'video_path' = .* is not a path template's field",
+    ),
     ("video_path null", info(lambda d: put(d, video_path=None)), INFO + "is a video but video_path is null"),
     ("info a list", lambda r: (r / "meta/info.json").write_text("[]"), INFO + r"not a JSON object \(a JSON list\)"),
     ("info a directory", lambda r: _to_dir(r / "meta/info.json"), INFO + "not a regular file"),

@@ -19,6 +19,7 @@ import os
 import posixpath
 import re
 import stat
+import string
 from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -64,6 +65,9 @@ MAX_JSON_BYTES = 64 * 1024 * 1024  # info.json and stats.json: kilobytes in prac
 MAX_EPISODE_FRAMES = 10_000_000  # as format.MAX_EPISODE_FRAMES: 93 hours at 30 fps
 # from/to timestamps may exceed the mp4's duration by rounding; more than half a frame is an error.
 DURATION_SLACK_FRAMES = 0.5
+# info.json's data_path/video_path templates: LeRobot's are ~60 characters with widths of 3.
+MAX_TEMPLATE_CHARS = 1024
+MAX_TEMPLATE_WIDTH = 32
 
 
 _EPISODES_FILE = re.compile(r"chunk-[^/]*/file-[^/]*\.parquet")  # meta/episodes/chunk-*/file-*.parquet
@@ -196,6 +200,18 @@ def _template_path(info: dict[str, Any], key: str, where: str, **values: Any) ->
     template = info[key]
     if not isinstance(template, str):
         raise SourceError(f"{where}: field {key!r} is not a string ({template!r})")
+    if len(template) > MAX_TEMPLATE_CHARS:
+        raise SourceError(f"{where}: field {key!r} is {len(template)} characters long, not a path template")
+    try:
+        fields = list(string.Formatter().parse(template))
+    except ValueError as e:
+        raise SourceError(f"{where}: field {key!r} = {template!r} is not a valid path template ({e})") from None
+    for _, name, spec, _ in fields:  # a width is bounded before it is used: {chunk_index:0900000000d} is 900 MB
+        if "{" in (spec or "") or any(int(w) > MAX_TEMPLATE_WIDTH for w in re.findall(r"\d+", spec or "")):
+            raise SourceError(
+                f"{where}: field {key!r} = {template[:80]!r}: {{{name}:{(spec or '')[:20]}}} is not a path template's "
+                f"field (format widths up to {MAX_TEMPLATE_WIDTH})"
+            )
     try:
         path = template.format(**values)
     except (KeyError, IndexError, ValueError) as e:
