@@ -5,12 +5,17 @@ from __future__ import annotations
 import json
 import logging
 import socket
+import traceback
 from pathlib import Path
+
+import pytest
 
 from convert_helpers import run_cli
 from lerobot_shards.convert.destination import RUN_RECORD
 from lerobot_shards.convert.run import _source_url, convert_dataset
+from lerobot_shards.exceptions import LeRobotShardsError
 from lerobot_shards.format import MANIFEST_NAME
+from lerobot_shards.loader import EpisodePoolDataset, Mixture, MixtureDataset, MixtureSource
 from lerobot_shards.redaction import NOISY_LOGGERS, quiet_storage_loggers, redact, without_credentials
 
 TOKEN = "s3cr3t-t0ken"
@@ -60,3 +65,24 @@ def test_storage_loggers_stay_quiet_at_debug(s3_server, tmp_path: Path, caplog) 
     text = "\n".join(r.getMessage() for r in caplog.records)
     assert s3_server.storage_options["key"] not in text and s3_server.endpoint_url not in text
     assert not [r for r in caplog.records if r.name.split(".")[0] in NOISY_LOGGERS and r.levelno < logging.WARNING]
+
+
+def test_no_credentials_in_python_api_errors(synth_factory, tmp_path: Path) -> None:
+    """The Python API's errors hide a URL's password as the CLI's do: in the message and the whole
+    traceback, whichever type carries it (ours, or a FileNotFoundError passed through)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    password = "api-pa55word-never-registered"
+    url = f"http://user:{password}@127.0.0.1:{port}/ds"
+    calls = (
+        lambda: EpisodePoolDataset(url),
+        lambda: MixtureDataset(Mixture([MixtureSource(url, weight=1)])),
+        lambda: convert_dataset(url, tmp_path / "out", progress=False),
+    )
+    for call in calls:
+        with pytest.raises(Exception) as raised:  # noqa: PT011  (what matters is the text, of any type)
+            call()
+        text = "".join(traceback.format_exception(raised.value))
+        assert password not in text and "127.0.0.1" in text, text
+    assert password not in str(LeRobotShardsError(f"cannot read {url}"))

@@ -12,7 +12,17 @@ from __future__ import annotations
 
 
 class LeRobotShardsError(Exception):
-    """Base of every exception lerobot-shards raises on purpose; the message names file, episode or field."""
+    """Base of every exception lerobot-shards raises on purpose; the message names file, episode or field.
+
+    Its text is redacted (``redaction.redact``) whenever it is shown: a message naming a URL with a
+    password (``http://user:token@host/x``) or quoting a storage option must not print the secret,
+    through the Python API (a traceback, a log line) as little as through the CLI.
+    """
+
+    def __str__(self) -> str:
+        from .redaction import redact  # redaction imports nothing of ours; late, so either may load first
+
+        return redact(super().__str__())
 
 
 class ConvertError(LeRobotShardsError, RuntimeError):

@@ -261,7 +261,9 @@ def load_mixture(path: str | os.PathLike[str]) -> Mixture:
         raise MixtureFileError(f"{file}: {e}") from None
 
 
-class _DuplicateKey(Exception):
+class _DuplicateKey(LeRobotShardsError):
+    """A key given twice in one mapping of a mixture file (turned into ``MixtureFileError`` naming the file)."""
+
     def __init__(self, key: object, at: str = "") -> None:
         super().__init__(key)
         self.key, self.at = key, at

@@ -46,7 +46,8 @@ def reading(where: str) -> Iterator[None]:
     """
     try:
         yield
-    except (ValueError, LookupError, FileNotFoundError, PermissionError):
+    except (ValueError, LookupError, FileNotFoundError, PermissionError) as e:
+        _redact_in_place(e)  # they pass, but without the password of a URL they quote
         raise
     except OSError as e:
         if e.errno in LOCAL_HINTS:  # the local disk's problem (the cache's), not the storage server's
@@ -57,3 +58,14 @@ def reading(where: str) -> Iterator[None]:
         if isinstance(e, LeRobotShardsError) or type(e).__module__.split(".")[0] not in TRANSPORT_MODULES:
             raise  # our own check, or a bug or MemoryError: the storage server is not the reason
         raise OSError(redact(f"{where}: cannot read it ({type(e).__name__}: {e}); {READ_HINT}")) from None
+
+
+def _redact_in_place(error: BaseException) -> None:
+    """``error``'s text redacted (its args, an OSError's filenames): the type and traceback stay."""
+    if isinstance(error, LeRobotShardsError):
+        return  # redacted whenever shown
+    if isinstance(error, OSError) and (error.filename is not None or error.strerror is not None):
+        error.strerror = redact(error.strerror) if isinstance(error.strerror, str) else error.strerror
+        error.filename = redact(error.filename) if isinstance(error.filename, str) else error.filename
+        return
+    error.args = tuple(redact(a) if isinstance(a, str) else a for a in error.args)
