@@ -142,9 +142,29 @@ def test_skip_mode_in_equal_count_mode_keeps_the_count_with_other_frames(convert
 def test_format_1_shards_still_load(converted: Path, tmp_path: Path) -> None:
     out = _copy(converted, tmp_path)
     _to_format_1(out)
-    samples, _ = _samples(str(out))
+    samples, _ = _samples(str(out), legacy_format=True)
     _assert_exact(samples, {0, 1, 2})
-    assert verify_dataset(out).ok
+    assert verify_dataset(out, legacy_format=True).ok
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_lowered_format_version_is_refused_unless_asked_for(converted: Path, tmp_path: Path, version: int) -> None:
+    """An editor who flips a clip's byte and lowers the version (dropping the digests and member
+    checksums with it) switched every check off: the loader served the changed frames silently.
+    Nothing in the files can vouch for their version, so a format without digests is read only
+    when the caller asks (``legacy_format``), and ``verify`` reports it unless asked too."""
+    out = _copy(converted, tmp_path)
+    m = _member(out, 1, _member_name("clip", 1))
+    _flip(out / SHARDS_DIR / "shard-000000.tar", m.offset + m.size // 2)
+    _rewrite_shard_sums(out, 0, {})
+    _to_format_1(out)
+    for path in (out / MANIFEST_NAME, *(out / SHARDS_DIR).glob("*.idx.json")):
+        path.write_text(json.dumps({**json.loads(path.read_text()), "format_version": version}))
+    want = rf"{out}/manifest\.json: format_version {version} carries no digests of its metadata .* legacy_format=True"
+    with pytest.raises(FormatError, match=want):
+        _samples(str(out))
+    report = verify_dataset(out)
+    assert not report.ok and any("carries no digests" in p for p in report.problems), report.problems
 
 
 def _to_format_1(out: Path) -> None:
@@ -516,5 +536,10 @@ def test_a_format_1_shard_is_served_only_once_its_sha256_is_checked(s3_server, c
     fs.put(str(out) + "/", "integ-format-1/ds", recursive=True)
     cache = tmp_path / "cache"
     with pytest.raises(IntegrityError, match=r"shards/shard-000000\.tar: downloaded .* the manifest says"):
-        _samples("s3://integ-format-1/ds", cache_dir=str(cache), storage_options=s3_server.storage_options)
+        _samples(
+            "s3://integ-format-1/ds",
+            cache_dir=str(cache),
+            storage_options=s3_server.storage_options,
+            legacy_format=True,
+        )
     assert not list(cache.glob("*/shard-000000.tar*"))

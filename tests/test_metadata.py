@@ -33,8 +33,8 @@ def converted(tmp_path_factory, synth_factory) -> tuple[Path, Path]:
     return raw, out
 
 
-def _read_all(out: Path) -> list[tuple[int, int]]:
-    ds = EpisodePoolDataset(str(out), shuffle=False, episode_pool_size=1)
+def _read_all(out: Path, **kwargs) -> list[tuple[int, int]]:
+    ds = EpisodePoolDataset(str(out), shuffle=False, episode_pool_size=1, **kwargs)
     return [(int(s["episode_index"]), int(s["frame_index"])) for s in ds]
 
 
@@ -200,16 +200,17 @@ def test_shard_symlinked_out_of_the_dataset_is_refused(converted: tuple[Path, Pa
 
 
 def test_format_2_still_loads_with_the_cross_checks(converted: tuple[Path, Path], tmp_path: Path) -> None:
-    """Format 2 (no metadata digests) is read; a consistent edit can pass there, an inconsistent one cannot."""
+    """Format 2 (no metadata digests) is read when asked for; a consistent edit can pass there, an
+    inconsistent one cannot."""
     out = _edit(converted, tmp_path)
     _to_format_2(out)
     want = _read_all(converted[1])
-    assert _read_all(out) == want and verify_dataset(out).ok
+    assert _read_all(out, legacy_format=True) == want and verify_dataset(out, legacy_format=True).ok
     m = json.loads((out / MANIFEST_NAME).read_text())
     _lengths_lowered(m)
     (out / MANIFEST_NAME).write_text(json.dumps(m))
     with pytest.raises(FormatError, match="the manifest's episode_lengths"):
-        _read_all(out)
+        _read_all(out, legacy_format=True)
 
 
 def _to_format_2(out: Path) -> None:

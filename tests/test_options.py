@@ -79,6 +79,7 @@ BAD_LOADER_OPTIONS = [
     ("read", "on_error", "ignore", r"on_error must be one of \('raise', 'skip'\), got 'ignore'"),
     ("read", "shard_bytes", -5, r"shard_bytes must be an int >= 1"),
     ("read", "episodes_per_shard", True, r"episodes_per_shard must be an int >= 1 .*, got True"),
+    ("read", "legacy_format", "yes", r"legacy_format must be True or False, got 'yes'"),
     ("decode", "video_decode_device", "tpu", r"video_decode_device must be 'cpu' or 'cuda'"),
     ("decode", "cuda_decode_backend", "beta2", r"cuda_decode_backend must be one of \('nvdec', 'ffmpeg'\)"),
     ("decode", "strict_cuda_decode", "no", r"strict_cuda_decode must be True or False, got 'no'"),

@@ -390,10 +390,22 @@ def convert(
     "decoder (compared with --source). 0: no decoding.",
 )
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed for the frames --decode-check picks.")
+@click.option(
+    "--legacy-format",
+    is_flag=True,
+    help="A dataset of format 1 or 2 (no digests of its metadata) passes if its shards do; without it, its "
+    "format is reported as a problem (an edit may have lowered the version).",
+)
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Show a progress bar.")
 @_STORAGE_OPTIONS
 def verify(
-    out: str, source: str | None, decode_check: int, seed: int, progress: bool, storage_options: str | None
+    out: str,
+    source: str | None,
+    decode_check: int,
+    seed: int,
+    legacy_format: bool,
+    progress: bool,
+    storage_options: str | None,
 ) -> None:
     """Check a converted dataset: checksums, member offsets, frame counts, episode coverage, decoded frames."""
     from .convert.verify import verify_dataset
@@ -409,6 +421,7 @@ def verify(
             storage_options=_remote(out, options),
             source_options=_remote(source, options) if source else None,
             progress=progress,
+            legacy_format=legacy_format,
         )
     except FileNotFoundError as e:  # no such path: one line, no report of a dataset that is not there
         raise click.ClickException(str(e)) from None

@@ -12,8 +12,10 @@ members carry no checksum (``Member.xxh3_128`` is None). 3 verifies the metadata
 shard record carries the sha256 and size of its sidecar file, and the manifest carries
 ``manifest_sha256``, the sha256 of its own canonical JSON without that field (``canonical_json``),
 so an edited manifest, sidecar or frame table is refused before it is used. Versions 1 and 2
-are still read, with the structural cross-checks only (``check_manifest``, ``check_sidecar``):
-an edit that keeps them consistent goes unnoticed there (run ``verify --source``, or re-convert).
+are read only when asked for (``legacy=True``: the loader's ``legacy_format``, ``verify
+--legacy-format``), with the structural cross-checks only (``check_manifest``, ``check_sidecar``):
+an edit that keeps them consistent goes unnoticed there. Nothing in the files can vouch for their
+own version (an editor who lowers it to 2 drops the digests with it), so the reader's caller does.
 Sidecars may record each episode's stats (``EpisodeEntry.stats``, the source's per-episode
 stats), covered by the sidecar's sha256; sidecars of earlier format 3 conversions have none and
 load as before (stats over an episode subset then fall back to ``meta/stats.json``).
@@ -53,6 +55,7 @@ from .names import UnsafeNameError, check_name
 
 FORMAT_VERSION = 3
 READABLE_VERSIONS = (1, 2, 3)
+LEGACY_VERSIONS = (1, 2)  # no metadata digests: read only when the caller asks (``legacy``)
 DIGEST_FIELD = "manifest_sha256"  # format 3: sha256 of the manifest's canonical JSON without this field
 FORMAT_NAME = "lerobot-shards"
 
@@ -598,10 +601,16 @@ class Manifest:
         )
 
     @classmethod
-    def from_json(cls, text: str | bytes, *, where: str = MANIFEST_NAME) -> Manifest:
-        """Parse, check the digest (format 3) and cross-check every field (``check_manifest``)."""
+    def from_json(cls, text: str | bytes, *, where: str = MANIFEST_NAME, legacy: bool = False) -> Manifest:
+        """Parse, check the digest (format 3) and cross-check every field (``check_manifest``).
+
+        A format without digests (``LEGACY_VERSIONS``) is refused unless ``legacy``: lowering the
+        version in an edited manifest must not switch its checks off unnoticed.
+        """
         d = _load(text, where)
         version = d["format_version"]
+        if version in LEGACY_VERSIONS and not legacy:
+            raise FormatError(legacy_refusal(where, version))
         if version >= 3:
             stored = d.get(DIGEST_FIELD)
             if stored != manifest_digest(d):
@@ -634,6 +643,15 @@ class Manifest:
             )
             check_manifest(manifest, d.get("totals"))
         return manifest
+
+
+def legacy_refusal(where: str, version: int) -> str:
+    """Why a format 1 or 2 manifest is not read unless asked for, and how to ask."""
+    return (
+        f"{where}: format_version {version} carries no digests of its metadata (an edit that lowers the version "
+        "switches them off); read it only if you trust it: legacy_format=True (verify --legacy-format), or "
+        "re-convert the dataset"
+    )
 
 
 def canonical_json(d: dict[str, Any]) -> bytes:

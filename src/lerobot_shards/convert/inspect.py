@@ -82,7 +82,9 @@ def _resized_from(t: FrameTransform | None) -> str:
 
 def inspect_converted(dest: Destination) -> str:
     """A converted dataset in a few lines, from its manifest alone: totals, video settings, shard sizes."""
-    manifest = Manifest.from_json(dest.read_bytes(MANIFEST_NAME), where=dest.path(MANIFEST_NAME))
+    manifest = Manifest.from_json(
+        dest.read_bytes(MANIFEST_NAME), where=dest.path(MANIFEST_NAME), legacy=True
+    )  # shown, not used
     video = manifest.video
     lines = [
         f"lerobot-shards dataset {dest.url} (format {manifest.format_version}, converter "

@@ -43,6 +43,7 @@ from ..format import (
     check_sidecar,
     clip_member,
     header_member,
+    legacy_refusal,
     member_checksum,
     table_member,
 )
@@ -542,16 +543,19 @@ def verify_dataset(
     storage_options: dict[str, Any] | None = None,
     source_options: dict[str, Any] | None = None,
     progress: bool = False,
+    legacy_format: bool = False,
 ) -> VerifyReport:
     """Check every shard of a converted dataset; with ``source``, also coverage and decoded frames.
 
     ``decode_check`` random frames per episode and camera are decoded (and compared with the
     source's when given). Problems are collected, not raised: the report lists all of them.
+    A format 1 or 2 dataset is checked, but is a problem unless ``legacy_format`` (the loader
+    refuses it then too: nothing vouches that the version was not lowered by an edit).
     """
     out = Destination(str(dest), storage_options=storage_options)
     report = VerifyReport(dest=out.url)
     try:
-        manifest = Manifest.from_json(out.read_bytes(MANIFEST_NAME), where=out.path(MANIFEST_NAME))
+        manifest = Manifest.from_json(out.read_bytes(MANIFEST_NAME), where=out.path(MANIFEST_NAME), legacy=True)
     except FileNotFoundError:
         if not bounded(out.fs, "exists", out.root):  # a wrong path, not a damaged conversion
             raise FileNotFoundError(f"{out.url}: no such file or directory") from None
@@ -583,7 +587,9 @@ def verify_dataset(
             return report
         for problem in manifest_against_source(manifest, src):
             report.problem(f"{out.path(MANIFEST_NAME)}: {problem}")
-    if manifest.format_version < 3:
+    if manifest.format_version < 3 and not legacy_format:
+        report.problem(legacy_refusal(out.path(MANIFEST_NAME), manifest.format_version))
+    elif manifest.format_version < 3:
         log.warning(
             "%s: format %d carries no digest of its metadata; edits that keep it consistent are found only "
             "with --source (re-convert for format 3)",

@@ -336,6 +336,7 @@ class EpisodePoolDataset(IterableDataset):
             episodes_per_shard=read.episodes_per_shard,
             episodes=self._episodes,
             metadata=self._metadata,
+            legacy_format=read.legacy_format,
         )
 
     # -- configuration --------------------------------------------------------------------------

@@ -142,9 +142,15 @@ class ReadOptions:
     # the converter's default size). Fixes the order: resume states record its digest.
     shard_bytes: int | None = None
     episodes_per_shard: int | None = None
+    # Read a converted dataset of format 1 or 2 (no digests of its metadata: an edit that keeps it
+    # consistent goes unnoticed). Off: such a manifest is refused, so lowering the version of an
+    # edited format 3 one cannot switch the checks off (``format.LEGACY_VERSIONS``).
+    legacy_format: bool = False
 
     def __post_init__(self) -> None:
         plain_numbers(self)
+        if not isinstance(self.legacy_format, bool):
+            raise ValueError(f"legacy_format must be True or False, got {self.legacy_format!r}")
         if self.storage_options is not None and not isinstance(self.storage_options, Mapping):
             raise ValueError(f"storage_options must be a dict or None, got {type(self.storage_options).__name__}")
         if self.cache_dir is not None:

@@ -213,12 +213,14 @@ def open_source(
     episodes_per_shard: int | None = None,
     episodes: Sequence[int] | None = None,
     metadata: SourceMetadata | None = None,
+    legacy_format: bool = False,
 ) -> EpisodeSource:
     """A converted dataset (has manifest.json) or a raw LeRobot v3.0 dataset (has meta/info.json).
 
     ``episodes``: the subset that will be read; a raw dataset then needs only their files.
     ``metadata``: another open of the same source's ``metadata`` (picklable): nothing is fetched
     again, so DataLoader workers and later epochs reuse what the dataset read once.
+    ``legacy_format``: read a converted dataset of format 1 or 2 (``ReadOptions.legacy_format``).
     Registers the options' secrets and endpoint with ``redaction.redact`` first: each DataLoader
     worker opens its own source, and a spawned worker starts with nothing registered. Remote
     reads get the loader's timeouts (``remote.with_timeouts``; the caller's options win).
@@ -228,7 +230,15 @@ def open_source(
     without_credentials(str(url))  # registers a URL's password as a secret: never printed
     with reading(str(url)):
         return _open_source(
-            str(url), storage_options, cache_dir, cache_max_bytes, shard_bytes, episodes_per_shard, episodes, metadata
+            str(url),
+            storage_options,
+            cache_dir,
+            cache_max_bytes,
+            shard_bytes,
+            episodes_per_shard,
+            episodes,
+            metadata,
+            legacy_format,
         )
 
 
@@ -241,6 +251,7 @@ def _open_source(
     episodes_per_shard: int | None,
     episodes: Sequence[int] | None,
     metadata: SourceMetadata | None,
+    legacy_format: bool,
 ) -> EpisodeSource:
     fs, path = url_to_fs(str(url), **(storage_options or {}))
     path = path.rstrip("/")
@@ -256,6 +267,7 @@ def _open_source(
             cache_dir=cache_dir,
             cache_max_bytes=cache_max_bytes,
             manifest=metadata,
+            legacy_format=legacy_format,
         )
     if metadata is not None or bounded(fs, "exists", posixpath.join(path, "meta/info.json")):
         return RawSource(
@@ -284,6 +296,7 @@ class ShardSource:
         cache_dir: str | None = None,
         cache_max_bytes: int | None = None,
         manifest: fmt.Manifest | None = None,
+        legacy_format: bool = False,
     ):
         self.url = url.rstrip("/")
         self.fs, self.root = url_to_fs(self.url, **(storage_options or {}))
@@ -293,7 +306,9 @@ class ShardSource:
         # read_small: one GET (open().read() asks for the object's size first: two round trips)
         manifest_path = posixpath.join(self.root, fmt.MANIFEST_NAME)
         self.manifest = manifest or fmt.Manifest.from_json(
-            read_small(self.fs, manifest_path, fmt.MAX_MANIFEST_BYTES, root=self._local_root, where=where), where=where
+            read_small(self.fs, manifest_path, fmt.MAX_MANIFEST_BYTES, root=self._local_root, where=where),
+            where=where,
+            legacy=legacy_format,
         )
         self.metadata: SourceMetadata = self.manifest
         m = self.manifest
