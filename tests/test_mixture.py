@@ -785,8 +785,8 @@ def _cut_after(ds: Any, n: int) -> None:
     """Make ``ds``'s streams end after ``n`` samples each (as a source whose plan and bytes disagree)."""
     real = ds.stream
 
-    def short(*args: Any) -> Any:
-        stream = real(*args)
+    def short(*args: Any, **kwargs: Any) -> Any:
+        stream = real(*args, **kwargs)
         try:
             for i, item in enumerate(stream):
                 if i == n:

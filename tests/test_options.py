@@ -87,6 +87,7 @@ BAD_LOADER_OPTIONS = [
     ("decode", "decode_threads", -1, r"decode_threads must be None \(automatic\) or an int >= 0"),
     ("decode", "num_ffmpeg_threads", 1.5, r"num_ffmpeg_threads must be an int >= 0; 0 = FFmpeg's choice, got 1.5"),
     ("decode", "decoder_cache_size", 0, r"decoder_cache_size must be an int >= 1 \(None: pool size x cameras\)"),
+    ("decode", "image_transforms", 5, r"image_transforms must be a callable or None, got 5"),
     ("decode", "resize", (63, 64), r"resize size \(63, 64\) \(height, width\) must be two even numbers"),
     ("decode", "resize", (2.5, 4), r"resize size \(2\.5, 4\) \(height, width\) must be two even numbers .*\(ints\)"),
     ("decode", "resize", (True, 2), r"resize size \(True, 2\) \(height, width\) must be two even numbers"),

@@ -328,11 +328,6 @@ def _make_datasets(original: Any, run: type[_Run], argv: Sequence[str], given: M
                 "lerobot-shards train: %s is neither converted nor a v3.0 dataset; LeRobot's dataset reads it", url
             )
             return original(cfg)
-        if cfg.dataset.image_transforms.enable:
-            raise ValueError(
-                "lerobot-shards train: --dataset.image_transforms.enable=true is not supported yet (LeRobot applies "
-                "them inside its own dataset); train without, or with lerobot-train"
-            )
         from lerobot.datasets.factory import resolve_delta_timestamps
         from lerobot.utils.constants import IMAGENET_STATS
 
@@ -363,6 +358,16 @@ def _make_datasets(original: Any, run: type[_Run], argv: Sequence[str], given: M
         if cfg.dataset.eval_split:
             whole, common["episodes"], held = _eval_split(url, cfg, common)
         common["drop_n_last_frames"] = _drop_n_last_frames(cfg, state)
+        if cfg.dataset.image_transforms.enable:  # LeRobot's own, seeded per sample by the loader
+            from lerobot.transforms import ImageTransforms
+
+            common["image_transforms"] = transforms = ImageTransforms(cfg.dataset.image_transforms)
+            print(
+                f"lerobot-shards train: LeRobot's ImageTransforms ({', '.join(transforms.transforms)}; at most "
+                f"{cfg.dataset.image_transforms.max_num_transforms} per sample), seeded per sample",
+                file=sys.stderr,
+                flush=True,
+            )
         dataset = open_dataset(
             url,
             seed=cfg.seed if cfg.seed is not None else 0,

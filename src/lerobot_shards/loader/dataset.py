@@ -29,6 +29,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from ..lerobot_v3 import IMAGE_DTYPE
 from ..resize import camera_sizes, resized_features
 from ..video import cores_per_rank
+from .augment import SampleTransforms
 from .cache import default_cache_bytes
 from .checkpoint import EpochOrder, check_count, shards_digest
 from .control import SharedControl
@@ -428,7 +429,7 @@ class EpisodePoolDataset(IterableDataset):
         stats.add("fast_forward_seconds", time.perf_counter() - start)
         # batched by the DataLoader as they come, with no wrapper between: frames may be staged
         stage = info is not None and info.dataset is self
-        return self.stream(plan, sampler, skip, stats, stage=stage)
+        return self.stream(plan, sampler, skip, stats, stage=stage, epoch=self.epoch)
 
     def stream(
         self,
@@ -437,9 +438,13 @@ class EpisodePoolDataset(IterableDataset):
         skip: int,
         stats: StatSlot,
         stage: bool = False,
+        epoch: int = 0,
     ) -> Iterator[dict[str, Any]]:
         """The samples of ``sampler`` (fast-forwarded over ``skip``) on ``plan``'s episodes, read and
-        decoded (``stage``: as ``stream_samples``'s, for the dataset's own iteration only)."""
+        decoded (``stage``: as ``stream_samples``'s, for the dataset's own iteration only), augmented
+        for ``epoch`` when ``image_transforms`` is set."""
+        transforms = self.decode.image_transforms
+        keys = [k for k in (*self.cameras, *self.image_keys) if not _is_depth(self.features[k])]
         return stream_samples(
             self._open_source,
             plan,
@@ -452,6 +457,7 @@ class EpisodePoolDataset(IterableDataset):
             equal_samples_per_rank=self._order.equal_samples_per_rank,
             rank_cores=self._rank_cores,
             stage=stage,
+            transforms=None if transforms is None else SampleTransforms(transforms, keys, self.order.seed, epoch),
         )
 
     # -- observability --------------------------------------------------------------------------
@@ -459,6 +465,11 @@ class EpisodePoolDataset(IterableDataset):
     def stats(self) -> dict[str, Any]:
         """Per-worker and total counters of the last iteration in this process tree (this rank)."""
         return {"rank": self.rank, **self._stats.summary()}
+
+
+def _is_depth(feature: Mapping[str, Any]) -> bool:
+    """A depth map's camera (``info["video.is_depth_map"]``): LeRobot never augments it."""
+    return bool((feature.get("info") or {}).get("video.is_depth_map"))
 
 
 def _distributed(rank: int | None, world_size: int | None) -> tuple[int, int]:

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from . import shutdown
+from .augment import SampleTransforms
 from .decode import DecodePool, DecoderCache, auto_decode_threads, decode_image
 from .elastic import SubsetSampler
 from .options import DecodeOptions, ReadOptions
@@ -109,6 +110,10 @@ def _fits(value: torch.Tensor, slot: torch.Tensor, dtype: torch.dtype) -> bool:
     return value.device.type == "cpu" and value.shape == slot.shape and slot.dtype == dtype
 
 
+def _unchanged(item: dict[str, Any]) -> dict[str, Any]:
+    return item
+
+
 def emit(item: dict[str, Any], decoders: DecodePool, stats: StatSlot) -> dict[str, Any]:
     """The sample with its decoded frames in place of their futures."""
     for name, value in item.items():
@@ -161,11 +166,13 @@ def stream_samples(
     equal_samples_per_rank: bool,
     rank_cores: int | None = None,
     stage: bool = False,
+    transforms: SampleTransforms | None = None,
 ) -> Iterator[dict[str, Any]]:
     """The consumer's samples after the ``emitted`` ones its sampler was fast-forwarded over
     (``rank_cores``: this rank's cores as counted in its own process, ``video.cores_per_rank``).
     ``stage``: these are the samples a DataLoader worker batches as they come (the worker's dataset
-    itself, no wrapper, no mixture), so frames may be decoded into their batch's slab (``Staging``)."""
+    itself, no wrapper, no mixture), so frames may be decoded into their batch's slab (``Staging``).
+    ``transforms``: each sample's augmentation once its frames are decoded (``augment``)."""
     per_pass = sum(plan.lengths)
     if sampler.num_samples == emitted or shutdown.exiting():
         return
@@ -182,6 +189,7 @@ def stream_samples(
     # frames decoded straight into the slabs of this worker's SlabCollate (CPU frames only)
     staging = Staging() if stage and decode.video_decode_device == "cpu" else None
     lookahead = 2 * decoders.threads
+    augmented = transforms if transforms is not None else _unchanged
     pool: dict[tuple[int, int], ResidentEpisode | None] = {}  # None: skipped (on_error="skip")
     pending: deque[dict[str, Any]] = deque()  # samples whose frames are being decoded, in order
     releases: deque[tuple[int, Callable[[], None]]] = deque()  # (samples queued before it, release)
@@ -232,14 +240,14 @@ def stream_samples(
                     releases.append((queued, episode.release))
             stats.set("pool_occupancy", len(pool))
             while len(pending) > lookahead:
-                yield emit(pending.popleft(), decoders, stats)
+                yield augmented(emit(pending.popleft(), decoders, stats))
                 done += 1
                 while releases and releases[0][0] <= done:
                     releases.popleft()[1]()
             for name, value in source.io_stats().items():
                 stats.set(name, value)
         while pending:
-            yield emit(pending.popleft(), decoders, stats)
+            yield augmented(emit(pending.popleft(), decoders, stats))
         if owed:
             log.warning(
                 "on_error='skip': %d skipped sample(s) found no good episode to repeat; this consumer "

@@ -321,7 +321,10 @@ class MixtureDataset(IterableDataset):
         shorter, counted as ``samples_skipped``) or a plan its source does not keep: an error, not
         a silently shorter epoch."""
         # Each source's stream opens its source (and reader thread) when first asked for a sample.
-        streams = [_chain([ds.stream(*p, stats) for p in parts]) for ds, parts in zip(self.sources, start.parts)]
+        streams = [
+            _chain([ds.stream(*p, stats, epoch=self.epoch) for p in parts])
+            for ds, parts in zip(self.sources, start.parts)
+        ]
         taken = [0] * len(streams)
         try:
             for d in start.schedule:  # numpy ints: a list of Python ints would cost 5x the memory

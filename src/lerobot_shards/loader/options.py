@@ -20,7 +20,7 @@ import collections
 import dataclasses
 import numbers
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
@@ -204,6 +204,11 @@ class DecodeOptions:
     resize: Sequence[int] | Mapping[str, Sequence[int]] | None = None
     # How a frame of another aspect becomes that size, as convert --resize stores it.
     resize_mode: ResizeMode = "pad"
+    # Augmentation of every sample's camera and image values (a window or one frame, as decoded),
+    # e.g. LeRobot's ImageTransforms: a picklable callable tensor -> tensor, run under torch's
+    # generator seeded per sample from (seed, epoch, episode, frame) (``augment``), so a resumed
+    # run or another worker layout transforms each sample as before. None: frames as decoded.
+    image_transforms: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     def __post_init__(self) -> None:
         plain_numbers(self)
@@ -218,6 +223,8 @@ class DecodeOptions:
         _int("num_ffmpeg_threads", self.num_ffmpeg_threads, 0, hint="0 = FFmpeg's choice")
         _int("decoder_cache_size", self.decoder_cache_size, 1, none="pool size x cameras")
         check_mode(self.resize_mode)
+        if self.image_transforms is not None and not callable(self.image_transforms):
+            raise ValueError(f"image_transforms must be a callable or None, got {self.image_transforms!r}")
         if self.resize is not None:
             per_camera = dict(self.resize) if isinstance(self.resize, Mapping) else {"*": self.resize}
             sizes: dict[str, Size] = {}
