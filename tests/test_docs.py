@@ -5,7 +5,9 @@ namespace, from a working directory that holds ``out/demo/source`` (a LeRobot v3
 ``out/demo/converted`` (its conversion), made as ``make demo`` makes them but smaller (6 short
 episodes), so an example a user copies after ``make demo`` is the example tested here. A ```yaml
 block whose first line is ``# NAME`` is written to ``NAME`` there before its page's Python blocks
-run. A block preceded by ``<!-- not-run: reason -->`` is skipped: keep those rare, and say why.
+run. The endpoint ``http://minio:9000`` in a block stands for the suite's local S3 server (its
+credentials in ``AWS_*``), which has a bucket ``my-bucket``. A block preceded by
+``<!-- not-run: reason -->`` is skipped: keep those rare, and say why.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ README_MAX_LINES = 350
 NOT_RUN = re.compile(r"<!--\s*not-run:\s*\S.*-->")
 FILE_HEADER = re.compile(r"#\s*([\w.-]+\.(?:ya?ml|json))\s*$")
 LINK = re.compile(r"\]\(([^)\s]+)\)")
+EXAMPLE_ENDPOINT, EXAMPLE_BUCKET = "http://minio:9000", "my-bucket"
 
 
 @dataclass(frozen=True)
@@ -80,15 +83,26 @@ def test_every_page_has_blocks_and_the_readme_has_python() -> None:
 
 
 @pytest.mark.parametrize("block", PYTHON_BLOCKS, ids=lambda b: b.where)
-def test_python_block_runs(block: Block, workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_python_block_runs(
+    block: Block, workdir: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+) -> None:
     if block.skip_reason:
         pytest.skip(block.skip_reason)
     monkeypatch.chdir(workdir)
+    code = block.code
+    if EXAMPLE_ENDPOINT in code:  # the page's bucket is the suite's S3 server
+        server = request.getfixturevalue("s3_server")
+        for name, value in server.env.items():
+            monkeypatch.setenv(name, value)
+        fs = server.filesystem()
+        if not fs.exists(EXAMPLE_BUCKET):
+            fs.mkdir(EXAMPLE_BUCKET)
+        code = code.replace(EXAMPLE_ENDPOINT, server.endpoint_url)
     for other in blocks(block.page):  # the page's files (mix.yaml, ...) as its text shows them
         header = FILE_HEADER.match(other.code.splitlines()[0]) if other.lang in ("yaml", "json") else None
         if header:
             (workdir / header.group(1)).write_text(other.code)
-    exec(compile(block.code, block.where, "exec"), {"__name__": "__main__"})
+    exec(compile(code, block.where, "exec"), {"__name__": "__main__"})
 
 
 def test_readme_is_short() -> None:
