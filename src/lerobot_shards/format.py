@@ -137,6 +137,32 @@ def feature_shape(spec: dict[str, Any], what: str, error: type[Exception]) -> tu
     return tuple(shape)
 
 
+# The LeRobot 0.6.1 feature kinds lerobot-shards does not read yet, and why (docs/lerobot.md's table).
+UNREADABLE = {
+    "depth": (
+        "is a depth-map video (12-bit codes LeRobot decodes with PyAV and dequantizes to mm or m), which "
+        "lerobot-shards cannot read yet (its decoder would return them as colour frames): train with lerobot-train"
+    ),
+    "language": (
+        "is a language annotation column (dtype 'language', LeRobot's lerobot_collate_fn), which lerobot-shards "
+        "cannot read yet: train with lerobot-train"
+    ),
+}
+
+
+def unreadable_feature(spec: dict[str, Any]) -> str | None:
+    """Why a feature is one lerobot-shards cannot read (a key of ``UNREADABLE``), or None: refused where a
+    dataset is opened or converted, never returned wrong."""
+    if spec.get("dtype") == "language":
+        return "language"
+    info, video_info = spec.get("info") or {}, spec.get("video_info") or {}
+    if not isinstance(info, dict) or not isinstance(video_info, dict):
+        return None
+    if info.get("is_depth_map") or info.get("video.is_depth_map") or video_info.get("video.is_depth_map"):
+        return "depth"
+    return None
+
+
 def episode_key(episode_index: int) -> str:
     """WebDataset key of an episode: no dots, sorts in episode order."""
     return f"e{episode_index:06d}"
@@ -692,6 +718,9 @@ def check_manifest(m: Manifest, totals: object = None) -> None:
                 raise FormatError(f"features[{name!r}] differs from source_info.features[{name!r}]")
     for name, spec in m.features.items():
         feature_shape(spec, f"features[{name!r}]", FormatError)
+        why = unreadable_feature(spec)
+        if why is not None:
+            raise FormatError(f"features[{name!r}] {UNREADABLE[why]}")
     if "fps" in m.source_info and m.source_info["fps"] != m.fps:
         raise FormatError(f"fps = {m.fps!r}, source_info.fps = {m.source_info['fps']!r}")
     if len(set(m.tasks)) != len(m.tasks):

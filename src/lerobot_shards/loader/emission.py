@@ -64,6 +64,8 @@ class SampleLayout:
                 frames = [decode_image(column[i], f"{at} {int(i)}") for i in np.atleast_1d(idx)]
                 value = self.images(torch.stack(frames))
                 item[name] = value if pad is not None else value[0]
+            elif column.dtype == object:  # a string feature: the string, as LeRobot gives it
+                item[name] = column[idx].tolist() if pad is not None else column[idx]
             else:
                 item[name] = torch.tensor(column[idx])
             if pad is not None:
