@@ -203,7 +203,7 @@ def cuda_decode_missing(conv: Path) -> str | None:
     try:
         from torchcodec.decoders import VideoDecoder
 
-        from lerobot_shards.loader.sources import open_source
+        from lerobot_shards.loader.read.sources import open_source
 
         ds = _dataset(conv)
         source = open_source(str(conv))
@@ -264,8 +264,8 @@ def section_decode(conv: Path, device: str, backend: str, seconds: float, worker
     # Sequential decoding of one clip: the decoder's peak rate, no seeks.
     from torchcodec.decoders import VideoDecoder
 
-    from lerobot_shards.loader.decode import _enter_cuda_backend
-    from lerobot_shards.loader.sources import open_source
+    from lerobot_shards.loader.decoding.decoders import _enter_cuda_backend
+    from lerobot_shards.loader.read.sources import open_source
 
     source = open_source(str(conv))
     clip = source.read_episode(ds.shards[0].index, ds.shards[0].episodes[0]).clips[CAM]
@@ -292,8 +292,8 @@ def section_decode(conv: Path, device: str, backend: str, seconds: float, worker
 def section_vram(conv: Path, backend: str, quick: bool) -> dict[str, Any]:
     from torchcodec.decoders import VideoDecoder
 
-    from lerobot_shards.loader.decode import _enter_cuda_backend
-    from lerobot_shards.loader.sources import open_source
+    from lerobot_shards.loader.decoding.decoders import _enter_cuda_backend
+    from lerobot_shards.loader.read.sources import open_source
 
     torch.cuda.init()
     ds = _dataset(conv)
@@ -465,7 +465,7 @@ def section_slab(conv: Path, seconds: float) -> dict[str, Any]:
     the default collate with ``pin_memory``, slabs whose batches the pin thread copies into pinned
     memory, and pinned slabs.
     """
-    from lerobot_shards.loader.transport import SlabCollate
+    from lerobot_shards.loader.transport.slabs import SlabCollate
 
     cuda = torch.cuda.is_available()
     device = "cuda" if cuda else "cpu"

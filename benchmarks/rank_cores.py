@@ -23,7 +23,7 @@ PROBE = """
 import json, os
 import torch
 from torch.utils.data import DataLoader, IterableDataset
-from lerobot_shards.loader.decode import auto_decode_threads
+from lerobot_shards.loader.decoding.decoders import auto_decode_threads
 from lerobot_shards.video import cores_per_rank
 
 class Ask(IterableDataset):

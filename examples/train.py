@@ -35,7 +35,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from lerobot_shards.loader import DeviceFeeder, EpisodePoolDataset, MixtureDataset, slab_loader
-from lerobot_shards.loader.mixture import open_dataset
+from lerobot_shards.loader.mix.dataset import open_dataset
 
 
 class Policy(nn.Module):

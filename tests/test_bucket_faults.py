@@ -16,9 +16,9 @@ from lerobot_shards.convert.plan import ConvertOptions
 from lerobot_shards.convert.run import convert_dataset
 from lerobot_shards.convert.upload import upload_dataset
 from lerobot_shards.loader import EpisodePoolDataset
-from lerobot_shards.loader.decode import DecodeError, DecoderCache
-from lerobot_shards.loader.remote import with_timeouts
-from lerobot_shards.loader.sources import open_source
+from lerobot_shards.loader.decoding.decoders import DecodeError, DecoderCache
+from lerobot_shards.loader.read.remote import with_timeouts
+from lerobot_shards.loader.read.sources import open_source
 from s3_server import moto_server
 
 SECRET = "fault-test-secret-4e1b77"

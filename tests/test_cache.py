@@ -1,4 +1,4 @@
-"""The node cache (loader/cache.py): eviction decisions, and real processes sharing one directory."""
+"""The node cache (loader/read/shard_cache.py): eviction decisions, and real processes sharing one directory."""
 
 from __future__ import annotations
 
@@ -13,16 +13,15 @@ from pathlib import Path
 import pytest
 
 from lerobot_shards.exceptions import LeRobotShardsError
-from lerobot_shards.loader.cache import (
+from lerobot_shards.loader.read.remote import RemoteFile, settled
+from lerobot_shards.loader.read.shard_cache import (
     CacheDirError,
     CacheEntry,
     FileCache,
     IOCounters,
-    RemoteFile,
     default_cache_bytes,
     plan_evictions,
     scan,
-    settled,
 )
 
 # -- eviction decisions (pure) ----------------------------------------------------------------------

@@ -11,7 +11,7 @@ import pytest
 from torch.utils.data import DataLoader
 
 from lerobot_shards.loader import EpisodePoolDataset
-from lerobot_shards.loader.checkpoint import MAX_WORKERS, ORDER_DIGEST, OrderKey, parse_state
+from lerobot_shards.loader.plan.order import MAX_WORKERS, ORDER_DIGEST, OrderKey, parse_state
 from lerobot_shards.synth import synth_dataset
 
 BATCH = 3

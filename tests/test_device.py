@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from lerobot_shards.loader import EpisodePoolDataset
-from lerobot_shards.loader.decode import DecoderCache, fallback_message
-from lerobot_shards.loader.device import rank_device, resolve_device
-from lerobot_shards.loader.sources import ClipRef
+from lerobot_shards.loader.decoding.decoders import DecoderCache, fallback_message
+from lerobot_shards.loader.read.sources import ClipRef
+from lerobot_shards.loader.transport.device import rank_device, resolve_device
 from lerobot_shards.synth import synth_dataset
 
 

@@ -15,10 +15,10 @@ import pytest
 from torch.utils.data import DataLoader
 
 from lerobot_shards.loader import EpisodePoolDataset
-from lerobot_shards.loader.elastic import Origin, emitted_frames, plan_elastic
-from lerobot_shards.loader.partition import Consumer, PlanOptions, ShardSpec, plan_consumer
-from lerobot_shards.loader.resume import samples_to_skip
-from lerobot_shards.loader.sampling import PoolSampler, consumer_rng
+from lerobot_shards.loader.plan.elastic import Origin, emitted_frames, plan_elastic
+from lerobot_shards.loader.plan.partition import Consumer, PlanOptions, ShardSpec, plan_consumer
+from lerobot_shards.loader.plan.resume import samples_to_skip
+from lerobot_shards.loader.plan.sampling import PoolSampler, consumer_rng
 from lerobot_shards.synth import read_identity, synth_dataset
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create 3 worker processes")

@@ -19,7 +19,7 @@ from lerobot_shards.convert.plan import ConvertOptions
 from lerobot_shards.convert.run import convert_dataset
 from lerobot_shards.lerobot_v3 import LeRobotV3Source, SourceError
 from lerobot_shards.loader import EpisodePoolDataset
-from lerobot_shards.loader import cache as cache_module
+from lerobot_shards.loader.read import shard_cache as cache_module
 from lerobot_shards.safe_io import UnsafePathError
 
 STORAGE_HINT = "check that the storage server is up"
@@ -86,7 +86,7 @@ def test_only_transport_errors_get_the_storage_hint() -> None:
     errors, a bug or memory running out (each passes unchanged)."""
     from botocore.exceptions import ReadTimeoutError
 
-    from lerobot_shards.loader.remote import reading
+    from lerobot_shards.loader.read.remote import reading
 
     for own in (MemoryError(), TypeError("'<=' not supported"), AttributeError("x"), SourceError("bad field")):
         with pytest.raises(type(own)) as raised, reading("s3://b/ds/shards/shard-000000.tar: episode 0"):

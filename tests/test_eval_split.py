@@ -27,7 +27,7 @@ def test_converted_episodes_keep_their_tasks_and_a_changed_header_is_refused(sma
     """The key of the split: a converted episode's tasks (its header member) equal the raw source's."""
     from lerobot_shards.convert.run import convert_dataset
     from lerobot_shards.loader import EpisodePoolDataset
-    from lerobot_shards.loader.integrity import IntegrityError
+    from lerobot_shards.loader.read.integrity import IntegrityError
 
     out = tmp_path / "shards"
     convert_dataset(small_synth, out, progress=False)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from lerobot_shards.loader import Mixture, MixtureSource, load_mixture
-from lerobot_shards.loader.mixture_spec import MixtureFileError, source_counts
+from lerobot_shards.loader.mix.spec import MixtureFileError, source_counts
 
 MAX_SAMPLES_PER_EPOCH = 1 << 31  # mixture_spec.MAX_SAMPLES_PER_EPOCH
 

@@ -24,8 +24,8 @@ from lerobot_shards.convert.verify import verify_dataset
 from lerobot_shards.format import MANIFEST_NAME, SHARDS_DIR, FormatError
 from lerobot_shards.lerobot_v3 import LeRobotV3Source, SourceError
 from lerobot_shards.loader import EpisodePoolDataset
-from lerobot_shards.loader.cache import FileCache, IOCounters
-from lerobot_shards.loader.sources import ShardSource
+from lerobot_shards.loader.read.shard_cache import FileCache, IOCounters
+from lerobot_shards.loader.read.sources import ShardSource
 from lerobot_shards.names import UnsafeNameError, check_name, check_relpath, confined_join
 from lerobot_shards.synth import read_identity
 

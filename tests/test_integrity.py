@@ -27,8 +27,8 @@ from lerobot_shards.format import (
     table_member,
 )
 from lerobot_shards.loader import EpisodePoolDataset
-from lerobot_shards.loader.decode import DecodeError
-from lerobot_shards.loader.integrity import IntegrityError
+from lerobot_shards.loader.decoding.decoders import DecodeError
+from lerobot_shards.loader.read.integrity import IntegrityError
 from lerobot_shards.synth import read_identity
 from lerobot_shards.tar_headers import TarHeaderError, member_header
 

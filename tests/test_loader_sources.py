@@ -18,7 +18,7 @@ from lerobot_shards.convert.plan import ConvertOptions
 from lerobot_shards.convert.run import convert_dataset
 from lerobot_shards.format import Manifest
 from lerobot_shards.loader import EpisodePoolDataset
-from lerobot_shards.loader.sources import ShardSource
+from lerobot_shards.loader.read.sources import ShardSource
 from lerobot_shards.synth import FIXTURE_BITS, read_identity, synth_dataset
 
 CAMS = ("observation.images.front", "observation.images.top")
@@ -244,7 +244,7 @@ def test_a_declared_camera_size_the_video_lacks_is_said_once_and_frames_stay_rig
 
 
 def test_decode_pool_gives_new_clips_to_threads_in_turn_and_keeps_them_there() -> None:
-    from lerobot_shards.loader.decode import DecodePool
+    from lerobot_shards.loader.decoding.decoders import DecodePool
 
     class NoCache:
         def drop(self, key: str) -> None: ...
@@ -310,7 +310,7 @@ def test_a_loop_left_early_exits_quietly(pair, through: str) -> None:
 
 def test_automatic_decode_threads_without_an_affinity_mask(monkeypatch) -> None:
     """macOS and Windows have no os.sched_getaffinity: the CPU count decides."""
-    from lerobot_shards.loader.decode import auto_decode_threads
+    from lerobot_shards.loader.decoding.decoders import auto_decode_threads
 
     monkeypatch.delattr(os, "sched_getaffinity", raising=False)
     monkeypatch.setattr(os, "cpu_count", lambda: 3)
@@ -325,7 +325,7 @@ def test_ranks_on_one_node_share_its_cores(monkeypatch) -> None:
     partial allocation (the ranks inherit one mask), a rank pinned to cores of its own, NUMA
     binding (ranks split a node's cores). A DataLoader worker counts its rank's share."""
     from lerobot_shards import video
-    from lerobot_shards.loader.decode import auto_decode_threads
+    from lerobot_shards.loader.decoding.decoders import auto_decode_threads
     from lerobot_shards.video import cores_per_rank
 
     masks: dict[str, set[int]] = {}
@@ -363,7 +363,9 @@ def test_ranks_on_one_node_share_its_cores(monkeypatch) -> None:
     assert share({20, 21, 22}, {0}, "4") == 3
 
     # a DataLoader worker takes its rank's count (the dataset counts it where it is built)
-    monkeypatch.setattr("lerobot_shards.loader.decode.get_worker_info", lambda: SimpleNamespace(num_workers=2))
+    monkeypatch.setattr(
+        "lerobot_shards.loader.decoding.decoders.get_worker_info", lambda: SimpleNamespace(num_workers=2)
+    )
     assert auto_decode_threads("cpu", 8) == 4 and auto_decode_threads("cpu", 40) == 8
 
 
@@ -428,7 +430,7 @@ def test_next_shard_starts_only_after_the_entered_shards_first_read(pair, monkey
 def test_parsed_sidecars_of_shards_left_behind_are_not_kept(synth_factory, tmp_path: Path) -> None:
     """Every shard's parsed sidecar (frame tables, ~235 B per frame and camera) stayed until the
     source closed: a worker's whole epoch of them."""
-    from lerobot_shards.loader.sources import open_source
+    from lerobot_shards.loader.read.sources import open_source
 
     out = tmp_path / "conv"
     convert_dataset(

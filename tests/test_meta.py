@@ -21,7 +21,7 @@ from lerobot_shards.format import SHARDS_DIR, FormatError, Manifest
 from lerobot_shards.lerobot_v3 import LeRobotV3Source
 from lerobot_shards.loader import EpisodePoolDataset
 from lerobot_shards.loader.meta import aggregate_stats, episode_stats_rows
-from lerobot_shards.loader.mixture import Mixture, MixtureDataset, MixtureSource
+from lerobot_shards.loader.mix.dataset import Mixture, MixtureDataset, MixtureSource
 from lerobot_shards.synth import read_identity
 
 CAMS = ("observation.images.front", "observation.images.top")
@@ -124,7 +124,7 @@ def test_subset_stats_from_a_bucket_fetch_their_sidecars_together(
 ) -> None:
     """Sidecar reads for a subset's stats overlap (every shard's in flight at once): each read
     waits at a barrier for another, which a one-at-a-time loop never reaches."""
-    from lerobot_shards.loader.sources import ShardSource
+    from lerobot_shards.loader.read.sources import ShardSource
 
     fs = s3_server.filesystem()
     fs.mkdir("meta-stats-parallel")

@@ -19,7 +19,7 @@ from lerobot_shards.convert.run import convert_dataset
 from lerobot_shards.convert.verify import verify_dataset
 from lerobot_shards.format import MANIFEST_NAME, MAX_MANIFEST_BYTES, SHARDS_DIR, FormatError
 from lerobot_shards.loader import EpisodePoolDataset
-from lerobot_shards.loader.sources import ShardSource
+from lerobot_shards.loader.read.sources import ShardSource
 
 CAMS = ("observation.images.front", "observation.images.top")
 SIDE0 = "shard-000000.idx.json"

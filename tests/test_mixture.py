@@ -24,7 +24,7 @@ from convert_helpers import run_cli
 from lerobot_shards.convert.plan import ConvertOptions
 from lerobot_shards.convert.run import convert_dataset
 from lerobot_shards.loader.meta import aggregate_stats
-from lerobot_shards.loader.mixture import (
+from lerobot_shards.loader.mix.dataset import (
     Mixture,
     MixtureDataset,
     MixtureError,
@@ -32,10 +32,10 @@ from lerobot_shards.loader.mixture import (
     MixtureSource,
     load_mixture,
 )
-from lerobot_shards.loader.mixture_layout import mix_stats
-from lerobot_shards.loader.mixture_order import interleave
-from lerobot_shards.loader.mixture_spec import MixtureFileError, source_counts
-from lerobot_shards.loader.sampling import keyed_rng
+from lerobot_shards.loader.mix.layout import mix_stats
+from lerobot_shards.loader.mix.order import interleave
+from lerobot_shards.loader.mix.spec import MixtureFileError, source_counts
+from lerobot_shards.loader.plan.sampling import keyed_rng
 from lerobot_shards.synth import identity_vector, read_identity, synth_dataset
 from test_train_example import _finish, _launch, _sha
 

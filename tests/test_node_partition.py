@@ -12,8 +12,8 @@ import pytest
 from torch.utils.data import DataLoader
 
 from lerobot_shards.loader import EpisodePoolDataset, MixtureDataset
-from lerobot_shards.loader.mixture_spec import Mixture, MixtureSource
-from lerobot_shards.loader.partition import Consumer, PlanOptions, ShardSpec, node_parts, plan_consumer
+from lerobot_shards.loader.mix.spec import Mixture, MixtureSource
+from lerobot_shards.loader.plan.partition import Consumer, PlanOptions, ShardSpec, node_parts, plan_consumer
 from lerobot_shards.synth import read_identity, synth_dataset
 
 CAM = "observation.images.front"

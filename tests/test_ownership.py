@@ -16,7 +16,7 @@ from convert_helpers import run_cli
 from lerobot_shards.convert.plan import ConvertOptions
 from lerobot_shards.convert.run import convert_dataset
 from lerobot_shards.format import MANIFEST_NAME, SHARDS_DIR
-from lerobot_shards.loader.cache import FileCache, IOCounters, scan
+from lerobot_shards.loader.read.shard_cache import FileCache, IOCounters, scan
 from lerobot_shards.safe_io import UnsafePathError
 
 
@@ -115,7 +115,7 @@ def test_a_finished_download_is_renamed_under_the_cache_lock(tmp_path: Path, mon
     past the cap. So every rename into the cache happens while the global lock is held."""
     import fcntl
 
-    from lerobot_shards.loader import cache as cache_module
+    from lerobot_shards.loader.read import shard_cache as cache_module
 
     root = tmp_path / "cache"
     cache, pool = _cache(root, 10_000)

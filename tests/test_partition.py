@@ -3,7 +3,7 @@ import itertools
 import numpy as np
 import pytest
 
-from lerobot_shards.loader.partition import (
+from lerobot_shards.loader.plan.partition import (
     SIZE_BUCKETS,
     Consumer,
     PlanOptions,
@@ -16,7 +16,7 @@ from lerobot_shards.loader.partition import (
     split_shards,
     work_units,
 )
-from lerobot_shards.loader.resume import num_batches
+from lerobot_shards.loader.plan.resume import num_batches
 
 FRAMES = [int(f) for f in np.random.default_rng(0).integers(100, 1000, size=23)]
 

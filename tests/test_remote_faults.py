@@ -20,9 +20,9 @@ import pytest
 from lerobot_shards.convert.plan import ConvertOptions
 from lerobot_shards.convert.run import convert_dataset
 from lerobot_shards.loader import EpisodePoolDataset
-from lerobot_shards.loader.decode import DecodeError
-from lerobot_shards.loader.remote import CONNECT_TIMEOUT_S, READ_TIMEOUT_S, with_timeouts
-from lerobot_shards.loader.sources import open_source
+from lerobot_shards.loader.decoding.decoders import DecodeError
+from lerobot_shards.loader.read.remote import CONNECT_TIMEOUT_S, READ_TIMEOUT_S, with_timeouts
+from lerobot_shards.loader.read.sources import open_source
 from lerobot_shards.timeouts import call_deadline
 from s3_server import _free_port, _wait_until_up
 

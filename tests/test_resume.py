@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from lerobot_shards.loader.resume import (
+from lerobot_shards.loader.plan.resume import (
     batches_taken_per_worker,
     num_batches,
     resume_point,

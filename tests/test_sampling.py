@@ -3,7 +3,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from lerobot_shards.loader.sampling import PoolSampler, consumer_rng, keyed_rng
+from lerobot_shards.loader.plan.sampling import PoolSampler, consumer_rng, keyed_rng
 
 LENGTHS = [5, 1, 8, 3, 6, 2, 7]
 

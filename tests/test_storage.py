@@ -18,7 +18,7 @@ from lerobot_shards.convert.plan import ConvertOptions
 from lerobot_shards.convert.run import convert_dataset
 from lerobot_shards.format import FormatError, Manifest
 from lerobot_shards.loader import EpisodePoolDataset
-from lerobot_shards.loader.cache import scan
+from lerobot_shards.loader.read.shard_cache import scan
 from lerobot_shards.synth import read_identity, synth_dataset
 
 CAM = "observation.images.front"
@@ -244,8 +244,8 @@ def test_the_source_metadata_is_fetched_once_not_per_worker_or_epoch(s3_server, 
 
 def test_open_source_gives_every_caller_the_remote_timeouts(s3_server, data) -> None:
     """Callers outside the dataset (the benchmark, the GPU check) get the loader's bounded remote reads."""
-    from lerobot_shards.loader.remote import CONNECT_TIMEOUT_S, READ_TIMEOUT_S
-    from lerobot_shards.loader.sources import open_source
+    from lerobot_shards.loader.read.remote import CONNECT_TIMEOUT_S, READ_TIMEOUT_S
+    from lerobot_shards.loader.read.sources import open_source
 
     url = _upload(s3_server, data[1], "timeouts-everywhere")
     source = open_source(url, storage_options=s3_server.storage_options)
@@ -260,7 +260,7 @@ def _read_ahead(url: str, s3_server, ahead: tuple[int, ...] = (1,)) -> Any:
     """The converted source at ``url`` having entered shard 0 with ``ahead`` named next (as the reader
     names them), once their sidecars and first bytes have landed (waited on through the source's
     own futures)."""
-    from lerobot_shards.loader.sources import ShardSource, open_source
+    from lerobot_shards.loader.read.sources import ShardSource, open_source
 
     source = open_source(url, storage_options=s3_server.storage_options)
     assert isinstance(source, ShardSource)
@@ -274,7 +274,7 @@ def _read_ahead(url: str, s3_server, ahead: tuple[int, ...] = (1,)) -> Any:
 
 
 def _frame(episode: Any, frame: int) -> torch.Tensor:
-    from lerobot_shards.loader.decode import DecoderCache
+    from lerobot_shards.loader.decoding.decoders import DecoderCache
 
     cache = DecoderCache(1)
     try:

@@ -1,4 +1,4 @@
-"""The slab transport (loader/transport.py) with real DataLoader workers over an identity-painted dataset.
+"""The slab transport (loader/transport/slabs.py) with real DataLoader workers over an identity-painted dataset.
 
 What it must guarantee: the batches equal the plain DataLoader's bit for bit (every key, dtype and
 value, for every dtype, size and worker layout, across epochs and a resume), a batch the loop keeps
@@ -18,7 +18,7 @@ import torch
 from torch.utils.data import DataLoader, default_convert
 
 from lerobot_shards.loader import DeviceFeeder, EpisodePoolDataset
-from lerobot_shards.loader.transport import SlabCollate, slab_loader, with_slabs
+from lerobot_shards.loader.transport.slabs import SlabCollate, slab_loader, with_slabs
 from lerobot_shards.synth import read_identity
 
 CAMS = ("observation.images.front", "observation.images.top")

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from lerobot_shards.loader.windows import delta_frame_offsets, window_indices
+from lerobot_shards.loader.plan.windows import delta_frame_offsets, window_indices
 
 
 def test_offsets_and_padding_at_episode_edges():

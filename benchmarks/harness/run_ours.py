@@ -37,7 +37,7 @@ DTYPES = {"uint8": torch.uint8, "float32": torch.float32}
 
 def main_process_threads() -> int:
     """Decode threads of a workers=0 case: the loader's automatic choice (one per CPU, at most 8)."""
-    from lerobot_shards.loader.decode import auto_decode_threads
+    from lerobot_shards.loader.decoding.decoders import auto_decode_threads
 
     return auto_decode_threads("cpu")
 
@@ -88,7 +88,7 @@ class TimedCollate:
 
 
 def _loader(spec: dict[str, Any], dataset: Any) -> DataLoader:
-    from lerobot_shards.loader.transport import SlabCollate
+    from lerobot_shards.loader.transport.slabs import SlabCollate
 
     case = spec["case"]
     extra: dict[str, Any] = {}
@@ -143,7 +143,7 @@ def _frames_per_sample(spec: dict[str, Any]) -> int:
 def _warmup_batches(spec: dict[str, Any]) -> int:
     """At least the batches that fill every consumer's episode pool (a pass admits one episode per
     ``FILL_EVERY`` samples): measured from there on, memory growth means a leak, not the pool filling."""
-    from lerobot_shards.loader.sampling import FILL_EVERY
+    from lerobot_shards.loader.plan.sampling import FILL_EVERY
 
     case = spec["case"]
     fill = case["pool_size"] * FILL_EVERY * max(1, case["workers"])
@@ -241,8 +241,8 @@ def _decode_alone(spec: dict[str, Any], seed: int, go: Any, out: Any) -> None:
     """One decoder's share of the pure-decode limit: random samples of pool-resident episodes
     decoded by the library's ``DecoderCache``, timed from ``go`` (set when every share is ready);
     puts (samples, frames, wall s, CPU s of this process, decode s) on ``out``."""
-    from lerobot_shards.loader.decode import DecoderCache
-    from lerobot_shards.loader.sources import open_source
+    from lerobot_shards.loader.decoding.decoders import DecoderCache
+    from lerobot_shards.loader.read.sources import open_source
 
     case = spec["case"]
     source = open_source(spec["paths"]["converted-local"])

@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/loader/bench_elastic.py                       # 1k, 10k, 100k episodes
     .venv/bin/python benchmarks/loader/bench_elastic.py --episodes 1000 --tag quick
 
-A resume under another world size or worker count (``loader/elastic.py``) recomputes the frames
+A resume under another world size or worker count (``loader/plan/elastic.py``) recomputes the frames
 the interrupted run emitted by replaying every old consumer's sampler (``emitted_frames``), then
 lays the rest out over the new consumers (``plan_elastic``). Every new consumer does this at its
 ``__iter__``, on tables alone, before its first sample, so its cost is start-up time and memory of
@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from lerobot_shards.loader.elastic import Origin, emitted_frames, plan_elastic
-from lerobot_shards.loader.partition import Consumer, PlanOptions, ShardSpec, plan_consumer
+from lerobot_shards.loader.plan.elastic import Origin, emitted_frames, plan_elastic
+from lerobot_shards.loader.plan.partition import Consumer, PlanOptions, ShardSpec, plan_consumer
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

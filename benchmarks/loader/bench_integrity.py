@@ -28,8 +28,8 @@ import xxhash
 from lerobot_shards.convert.plan import ConvertOptions
 from lerobot_shards.convert.run import convert_dataset
 from lerobot_shards.format import MANIFEST_NAME, SHARDS_DIR
-from lerobot_shards.loader.integrity import check_episode_bytes
-from lerobot_shards.loader.sources import ShardSource
+from lerobot_shards.loader.read.integrity import check_episode_bytes
+from lerobot_shards.loader.read.sources import ShardSource
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_DATASET = "/work/shared/fixtures/so101_record_test"

@@ -22,8 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from harness.shaper import PROFILES  # noqa: E402
 from harness.storage import Bucket  # noqa: E402
-from lerobot_shards.loader.reader import EpisodeReader  # noqa: E402
-from lerobot_shards.loader.sources import open_source  # noqa: E402
+from lerobot_shards.loader.read.reader import EpisodeReader  # noqa: E402
+from lerobot_shards.loader.read.sources import open_source  # noqa: E402
 
 
 def hand_over_seconds(url: str, storage_options: dict, depth: int) -> tuple[int, int, float]:

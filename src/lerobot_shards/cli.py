@@ -475,7 +475,7 @@ def inspect_cmd(path: str, storage_options: str | None) -> None:
     from .convert.inspect import inspect_mixture, inspect_path
     from .format import FormatError
     from .lerobot_v3 import SourceError
-    from .loader.mixture_spec import is_mixture_file
+    from .loader.mix.spec import is_mixture_file
 
     _locations(path)
     options = _storage_options(storage_options)

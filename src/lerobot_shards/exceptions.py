@@ -4,7 +4,7 @@
 conversion or a resume state; each concrete type also keeps the built-in base it always had
 (``ValueError``, ``RuntimeError``, ``OSError``), so existing ``except ValueError`` code still works.
 The concrete types live beside the code that raises them (``format.FormatError``,
-``loader.integrity.IntegrityError``, ...); ``ConvertError`` is here because every layer of the
+``loader.read.integrity.IntegrityError``, ...); ``ConvertError`` is here because every layer of the
 converter raises it.
 """
 

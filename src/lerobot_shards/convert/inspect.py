@@ -158,7 +158,7 @@ def inspect_path(path: str | Path, *, storage_options: dict[str, Any] | None = N
 def inspect_mixture(path: str | Path, *, storage_options: dict[str, Any] | None = None) -> str:
     """Summary of a mixture file: its sources, their shares and samples per epoch, and the shared keys
     some sources lack or pad (from metadata alone: each source's manifest or tables)."""
-    from ..loader.mixture import MixtureDataset
+    from ..loader.mix.dataset import MixtureDataset
     from ..redaction import without_credentials
 
     ds = MixtureDataset(path, storage_options=storage_options or None)

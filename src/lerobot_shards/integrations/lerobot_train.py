@@ -49,10 +49,10 @@ from torch.utils.data import DataLoader
 
 from ..exceptions import LeRobotShardsError
 from ..loader import EpisodePoolDataset, MixtureDataset
-from ..loader.decode import MAX_AUTO_DECODE_THREADS
-from ..loader.mixture import open_dataset
-from ..loader.mixture_spec import is_mixture_file
-from ..loader.transport import with_slabs
+from ..loader.decoding.decoders import MAX_AUTO_DECODE_THREADS
+from ..loader.mix.dataset import open_dataset
+from ..loader.mix.spec import is_mixture_file
+from ..loader.transport.slabs import with_slabs
 from ..video import cores_per_rank
 from .eval_split import split_episodes
 from .train_settings import TrainSettings, resolve, split_args, usage

@@ -5,18 +5,21 @@
 (``OrderOptions``, ``ReadOptions``, ``DecodeOptions``) and the errors it raises are exported here,
 each error a ``LeRobotShardsError``."""
 
+import importlib
+import sys
+
 from ..exceptions import LeRobotShardsError
 from ..format import FormatError
 from ..lerobot_v3 import SourceError
 from ..names import UnsafeNameError
 from .dataset import EpisodePoolDataset
-from .decode import DecodeError
-from .feeder import DeviceFeeder
-from .integrity import IntegrityError
-from .mixture import Mixture, MixtureDataset, MixtureError, MixtureResumeError, MixtureSource, load_mixture
-from .mixture_spec import MixtureFileError
+from .decoding.decoders import DecodeError
+from .mix.dataset import Mixture, MixtureDataset, MixtureError, MixtureResumeError, MixtureSource, load_mixture
+from .mix.spec import MixtureFileError
 from .options import DecodeOptions, OrderOptions, ReadOptions
-from .transport import SlabCollate, slab_loader, with_slabs
+from .read.integrity import IntegrityError
+from .transport.feeder import DeviceFeeder
+from .transport.slabs import SlabCollate, slab_loader, with_slabs
 
 __all__ = [
     "DecodeError",
@@ -41,3 +44,30 @@ __all__ = [
     "slab_loader",
     "with_slabs",
 ]
+
+# The modules' paths before the loader was split into sub-packages (plan/, read/, decoding/,
+# transport/, mix/): the same module objects stay importable under the old names, so code and
+# pickles that name them keep working (``transport`` is itself a package now and re-exports).
+_MOVED = {
+    "cache": "read.shard_cache",
+    "checkpoint": "plan.order",
+    "decode": "decoding.decoders",
+    "device": "transport.device",
+    "elastic": "plan.elastic",
+    "feeder": "transport.feeder",
+    "integrity": "read.integrity",
+    "mixture": "mix.dataset",
+    "mixture_layout": "mix.layout",
+    "mixture_order": "mix.order",
+    "mixture_spec": "mix.spec",
+    "partition": "plan.partition",
+    "reader": "read.reader",
+    "remote": "read.remote",
+    "resume": "plan.resume",
+    "sampling": "plan.sampling",
+    "shutdown": "transport.shutdown",
+    "sources": "read.sources",
+    "windows": "plan.windows",
+}
+for _old, _new in _MOVED.items():
+    globals()[_old] = sys.modules[f"{__name__}.{_old}"] = importlib.import_module(f".{_new}", __name__)

@@ -17,8 +17,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from .elastic import Origin
-from .resume import Segments
+from .plan.elastic import Origin
+from .plan.resume import Segments
 
 (_EPOCH, _SEEN_WORKERS, _HAS_RESUME, _R_EPOCH, _R_BATCHES, _R_BATCH_SIZE, _R_WORKERS, _R_WORLD, *_R_ORIGIN) = range(12)
 _WINDOWS = 12  # generation of the windows (``set_delta_timestamps``)

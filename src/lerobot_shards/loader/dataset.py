@@ -30,14 +30,13 @@ from ..lerobot_v3 import IMAGE_DTYPE
 from ..resize import camera_sizes, resized_features
 from ..video import cores_per_rank
 from .augment import SampleTransforms
-from .cache import default_cache_bytes
-from .checkpoint import EpochOrder, check_count, shards_digest
 from .control import SharedControl
-from .elastic import SubsetSampler
 from .emission import SampleLayout, stream_samples
 from .meta import DatasetMeta, Stats, dataset_meta, episode_stats_rows
 from .options import DecodeOptions, OrderOptions, ReadOptions, check_episodes, group_options
-from .partition import (
+from .plan.elastic import SubsetSampler
+from .plan.order import EpochOrder, check_count, shards_digest
+from .plan.partition import (
     Consumer,
     ConsumerPlan,
     PlanOptions,
@@ -46,11 +45,12 @@ from .partition import (
     sampled_shards,
     too_few_episodes,
 )
-from .remote import with_timeouts
-from .sampling import PoolSampler
-from .sources import EpisodeSource, ShardSource, SourceMetadata, open_source
+from .plan.sampling import PoolSampler
+from .plan.windows import delta_frame_offsets
+from .read.remote import with_timeouts
+from .read.shard_cache import default_cache_bytes
+from .read.sources import EpisodeSource, ShardSource, SourceMetadata, open_source
 from .stats import SharedStats, StatSlot
-from .windows import delta_frame_offsets
 
 
 class EpisodePoolDataset(IterableDataset):
@@ -182,7 +182,7 @@ class EpisodePoolDataset(IterableDataset):
     def select_cameras(self, cameras: Sequence[str] | None) -> None:
         """Choose the cameras to decode (``None``: all), before ``set_delta_timestamps`` and any iteration.
 
-        A mixture (``loader.mixture``) narrows each source's cameras once it knows which of the
+        A mixture (``loader.mix``) narrows each source's cameras once it knows which of the
         shared names the source has.
         """
         info = self._source_info
@@ -207,7 +207,7 @@ class EpisodePoolDataset(IterableDataset):
     def set_delta_timestamps(self, delta_timestamps: Mapping[str, Sequence[float]] | None, tolerance_s: float) -> None:
         """Set the windows (``delta_timestamps`` at this source's fps), before any iteration.
 
-        A mixture (``loader.mixture``) sets them once it knows each source's keys. Persistent
+        A mixture (``loader.mix``) sets them once it knows each source's keys. Persistent
         workers started before keep their copy of the dataset: they refuse to iterate again.
         """
         self.delta_offsets = self.frame_offsets(delta_timestamps, tolerance_s)
@@ -232,7 +232,7 @@ class EpisodePoolDataset(IterableDataset):
 
     @property
     def epoch_order(self) -> EpochOrder:
-        """What fixes this rank's order (a mixture, ``loader.mixture``, schedules its sources by it)."""
+        """What fixes this rank's order (a mixture, ``loader.mix``, schedules its sources by it)."""
         return self._order
 
     # -- LeRobot-shaped metadata -----------------------------------------------------------------

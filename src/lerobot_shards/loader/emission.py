@@ -22,18 +22,18 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import shutdown
 from .augment import SampleTransforms
-from .decode import DecodePool, DecoderCache, auto_decode_threads, decode_image
-from .elastic import SubsetSampler
+from .decoding.decoders import DecodePool, DecoderCache, auto_decode_threads, decode_image
 from .options import DecodeOptions, ReadOptions
-from .partition import ConsumerPlan
-from .reader import EpisodeReader, ReaderClosed
-from .sampling import PoolSampler
-from .sources import EpisodeSource, ResidentEpisode
+from .plan.elastic import SubsetSampler
+from .plan.partition import ConsumerPlan
+from .plan.sampling import PoolSampler
+from .plan.windows import window_indices
+from .read.reader import EpisodeReader, ReaderClosed
+from .read.sources import EpisodeSource, ResidentEpisode
 from .stats import StatSlot
-from .transport import Staging
-from .windows import window_indices
+from .transport import shutdown
+from .transport.slabs import Staging
 
 log = logging.getLogger(__name__)
 

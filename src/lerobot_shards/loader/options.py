@@ -28,7 +28,7 @@ import torch
 
 from ..format import RESIZE_MODES
 from ..resize import check_mode, check_size
-from .device import rank_device
+from .transport.device import rank_device
 
 OnError = Literal["raise", "skip"]
 Partition = Literal["global", "node"]
@@ -126,7 +126,7 @@ class ReadOptions:
     # connect/read timeouts and bounded retries for S3 (``remote.with_timeouts``; yours win).
     storage_options: Mapping[str, Any] | None = None
     # Local directory where remote shards (and a raw dataset's mp4s) are downloaded whole,
-    # shared by every worker and rank on the node (``loader.cache``).
+    # shared by every worker and rank on the node (``loader.read.shard_cache``).
     cache_dir: str | None = None
     # Bound on the cache's size; None: half the free space of its filesystem, at most 1 TiB
     # (``cache.default_cache_bytes``). Unused files are evicted LRU.

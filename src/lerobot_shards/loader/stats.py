@@ -10,7 +10,7 @@ from __future__ import annotations
 import multiprocessing
 from typing import Any
 
-from .cache import COUNTERS
+from .read.shard_cache import COUNTERS
 
 MAX_WORKERS = 64  # stats rows per process tree
 STAT_FIELDS = (
@@ -32,7 +32,7 @@ STAT_FIELDS = (
     "episodes_skipped",  # on_error="skip": episodes whose bytes were bad, and their samples dropped
     "samples_skipped",
     "samples_substituted",  # equal-count mode: skipped samples replaced by a frame of a good resident episode
-    *COUNTERS,  # storage bytes and cache outcomes (loader.cache)
+    *COUNTERS,  # storage bytes and cache outcomes (loader.read.shard_cache)
 )
 
 

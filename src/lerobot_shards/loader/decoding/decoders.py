@@ -31,14 +31,14 @@ import numpy as np
 import torch
 from torch.utils.data import get_worker_info
 
-from ..exceptions import LeRobotShardsError
-from ..filesystems import url_to_fs
-from ..redaction import redact
-from ..resize import DEFAULT_MODE, plan_transform
-from ..timeouts import READ_HINT, is_timeout, open_bounded
-from ..torch_pair import VideoDecoder, set_cuda_backend
-from ..video import cores_per_rank, transform_rgb
-from .sources import ClipRef
+from ...exceptions import LeRobotShardsError
+from ...filesystems import url_to_fs
+from ...redaction import redact
+from ...resize import DEFAULT_MODE, plan_transform
+from ...timeouts import READ_HINT, is_timeout, open_bounded
+from ...torch_pair import VideoDecoder, set_cuda_backend
+from ...video import cores_per_rank, transform_rgb
+from ..read.sources import ClipRef
 
 # A raw mp4 decoded straight from object storage (no cache_dir): an LRU of 4 MiB blocks, 64 MiB per
 # open file. The filesystem's default read-ahead window (s3fs: 50 MB from each seek) refetched

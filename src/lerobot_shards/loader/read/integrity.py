@@ -10,9 +10,9 @@ when the user chose ``on_error="skip"``).
 
 from __future__ import annotations
 
-from .. import format as fmt
-from ..exceptions import LeRobotShardsError
-from ..tar_headers import TarHeaderError, header_start, member_header
+from ... import format as fmt
+from ...exceptions import LeRobotShardsError
+from ...tar_headers import TarHeaderError, header_start, member_header
 
 
 class IntegrityError(LeRobotShardsError, ValueError):

@@ -23,17 +23,17 @@ from typing import Any
 import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
 
-from ..exceptions import LeRobotShardsError
-from ..lerobot_v3 import IMAGE_DTYPE, VIDEO_DTYPE
-from .checkpoint import check_count
-from .control import SharedControl
-from .dataset import EpisodePoolDataset
-from .meta import DatasetMeta, stats_to_numpy
-from .mixture_layout import MixtureError, MixtureLayout, build_layout, mix_stats, rename_stats
-from .mixture_order import MixStart, MixtureOrder
-from .mixture_spec import Mixture, MixtureSource, is_mixture_file, load_mixture, source_counts
-from .options import DecodeOptions, OrderOptions, ReadOptions, group_options
-from .stats import SharedStats, StatSlot
+from ...exceptions import LeRobotShardsError
+from ...lerobot_v3 import IMAGE_DTYPE, VIDEO_DTYPE
+from ..control import SharedControl
+from ..dataset import EpisodePoolDataset
+from ..meta import DatasetMeta, stats_to_numpy
+from ..options import DecodeOptions, OrderOptions, ReadOptions, group_options
+from ..plan.order import check_count
+from ..stats import SharedStats, StatSlot
+from .layout import MixtureError, MixtureLayout, build_layout, mix_stats, rename_stats
+from .order import MixStart, MixtureOrder
+from .spec import Mixture, MixtureSource, is_mixture_file, load_mixture, source_counts
 
 MIXTURE_DIGEST = "mixture_digest"
 MIXTURE_COUNTS = "mixture_counts"

@@ -24,11 +24,11 @@ from typing import Any
 import fsspec
 import yaml
 
-from ..exceptions import LeRobotShardsError
-from ..format import FormatError
-from ..safe_io import read_small
-from .checkpoint import digest
-from .options import check_episodes, plain_numbers
+from ...exceptions import LeRobotShardsError
+from ...format import FormatError
+from ...safe_io import read_small
+from ..options import check_episodes, plain_numbers
+from ..plan.order import digest
 
 
 class MixtureFileError(LeRobotShardsError, ValueError):

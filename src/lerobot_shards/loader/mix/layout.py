@@ -28,9 +28,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..exceptions import LeRobotShardsError
-from ..lerobot_v3 import IMAGE_DTYPE, VIDEO_DTYPE
-from .meta import Stats
+from ...exceptions import LeRobotShardsError
+from ...lerobot_v3 import IMAGE_DTYPE, VIDEO_DTYPE
+from ..meta import Stats
 
 VISUAL = (VIDEO_DTYPE, IMAGE_DTYPE)
 PAD_SUFFIX = "_is_pad"

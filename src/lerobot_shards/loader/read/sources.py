@@ -26,32 +26,21 @@ import pyarrow as pa
 import pyarrow.compute  # noqa: F401  (see below)
 import pyarrow.parquet as pq
 
-from .. import format as fmt
-from ..episode_table import check_episode_table
-from ..filesystems import url_to_fs
-from ..lerobot_v3 import IMAGE_DTYPE, VIDEO_DTYPE, LeRobotV3Source, SourceError, numpy_of, protocols
-from ..names import check_name
-from ..redaction import register_secrets, without_credentials
-from ..resize import feature_size
-from ..safe_io import check_local_file, read_sidecar, read_small
-from ..shard_plan import plan_shards
-from ..timeouts import bounded
-from .cache import (
-    CHUNK_BYTES,
-    CachedFile,
-    IOCounters,
-    LocalFile,
-    Reader,
-    RemoteFile,
-    RemoteIO,
-    close_when_open,
-    ranged,
-    settled,
-)
+from ... import format as fmt
+from ...episode_table import check_episode_table
+from ...filesystems import url_to_fs
+from ...lerobot_v3 import IMAGE_DTYPE, VIDEO_DTYPE, LeRobotV3Source, SourceError, numpy_of, protocols
+from ...names import check_name
+from ...redaction import register_secrets, without_credentials
+from ...resize import feature_size
+from ...safe_io import check_local_file, read_sidecar, read_small
+from ...shard_plan import plan_shards
+from ...timeouts import bounded
+from ..meta import Stats, stats_to_numpy
+from ..plan.partition import ShardSpec
 from .integrity import IntegrityError, check_episode_bytes
-from .meta import Stats, stats_to_numpy
-from .partition import ShardSpec
-from .remote import reading, with_timeouts
+from .remote import LocalFile, Reader, RemoteFile, RemoteIO, close_when_open, ranged, reading, settled, with_timeouts
+from .shard_cache import CHUNK_BYTES, CachedFile, IOCounters
 
 log = logging.getLogger(__name__)
 # Shards opened ahead of the reader, by size: the next one, and more while they fit in this many

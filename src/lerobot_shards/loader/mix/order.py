@@ -35,12 +35,12 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .checkpoint import EpochOrder, elastic_origin
-from .control import ResumeState
-from .elastic import ElasticPlan, Origin, SubsetSampler
-from .partition import Consumer, ConsumerPlan, ShardSpec, split_shards, work_units
-from .resume import Segments, resume_point, samples_to_skip
-from .sampling import PoolSampler, keyed_rng
+from ..control import ResumeState
+from ..plan.elastic import ElasticPlan, Origin, SubsetSampler
+from ..plan.order import EpochOrder, elastic_origin
+from ..plan.partition import Consumer, ConsumerPlan, ShardSpec, split_shards, work_units
+from ..plan.resume import Segments, resume_point, samples_to_skip
+from ..plan.sampling import PoolSampler, keyed_rng
 
 MIX_SCHEDULE = 0x4D49_5853  # "MIXS": the schedule's random stream
 MIX_SAMPLER = 0x4D49_5850  # "MIXP": a source's sampler in a mixture

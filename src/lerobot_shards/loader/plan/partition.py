@@ -20,7 +20,7 @@ import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from lerobot_shards.loader.sampling import PARTITION_STREAM, keyed_rng
+from .sampling import PARTITION_STREAM, keyed_rng
 
 SPLIT_STREAM = 0x5350_4C54  # "SPLT": the split's own random stream, apart from assign_shards'
 NODE_STREAM = 0x4E4F_4445  # "NODE": salts the node split and each node's own layout

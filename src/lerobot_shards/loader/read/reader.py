@@ -19,8 +19,8 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from ..exceptions import LeRobotShardsError
-from . import shutdown
+from ...exceptions import LeRobotShardsError
+from ..transport import shutdown
 from .integrity import IntegrityError
 from .sources import EpisodeSource, ResidentEpisode
 

@@ -65,7 +65,7 @@ class ElasticPlan:
 
 
 # An interrupted consumer's sampler, fast-forwarded to the cut, and the samples it skipped: for a
-# reader whose consumers draw other counts than their plans' (a mixture's sources, ``loader.mixture``).
+# reader whose consumers draw other counts than their plans' (a mixture's sources, ``loader.mix``).
 Replay = Callable[[Consumer, ConsumerPlan], tuple[PoolSampler, int]]
 
 

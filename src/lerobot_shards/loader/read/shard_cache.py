@@ -1,4 +1,4 @@
-"""A node-wide, bounded cache of remote files (converted shards, raw mp4s), and the remote reads behind it.
+"""A node-wide, bounded cache of remote files (converted shards, raw mp4s); the readers that fill it are in ``remote``.
 
 Every DataLoader worker of every rank on a node may point at the same ``cache_dir``; nothing but
 the directory is shared, so the rules are kept with file locks (``flock``), which the kernel drops
@@ -43,20 +43,25 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Any, Protocol
 
-from ..exceptions import LeRobotShardsError
-from ..format import TMP_SUFFIX, member_hasher
-from ..names import check_relpath
-from ..redaction import redact
-from ..safe_io import UnsafePathError, is_inside
-from ..timeouts import bounded
+from ...exceptions import LeRobotShardsError
+from ...format import TMP_SUFFIX, member_hasher
+from ...names import check_relpath
+from ...safe_io import UnsafePathError, is_inside
 from .integrity import IntegrityError
-from .remote import LOCAL_HINTS
+
+# Errors of the local disk (the node cache): a hint about the storage server would mislead.
+LOCAL_HINTS = {
+    errno.ENOSPC: "the disk of cache_dir is full; free space, lower cache_max_bytes or choose another cache_dir",
+    errno.EDQUOT: "the disk quota of cache_dir is exceeded; free space or choose another cache_dir",
+    errno.EROFS: "cache_dir is on a read-only file system; choose a writable cache_dir",
+    errno.EISDIR: "a directory stands where the cache keeps a file; remove it from cache_dir",
+    errno.ENOTDIR: "a file stands where the cache keeps a folder; remove it from cache_dir",
+    errno.EEXIST: "a file stands where the cache keeps a folder; remove it from cache_dir",
+    errno.EACCES: "permission denied in cache_dir; fix its permissions or choose another cache_dir",
+}
 
 CHUNK_BYTES = 8 << 20  # one ranged request: large enough to amortise a request's latency
-READ_AHEAD_CHUNKS = 4  # without a cache: chunks requested ahead of the reader
-FETCH_THREADS = 4  # ranged requests in flight per consumer
 CLOSE_WAIT_S = 30.0  # closing an unfinished download waits this long for its requests in flight
 DEFAULT_CACHE_FRACTION = 0.5  # of the cache filesystem's free space (plus what the cache holds)
 DEFAULT_CACHE_CAP = 1 << 40  # 1 TiB
@@ -287,7 +292,7 @@ def _lease(path: str, size: int, sha256: str | None = None, xxh3: str | None = N
 # -- readers ------------------------------------------------------------------------------------------
 
 
-def _chunks(start: int, end: int, chunk: int) -> range:
+def chunk_range(start: int, end: int, chunk: int) -> range:
     return range(start // chunk, (max(end, start + 1) - 1) // chunk + 1)
 
 
@@ -306,7 +311,7 @@ class CachedFile:
 
     def read(self, start: int, end: int) -> bytes:
         """Bytes [start, end), waiting only for the chunks that hold them."""
-        for i in _chunks(start, min(end, self.size), self._chunk):
+        for i in chunk_range(start, min(end, self.size), self._chunk):
             if i < len(self._parts):
                 self._parts[i].result()
         with self._lock:
@@ -529,147 +534,3 @@ def _sha256(path: str) -> str:
         for block in iter(lambda: f.read(CHUNK_BYTES), b""):
             h.update(block)
     return h.hexdigest()
-
-
-class RemoteFile:
-    """Without a cache: a remote file read in large ranged requests, in parallel, ahead of the reader.
-
-    Reads are served from ``CHUNK_BYTES`` chunks; once a read's own chunks have landed it requests
-    the next ``ahead`` chunks in the background (never before: on a capped link, read-ahead in
-    flight would share the bandwidth with the bytes the reader waits for, and the first batch
-    would wait for ``ahead`` chunks instead of one), and drops the chunks before it, so memory
-    stays at a few chunks per file.
-    """
-
-    def __init__(
-        self,
-        fetch: Callable[[int, int], bytes],
-        size: int,
-        pool: ThreadPoolExecutor,
-        counters: IOCounters,
-        chunk: int = CHUNK_BYTES,
-        ahead: int = READ_AHEAD_CHUNKS,
-    ) -> None:
-        self._fetch = fetch
-        self.size = size
-        self._pool = pool
-        self._counters = counters
-        self._chunk = chunk
-        self._ahead = ahead
-        self._parts: dict[int, Future[bytes]] = {}
-        self._lock = threading.Lock()
-
-    def _part(self, i: int) -> bytes:
-        data = self._fetch(i * self._chunk, min(self.size, (i + 1) * self._chunk))
-        self._counters.add("storage_bytes", len(data))
-        return data
-
-    def _request(self, first: int, last: int) -> None:
-        with self._lock:
-            for i in range(first, min(last, -(-self.size // self._chunk))):
-                if i not in self._parts:
-                    self._parts[i] = self._pool.submit(self._part, i)
-
-    def start(self) -> None:
-        """Request the first chunk (the file is read next; read-ahead follows the first read)."""
-        self._request(0, 1)
-
-    def read(self, start: int, end: int) -> bytes:
-        """Bytes [start, end) (fewer if the file is shorter)."""
-        span = _chunks(start, min(end, self.size), self._chunk)
-        self._request(span.start, span.stop)
-        with self._lock:
-            for i in [i for i in self._parts if i < span.start]:
-                self._parts.pop(i).cancel()
-            parts = [self._parts.get(i) for i in span]
-        data = b"".join(p.result() for p in parts if p is not None)
-        self._request(span.stop, span.stop + self._ahead)
-        offset = start - span.start * self._chunk
-        return data[offset : offset + end - start]
-
-    def requested(self) -> list[Future[bytes]]:
-        """The chunks requested so far and not yet dropped (for ``settled``)."""
-        with self._lock:
-            return list(self._parts.values())
-
-    def close(self) -> None:
-        with self._lock:
-            for p in self._parts.values():
-                p.cancel()
-            self._parts.clear()
-
-
-def settled(parts: list[Future[Any]]) -> None:
-    """Wait until each of ``parts`` has landed, failed or been cancelled. Not ``wait()``: a future
-    cancelled while queued (a closed reader, a pool shut down) would never wake it."""
-    for part in parts:
-        with contextlib.suppress(CancelledError):
-            part.exception()
-
-
-class LocalFile:
-    """A file on local disk, read by byte range (the same interface as the remote readers)."""
-
-    def __init__(self, path: str) -> None:
-        self._fd = os.open(path, os.O_RDONLY)
-
-    def read(self, start: int, end: int) -> bytes:
-        return os.pread(self._fd, end - start, start)
-
-    def close(self) -> None:
-        os.close(self._fd)
-
-
-def ranged(fs: Any, path: str, where: str) -> Callable[[int, int], bytes]:
-    """``fetch(start, end)`` of one remote object: a single ranged request; a failure names ``where``
-    (redacted, without the storage's exception chained: its text names the endpoint)."""
-
-    def fetch(start: int, end: int) -> bytes:
-        try:
-            return bounded(fs, "cat_file", path, start=start, end=end)
-        except Exception as e:
-            raise OSError(
-                redact(f"{where}: reading bytes {start}..{end} from storage failed ({type(e).__name__}: {e})")
-            ) from None
-
-    return fetch
-
-
-class Reader(Protocol):
-    """A file read by byte range: ``LocalFile``, ``CachedFile`` or ``RemoteFile``."""
-
-    def read(self, start: int, end: int) -> bytes: ...
-
-    def close(self) -> None: ...
-
-
-def close_when_open(opening: Future[Any]) -> None:
-    """Close a reader that is being opened in the background, once it is (nothing if opening failed)."""
-
-    def close(f: Future[Any]) -> None:
-        if not f.cancelled() and f.exception() is None and f.result() is not None:
-            f.result().close()
-
-    opening.add_done_callback(close)
-
-
-class RemoteIO:
-    """One consumer's remote reading kit for one dataset: fetch threads, the node cache (if any), counters.
-
-    ``prefix`` is the dataset's directory in the cache (a hash of its URL), so two datasets never
-    share names while every consumer of the same dataset shares its files.
-    """
-
-    def __init__(self, url: str, cache_dir: str | None, cache_max_bytes: int | None, counters: IOCounters) -> None:
-        self.counters = counters
-        self.pool = ThreadPoolExecutor(max_workers=FETCH_THREADS, thread_name_prefix="shard-prefetch")
-        self.prefix = hashlib.sha1(url.rstrip("/").encode()).hexdigest()[:16]
-        self.cache = None
-        if cache_dir is not None:
-            max_bytes = default_cache_bytes(cache_dir) if cache_max_bytes is None else cache_max_bytes
-            self.cache = FileCache(cache_dir, max_bytes, self.pool, counters)
-
-    def close(self, wait: bool = False) -> None:
-        """Stop the fetch threads: queued requests are cancelled, those in flight finish (awaited
-        with ``wait``, so that no thread is left running)."""
-        self.pool.shutdown(wait=wait, cancel_futures=True)

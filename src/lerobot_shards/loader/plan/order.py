@@ -26,7 +26,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from .control import MAX_SEGMENTS, ResumeState
+from ..control import MAX_SEGMENTS, ResumeState
 from .elastic import ElasticPlan, Origin, Replay, SubsetSampler, plan_elastic
 from .partition import Consumer, ConsumerPlan, PlanOptions, ShardSpec, plan_consumer
 from .resume import Segments, merge_segments, resume_point
