@@ -13,6 +13,9 @@ Cases with an ``epoch`` (the decoded-frame cache's cold and warm epochs, each me
 held to the frame cache's targets (issue 31): the cold epoch at least 3x LeRobot, the warm one at
 least 8x (15x on a training-size conversion), the first batch of a cold cache under 2 s; a miss
 names the largest share of its CPU time per sample (decode, cache reads, collation, the rest).
+Their value gives the ratio of CPU ms per sample too, which load on a shared machine barely
+moves. An epoch is measured from ``iter()`` on, pool fill and slabs included, so its memory
+growth is no leak test (the frame cache's own benchmark measures a consumer's USS).
 """
 
 from __future__ import annotations
@@ -229,17 +232,15 @@ def frame_cache_targets(results: list[dict[str, Any]], g: tuple) -> list[dict[st
         ratio = mine["samples_per_s"] / newest["samples_per_s"] if newest else None
         met = None if ratio is None else ratio >= factor
         what = f"{epoch} epoch, {source} >= {factor:g}x {versus}"
-        out.append(_target(g, what, f"{ratio:.2f}x" if ratio else None, met, mine, results))
+        value = f"{ratio:.2f}x" if ratio else None
+        theirs, cost = (newest or {}).get("cpu_ms_per_sample"), mine.get("cpu_ms_per_sample")
+        if value and theirs and cost:  # what load on a shared machine barely moves: CPU per sample
+            value += f" (CPU ms/sample {theirs / cost:.2f}x)"
+        out.append(_target(g, what, value, met, mine, results))
         if epoch == "cold":
             first = mine.get("first_batch_s")
             ok = None if first is None else first < 2
             out.append(_target(g, f"first batch, cold cache, {source} < 2 s", f"{first} s", ok, mine, results))
-        procs = mine["memory"].get("workers") if g[2] else [mine["memory"].get("main") or {}]
-        growth = max((p["floor_growth_mb"] for p in procs or [] if "floor_growth_mb" in p), default=None)
-        flat = None if growth is None else growth < 32
-        out.append(
-            _target(g, f"RSS flat over the epoch, {source} (floor growth < 32 MB)", f"{growth} MB", flat, None, results)
-        )
     return out
 
 
