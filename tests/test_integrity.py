@@ -72,7 +72,8 @@ def _flip(path: Path, position: int) -> None:
 
 
 def _samples(source: str, **kwargs) -> tuple[list[dict], EpisodePoolDataset]:
-    ds = EpisodePoolDataset(source, episode_pool_size=2, seed=3, **kwargs)
+    kwargs = {"episode_pool_size": 2, "seed": 3, **kwargs}
+    ds = EpisodePoolDataset(source, **kwargs)
     return list(ds), ds
 
 
@@ -120,22 +121,28 @@ def test_skip_mode_drops_and_counts_bad_episodes(converted: Path, tmp_path: Path
     assert "skipping episode 1" in caplog.text and "reading it again" in caplog.text
 
 
-def test_skip_mode_in_equal_count_mode_keeps_the_count_with_other_frames(converted: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("drop", [0, 3])
+def test_skip_mode_in_equal_count_mode_keeps_the_count_with_other_frames(
+    converted: Path, tmp_path: Path, drop: int
+) -> None:
     """DDP's default (equal_samples_per_rank): a dropped sample is replaced by another frame of a
-    good resident episode, so the consumer still yields its count; every sample is still exact."""
+    good resident episode, so the consumer still yields its count; every sample is still exact,
+    and none is a frame ``drop_n_last_frames`` leaves unsampled."""
     out = _copy(converted, tmp_path)
     m = _member(out, 1, _member_name("clip", 1))
     _flip(out / SHARDS_DIR / "shard-000000.tar", m.offset + m.size // 2)
-    samples, ds = _samples(str(out), on_error="skip", equal_samples_per_rank=True)
-    assert len(samples) == sum(LENGTHS.values())  # one consumer: its count is every frame
+    # seed 1: a replacement frame counted over the whole episode, not its sampled frames, was a dropped one
+    kw = dict(on_error="skip", equal_samples_per_rank=True, drop_n_last_frames=drop, seed=1 if drop else 3)
+    samples, ds = _samples(str(out), **kw)
     got = [(int(s["episode_index"]), int(s["frame_index"])) for s in samples]
     assert 1 not in {e for e, _ in got}
-    assert set(got) == {(e, f) for e in (0, 2) for f in range(LENGTHS[e])}  # each good frame at least once
+    assert set(got) == {(e, f) for e in (0, 2) for f in range(LENGTHS[e] - drop)}  # each good frame at least once
     for s in samples:
         assert read_identity(s[CAM]) == (int(s["episode_index"]), int(s["frame_index"]))
     total = ds.stats()["total"]
-    assert total["samples_skipped"] == total["samples_substituted"] == LENGTHS[1]
-    again, _ = _samples(str(out), on_error="skip", equal_samples_per_rank=True)
+    assert len(samples) == sum(LENGTHS.values()) - 3 * drop  # one consumer: its count is every sampled frame
+    assert total["samples_skipped"] == total["samples_substituted"] == LENGTHS[1] - drop
+    again, _ = _samples(str(out), **kw)
     assert [(int(s["episode_index"]), int(s["frame_index"])) for s in again] == got  # deterministic
 
 

@@ -222,9 +222,11 @@ def stream_samples(
                     del pool[key]
                 owed += equal_samples_per_rank
             if owed:  # equal-count mode: repeat frames of a good resident episode instead
-                good = episode if episode is not None else next((e for e in pool.values() if e is not None), None)
-                if good is not None:
-                    picks += [(good, (emission.frame + 1 + i) % good.length) for i in range(owed)]
+                found = (key, episode) if episode is not None else next(((k, e) for k, e in pool.items() if e), None)
+                if found is not None:
+                    (_, position), good = found
+                    sampled = plan.lengths[position]  # frames the sampler may emit (none of drop_n_last_frames)
+                    picks += [(good, (emission.frame + 1 + i) % sampled) for i in range(owed)]
                     stats.add("samples_substituted", owed)
                     owed = 0
             for chosen, frame in picks:
