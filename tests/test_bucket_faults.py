@@ -15,10 +15,11 @@ from torch.utils.data import DataLoader
 from lerobot_shards.convert.plan import ConvertOptions
 from lerobot_shards.convert.run import convert_dataset
 from lerobot_shards.convert.upload import upload_dataset
-from lerobot_shards.loader import EpisodePoolDataset
+from lerobot_shards.loader import EpisodePoolDataset, ReadOptions
 from lerobot_shards.loader.decoding.decoders import DecodeError, DecoderCache
 from lerobot_shards.loader.read.remote import with_timeouts
 from lerobot_shards.loader.read.sources import open_source
+from lerobot_shards.loader.read.storage import StorageLocation
 from s3_server import moto_server
 
 SECRET = "fault-test-secret-4e1b77"
@@ -85,10 +86,12 @@ def test_dead_endpoint_errors_name_the_file_and_episode_not_the_endpoint(synth_f
         fs.put(str(tmp_path / "out") + "/", "dead/conv", recursive=True)
         fs.put(str(raw) + "/", "dead/raw", recursive=True)
         options = with_timeouts("s3://dead", {**server.storage_options, "config_kwargs": FAST_FAIL})
-        ranged = open_source("s3://dead/conv", storage_options=options)
-        cached = open_source("s3://dead/conv", storage_options=options, cache_dir=str(tmp_path / "cache"))
-        raw_cached = open_source("s3://dead/raw", storage_options=options, cache_dir=str(tmp_path / "raw-cache"))
-        raw_ranged = open_source("s3://dead/raw", storage_options=options)
+        ranged = open_source("s3://dead/conv", ReadOptions(storage_options=options))
+        cached = open_source("s3://dead/conv", ReadOptions(storage_options=options, cache_dir=str(tmp_path / "cache")))
+        raw_cached = open_source(
+            "s3://dead/raw", ReadOptions(storage_options=options, cache_dir=str(tmp_path / "raw-cache"))
+        )
+        raw_ranged = open_source("s3://dead/raw", ReadOptions(storage_options=options))
         sources = (ranged, cached, raw_cached, raw_ranged)
         ranged.sidecar(1), cached.sidecar(1)  # their shard 1 is read next, not its sidecar
         raw_cached.read_episode(0, 0).release()  # episode 0's files are read; episodes 2 and 3 share none
@@ -122,7 +125,7 @@ def test_dead_endpoint_errors_name_the_file_and_episode_not_the_endpoint(synth_f
             text = _hides_endpoint(failure.value, server.endpoint_url)
             assert text.startswith(f"{mp4}: episode 3 camera {CAM}: cannot read it ("), text
             with pytest.raises(DecodeError) as failure:
-                DecoderCache(1, storage_options=options).frames(clip, [0])
+                DecoderCache(1, location=StorageLocation("s3://dead/raw", options)).frames(clip, [0])
             text = _hides_endpoint(failure.value, server.endpoint_url)
             assert text.startswith(f"s3://dead/raw/data/chunk-000/file-000.parquet: episode 0 camera {CAM} "), text
         finally:

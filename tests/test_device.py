@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lerobot_shards.loader import EpisodePoolDataset
+from lerobot_shards.loader import DecodeOptions, EpisodePoolDataset
 from lerobot_shards.loader.decoding.decoders import DecoderCache, fallback_message
 from lerobot_shards.loader.read.sources import ClipRef
 from lerobot_shards.loader.transport.device import rank_device, resolve_device
@@ -74,16 +74,17 @@ class _FallenBack:
     cpu_fallback = "[CUDA] Fallback status: Falling back due to: Video not supported"
 
 
-def test_nvdec_fallback_warns_once_or_refuses_when_strict() -> None:
+def test_nvdec_fallback_warns_once_or_refuses_when_strict(monkeypatch) -> None:
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)  # DecodeOptions accept cuda:1 (no GPU here)
     clip = ClipRef("s3://b/ds#e000001.cam", b"", None, 0, None)
     message = fallback_message("s3://b/ds#e000001.cam", "cuda:1", "av1", "Video not supported")
     assert "cuda:1 cannot decode this av1 stream on NVDEC" in message and "--reencode h264" in message
-    strict = DecoderCache(1, device="cuda:1", strict_cuda=True)
+    strict = DecoderCache(1, DecodeOptions(video_decode_device="cuda:1", strict_cuda_decode=True))
     with pytest.raises(
         RuntimeError, match=r"e000001.cam: cuda:1 cannot decode this av1 stream.*strict_cuda_decode=True"
     ):
         strict._check_fallback(_FallenBack(), clip)
-    lenient = DecoderCache(1, device="cuda:1")
+    lenient = DecoderCache(1, DecodeOptions(video_decode_device="cuda:1"))
     with pytest.warns(RuntimeWarning, match="cannot decode this av1 stream.*decoding it on the CPU instead") as record:
         for _ in range(3):
             lenient._check_fallback(_FallenBack(), clip)

@@ -23,7 +23,7 @@ from lerobot_shards.convert.run import convert_dataset
 from lerobot_shards.convert.verify import verify_dataset
 from lerobot_shards.format import MANIFEST_NAME, SHARDS_DIR, FormatError
 from lerobot_shards.lerobot_v3 import LeRobotV3Source, SourceError
-from lerobot_shards.loader import EpisodePoolDataset
+from lerobot_shards.loader import EpisodePoolDataset, ReadOptions
 from lerobot_shards.loader.read.shard_cache import FileCache, IOCounters
 from lerobot_shards.loader.read.sources import ShardSource
 from lerobot_shards.names import UnsafeNameError, check_name, check_relpath, confined_join
@@ -144,7 +144,7 @@ def test_tar_member_names_checked_by_verify(clean: Path, tmp_path: Path) -> None
 
 def test_defence_in_depth_at_the_joins(clean: Path, tmp_path: Path) -> None:
     """Even a name that skipped parsing cannot leave the cache dir or the dataset."""
-    src = ShardSource(str(clean), cache_dir=str(tmp_path / "cache"))
+    src = ShardSource(str(clean), ReadOptions(cache_dir=str(tmp_path / "cache")))
     with ThreadPoolExecutor(1) as pool:
         cache = FileCache(str(tmp_path / "cache"), 1 << 20, pool, IOCounters())
     for form in ("absolute", "climbing", "nul"):

@@ -223,7 +223,7 @@ def test_a_declared_camera_size_the_video_lacks_is_said_once_and_frames_stay_rig
     import json
     import shutil
 
-    from lerobot_shards.loader import decode
+    from lerobot_shards.loader.decoding import decoders as decode
 
     decode._warned_size.clear()
     raw = tmp_path / "raw"

@@ -19,7 +19,7 @@ import pytest
 
 from lerobot_shards.convert.plan import ConvertOptions
 from lerobot_shards.convert.run import convert_dataset
-from lerobot_shards.loader import EpisodePoolDataset
+from lerobot_shards.loader import EpisodePoolDataset, ReadOptions
 from lerobot_shards.loader.decoding.decoders import DecodeError
 from lerobot_shards.loader.read.remote import CONNECT_TIMEOUT_S, READ_TIMEOUT_S, with_timeouts
 from lerobot_shards.loader.read.sources import open_source
@@ -94,7 +94,7 @@ def test_paused_bucket_fails_naming_the_shard(own_server, synth_factory, tmp_pat
     fs.put(str(tmp_path / "out") + "/", "paused/ds", recursive=True)
     fast = {**opts, "config_kwargs": FAST}
     ds = EpisodePoolDataset("s3://paused/ds", storage_options=fast, episode_pool_size=1)
-    source = open_source("s3://paused/ds", storage_options=with_timeouts("s3://paused/ds", fast))
+    source = open_source("s3://paused/ds", ReadOptions(storage_options=fast))
     os.kill(proc.pid, signal.SIGSTOP)
     # mid-epoch: a source that is open reads an episode
     with pytest.raises(OSError, match=r"s3://paused/ds/shards/shard-000000\.tar: episode 0: cannot read it"):

@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader
 from lerobot_shards.convert.plan import ConvertOptions
 from lerobot_shards.convert.run import convert_dataset
 from lerobot_shards.format import FormatError, Manifest
-from lerobot_shards.loader import EpisodePoolDataset
+from lerobot_shards.loader import EpisodePoolDataset, ReadOptions
 from lerobot_shards.loader.read.shard_cache import scan
 from lerobot_shards.synth import read_identity, synth_dataset
 
@@ -248,7 +248,7 @@ def test_open_source_gives_every_caller_the_remote_timeouts(s3_server, data) -> 
     from lerobot_shards.loader.read.sources import open_source
 
     url = _upload(s3_server, data[1], "timeouts-everywhere")
-    source = open_source(url, storage_options=s3_server.storage_options)
+    source = open_source(url, ReadOptions(storage_options=s3_server.storage_options))
     try:
         config = source.fs.config_kwargs  # type: ignore[attr-defined]
         assert (config["connect_timeout"], config["read_timeout"]) == (CONNECT_TIMEOUT_S, READ_TIMEOUT_S)
@@ -262,7 +262,7 @@ def _read_ahead(url: str, s3_server, ahead: tuple[int, ...] = (1,)) -> Any:
     own futures)."""
     from lerobot_shards.loader.read.sources import ShardSource, open_source
 
-    source = open_source(url, storage_options=s3_server.storage_options)
+    source = open_source(url, ReadOptions(storage_options=s3_server.storage_options))
     assert isinstance(source, ShardSource)
     for shard in ahead:
         source.prefetch(shard)
@@ -341,7 +341,7 @@ def test_a_shard_read_ahead_waits_for_the_chunks_requested_of_the_current_one(da
     pool's second episode, before the first batch): the shard named ahead is requested only once
     every chunk requested of the shard being read has landed. Here a read-ahead chunk of shard 0 is
     held back; shard 1's first request follows its landing, and serves the right frames."""
-    from lerobot_shards.loader import sources
+    from lerobot_shards.loader.read import sources
 
     _, converted = data
     url = _upload(s3_server, converted, "storage-ahead-gate")
@@ -349,7 +349,7 @@ def test_a_shard_read_ahead_waits_for_the_chunks_requested_of_the_current_one(da
     monkeypatch.setattr(sources, "CHUNK_BYTES", chunk)  # shard 0's episode spans chunks, its tar's end more
     events: list[tuple[str, str, int]] = []
     shard1_requested, release = threading.Event(), threading.Event()
-    source = sources.open_source(url, storage_options=s3_server.storage_options)
+    source = sources.open_source(url, ReadOptions(storage_options=s3_server.storage_options))
     assert isinstance(source, sources.ShardSource)
     _, end = source.sidecar(0).episodes[0].span()
     held = -(-end // chunk) * chunk  # the first chunk past episode 0: requested by read-ahead only

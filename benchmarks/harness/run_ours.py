@@ -249,6 +249,7 @@ def _decode_alone(spec: dict[str, Any], seed: int, go: Any, out: Any) -> None:
     decoded by the library's ``DecoderCache``, timed from ``go`` (set when every share is ready);
     puts (samples, frames, wall s, CPU s of this process, decode s) on ``out``."""
     from lerobot_shards.loader.decoding.decoders import DecoderCache
+    from lerobot_shards.loader.options import DecodeOptions
     from lerobot_shards.loader.read.sources import open_source
 
     case = spec["case"]
@@ -260,7 +261,7 @@ def _decode_alone(spec: dict[str, Any], seed: int, go: Any, out: Any) -> None:
         if len(resident) >= case["pool_size"]:
             break
     resident = resident[: case["pool_size"]]
-    cache = DecoderCache(len(resident) * len(spec["cameras"]), device=case["decode"])
+    cache = DecoderCache(len(resident) * len(spec["cameras"]), DecodeOptions(video_decode_device=case["decode"]))
     offsets = camera_offsets(case["mode"])
     n = (spec["warmup_batches"] + spec["batches"]) * case["batch_size"]
     max_seconds = spec.get("max_seconds")

@@ -22,13 +22,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from harness.shaper import PROFILES  # noqa: E402
 from harness.storage import Bucket  # noqa: E402
+from lerobot_shards.loader.options import ReadOptions  # noqa: E402
 from lerobot_shards.loader.read.reader import EpisodeReader  # noqa: E402
 from lerobot_shards.loader.read.sources import open_source  # noqa: E402
 
 
 def hand_over_seconds(url: str, storage_options: dict, depth: int) -> tuple[int, int, float]:
     """(episodes, shards, seconds) for one reader over every shard but the first."""
-    source = open_source(url, storage_options=storage_options)
+    source = open_source(url, ReadOptions(storage_options=storage_options))
     try:
         first, rest = source.info.shards[0], source.info.shards[1:]
         source.read_episode(first.index, first.episodes[0])

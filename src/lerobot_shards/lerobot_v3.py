@@ -254,17 +254,27 @@ class LeRobotV3Source:
     Args:
         root: local directory or fsspec URL (``s3://bucket/dataset``).
         storage_options: passed to fsspec for remote roots.
+        fs: the file system of ``root`` when the caller has one open (the loader's
+            ``StorageLocation``, its timeouts applied); ``storage_options`` are then unused.
         allow_missing_files: open a dataset with missing data/video files anyway (logged); an
             episode that needs one raises SourceError when it is read (so converters can skip it).
     """
 
     def __init__(
-        self, root: str, *, storage_options: dict[str, Any] | None = None, allow_missing_files: bool = False
+        self,
+        root: str,
+        *,
+        storage_options: dict[str, Any] | None = None,
+        allow_missing_files: bool = False,
+        fs: Any = None,
     ) -> None:
         without_credentials(str(root))  # registers a URL's password as a secret: never printed
-        storage_options = with_timeouts(str(root), storage_options)  # no read waits on a silent server for long
-        self.fs, self.root = url_to_fs(str(root), **(storage_options or {}))
-        self.root = self.root.rstrip("/")
+        if fs is None:
+            storage_options = with_timeouts(str(root), storage_options)  # no read waits on a silent server for long
+            fs, path = url_to_fs(str(root), **(storage_options or {}))
+        else:
+            path = fs._strip_protocol(str(root))
+        self.fs, self.root = fs, path.rstrip("/")
         self.url = str(root)
         self.info = self._read_info()
         self.fps = float(self.info["fps"])

@@ -47,9 +47,9 @@ from .plan.partition import (
 )
 from .plan.sampling import PoolSampler
 from .plan.windows import delta_frame_offsets
-from .read.remote import with_timeouts
 from .read.shard_cache import default_cache_bytes
 from .read.sources import EpisodeSource, ShardSource, SourceMetadata, open_source
+from .read.storage import StorageLocation
 from .stats import SharedStats, StatSlot
 
 
@@ -122,11 +122,10 @@ class EpisodePoolDataset(IterableDataset):
         # the shorter rank's epoch ended.
         if order.equal_samples_per_rank is None:
             order = dataclasses.replace(order, equal_samples_per_rank=self.world_size > 1)
+        # Where the files are, built once: every source, worker and decoder opens them through it.
+        self.location = StorageLocation(self.source_url, read.storage_options)
         read = dataclasses.replace(
             read,
-            storage_options=with_timeouts(
-                self.source_url, None if read.storage_options is None else dict(read.storage_options)
-            ),
             cache_max_bytes=default_cache_bytes(read.cache_dir)
             if read.cache_dir and read.cache_max_bytes is None
             else read.cache_max_bytes,
@@ -323,22 +322,10 @@ class EpisodePoolDataset(IterableDataset):
     @property
     def storage_options(self) -> dict[str, Any] | None:
         """The storage options sources and decoders open files with (the timeouts filled in)."""
-        options = self.read.storage_options
-        return None if options is None else dict(options)
+        return dict(self.location.options) or None
 
     def _open_source(self) -> EpisodeSource:
-        read = self.read
-        return open_source(
-            self.source_url,
-            storage_options=self.storage_options,
-            cache_dir=read.cache_dir,
-            cache_max_bytes=read.cache_max_bytes,
-            shard_bytes=read.shard_bytes,
-            episodes_per_shard=read.episodes_per_shard,
-            episodes=self._episodes,
-            metadata=self._metadata,
-            legacy_format=read.legacy_format,
-        )
+        return open_source(self.location, self.read, episodes=self._episodes, metadata=self._metadata)
 
     # -- configuration --------------------------------------------------------------------------
 
@@ -454,6 +441,7 @@ class EpisodePoolDataset(IterableDataset):
             layout=self._layout,
             read=self.read,
             decode=self.decode,
+            location=self.location,
             equal_samples_per_rank=self._order.equal_samples_per_rank,
             rank_cores=self._rank_cores,
             stage=stage,

@@ -31,6 +31,7 @@ from .plan.sampling import PoolSampler
 from .plan.windows import window_indices
 from .read.reader import EpisodeReader, ReaderClosed
 from .read.sources import EpisodeSource, ResidentEpisode
+from .read.storage import StorageLocation
 from .stats import StatSlot
 from .transport import shutdown
 from .transport.slabs import Staging
@@ -132,7 +133,7 @@ def emit(item: dict[str, Any], decoders: DecodePool, stats: StatSlot) -> dict[st
 
 
 def decode_pool(
-    decode: DecodeOptions, storage_options: Mapping[str, Any] | None, stats: StatSlot, rank_cores: int | None = None
+    decode: DecodeOptions, location: StorageLocation, stats: StatSlot, rank_cores: int | None = None
 ) -> DecodePool:
     """This iteration's decode threads, their decoder caches sharing ``decoder_cache_size``."""
     threads = decode.decode_threads
@@ -141,18 +142,8 @@ def decode_pool(
     stats.set("decode_threads", threads)
     capacity = decode.decoder_cache_size
     assert capacity is not None  # resolved by the dataset
-    return DecodePool(
-        threads,
-        lambda: DecoderCache(
-            -(-capacity // max(1, threads)),  # clips are spread over the threads
-            device=decode.video_decode_device,
-            num_ffmpeg_threads=decode.num_ffmpeg_threads,
-            storage_options=dict(storage_options or {}),
-            cuda_backend=decode.cuda_decode_backend,
-            strict_cuda=decode.strict_cuda_decode,
-            resize_mode=decode.resize_mode,
-        ),
-    )
+    per_thread = -(-capacity // max(1, threads))  # clips are spread over the threads
+    return DecodePool(threads, lambda: DecoderCache(per_thread, decode, location))
 
 
 def stream_samples(
@@ -165,6 +156,7 @@ def stream_samples(
     layout: SampleLayout,
     read: ReadOptions,
     decode: DecodeOptions,
+    location: StorageLocation,
     equal_samples_per_rank: bool,
     rank_cores: int | None = None,
     stage: bool = False,
@@ -187,7 +179,7 @@ def stream_samples(
     reader = EpisodeReader(
         source, plan.episodes, sampler.admission_order(), read.prefetch_episodes, skip_bad=read.on_error == "skip"
     )
-    decoders = decode_pool(decode, read.storage_options, stats, rank_cores)
+    decoders = decode_pool(decode, location, stats, rank_cores)
     # frames decoded straight into the slabs of this worker's SlabCollate (CPU frames only)
     staging = Staging() if stage and decode.video_decode_device == "cpu" else None
     lookahead = 2 * decoders.threads

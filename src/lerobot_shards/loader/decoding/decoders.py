@@ -32,13 +32,14 @@ import torch
 from torch.utils.data import get_worker_info
 
 from ...exceptions import LeRobotShardsError
-from ...filesystems import url_to_fs
 from ...redaction import redact
-from ...resize import DEFAULT_MODE, plan_transform
+from ...resize import plan_transform
 from ...timeouts import READ_HINT, is_timeout, open_bounded
 from ...torch_pair import VideoDecoder, set_cuda_backend
 from ...video import cores_per_rank, transform_rgb
+from ..options import DecodeOptions
 from ..read.sources import ClipRef
+from ..read.storage import StorageLocation
 
 # A raw mp4 decoded straight from object storage (no cache_dir): an LRU of 4 MiB blocks, 64 MiB per
 # open file. The filesystem's default read-ahead window (s3fs: 50 MB from each seek) refetched
@@ -78,25 +79,16 @@ class DecoderCache:
     """LRU cache of ``VideoDecoder`` by clip, with hit/miss/eviction counters."""
 
     def __init__(
-        self,
-        capacity: int,
-        *,
-        device: str = "cpu",
-        num_ffmpeg_threads: int = 1,
-        storage_options: dict[str, Any] | None = None,
-        cuda_backend: str = "nvdec",
-        strict_cuda: bool = False,
-        resize_mode: str = DEFAULT_MODE,
+        self, capacity: int, decode: DecodeOptions | None = None, location: StorageLocation | None = None
     ) -> None:
+        """``decode``: the dataset's decode options, whole; ``location``: the storage a remote clip's
+        URL is opened on (its file system and timeouts; None: clips are local or carry their bytes)."""
         if capacity < 1:
             raise ValueError(f"decoder cache capacity must be at least 1, got {capacity}")
         self.capacity = capacity
-        self.device = device
-        self.num_ffmpeg_threads = num_ffmpeg_threads
-        self.storage_options = storage_options or {}
-        self.cuda_backend = cuda_backend
-        self.strict_cuda = strict_cuda
-        self.resize_mode = resize_mode
+        self.decode = decode = decode or DecodeOptions()
+        self.device = decode.video_decode_device
+        self.location = location
         self._decoders: OrderedDict[str, tuple[VideoDecoder, Any]] = OrderedDict()
         # An mp4 that storage did not deliver: the samples queued behind the first failure get its
         # error at once instead of each waiting out the timeouts again (until the clip is dropped).
@@ -117,12 +109,13 @@ class DecoderCache:
         if clip.data is not None:
             source: Any = clip.data
         elif "://" in (clip.url or ""):
-            fs, path = url_to_fs(str(clip.url), **self.storage_options)
-            handle = open_bounded(fs, path, block_size=REMOTE_BLOCK_BYTES, blocks=REMOTE_BLOCKS)
+            url = str(clip.url)
+            location = self.location or StorageLocation(url)
+            handle = open_bounded(location.fs, location.path(url), block_size=REMOTE_BLOCK_BYTES, blocks=REMOTE_BLOCKS)
             source = handle
         else:
             source = clip.url
-        kwargs: dict[str, Any] = {"device": self.device, "num_ffmpeg_threads": self.num_ffmpeg_threads}
+        kwargs: dict[str, Any] = {"device": self.device, "num_ffmpeg_threads": self.decode.num_ffmpeg_threads}
         if clip.frame_mappings is not None:
             kwargs["custom_frame_mappings"] = clip.frame_mappings
         else:
@@ -130,7 +123,7 @@ class DecoderCache:
         try:
             with contextlib.ExitStack() as stack:
                 if self.device != "cpu":
-                    _enter_cuda_backend(stack, self.cuda_backend)
+                    _enter_cuda_backend(stack, self.decode.cuda_decode_backend)
                 decoder = VideoDecoder(source, **kwargs)
         except Exception as e:
             if handle is not None:
@@ -186,7 +179,7 @@ class DecoderCache:
             self._check_fallback(decoder, clip)
             frames = frames.to(self.device)  # a CPU fallback's frames join the other clips' device
         if size is not None:
-            t = _plan_transform(tuple(frames.shape[-2:]), tuple(size), self.resize_mode)
+            t = _plan_transform(tuple(frames.shape[-2:]), tuple(size), self.decode.resize_mode)
             frames = transform_rgb(frames, t) if t is not None else frames
         self.decode_seconds += time.perf_counter() - start
         self.decode_cpu_seconds += time.thread_time() - cpu  # decoding runs in this thread (one FFmpeg thread)
@@ -203,7 +196,7 @@ class DecoderCache:
             return
         codec = str(getattr(decoder.metadata, "codec", "") or "")
         message = fallback_message(clip.url or clip.cache_key, self.device, codec, str(status))
-        if self.strict_cuda:
+        if self.decode.strict_cuda_decode:
             raise RuntimeError(f"{message} (strict_cuda_decode=True)")
         if (self.device, codec) not in _warned_fallback:
             _warned_fallback.add((self.device, codec))

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 from ...exceptions import LeRobotShardsError
 from ...redaction import redact
 from ...timeouts import BOTOCORE_RETRIES, CONNECT_TIMEOUT_S, READ_HINT, READ_TIMEOUT_S, bounded, with_timeouts
+from ..options import ReadOptions
 from .shard_cache import CHUNK_BYTES, LOCAL_HINTS, FileCache, IOCounters, chunk_range, default_cache_bytes
 
 READ_AHEAD_CHUNKS = 4  # without a cache: chunks requested ahead of the reader
@@ -199,14 +200,14 @@ class RemoteIO:
     share names while every consumer of the same dataset shares its files.
     """
 
-    def __init__(self, url: str, cache_dir: str | None, cache_max_bytes: int | None, counters: IOCounters) -> None:
+    def __init__(self, url: str, read: ReadOptions, counters: IOCounters) -> None:
         self.counters = counters
         self.pool = ThreadPoolExecutor(max_workers=FETCH_THREADS, thread_name_prefix="shard-prefetch")
         self.prefix = hashlib.sha1(url.rstrip("/").encode()).hexdigest()[:16]
         self.cache = None
-        if cache_dir is not None:
-            max_bytes = default_cache_bytes(cache_dir) if cache_max_bytes is None else cache_max_bytes
-            self.cache = FileCache(cache_dir, max_bytes, self.pool, counters)
+        if read.cache_dir is not None:
+            max_bytes = default_cache_bytes(read.cache_dir) if read.cache_max_bytes is None else read.cache_max_bytes
+            self.cache = FileCache(read.cache_dir, max_bytes, self.pool, counters)
 
     def close(self, wait: bool = False) -> None:
         """Stop the fetch threads: queued requests are cancelled, those in flight finish (awaited

@@ -28,19 +28,19 @@ import pyarrow.parquet as pq
 
 from ... import format as fmt
 from ...episode_table import check_episode_table
-from ...filesystems import url_to_fs
 from ...lerobot_v3 import IMAGE_DTYPE, VIDEO_DTYPE, LeRobotV3Source, SourceError, numpy_of, protocols
 from ...names import check_name
-from ...redaction import register_secrets, without_credentials
 from ...resize import feature_size
 from ...safe_io import check_local_file, read_sidecar, read_small
 from ...shard_plan import plan_shards
 from ...timeouts import bounded
 from ..meta import Stats, stats_to_numpy
+from ..options import ReadOptions
 from ..plan.partition import ShardSpec
 from .integrity import IntegrityError, check_episode_bytes
-from .remote import LocalFile, Reader, RemoteFile, RemoteIO, close_when_open, ranged, reading, settled, with_timeouts
+from .remote import LocalFile, Reader, RemoteFile, RemoteIO, close_when_open, ranged, reading, settled
 from .shard_cache import CHUNK_BYTES, CachedFile, IOCounters
+from .storage import StorageLocation, as_location
 
 log = logging.getLogger(__name__)
 # Shards opened ahead of the reader, by size: the next one, and more while they fit in this many
@@ -193,84 +193,40 @@ class EpisodeSource(Protocol):
 
 
 def open_source(
-    url: str,
+    where: StorageLocation | str,
+    read: ReadOptions | None = None,
     *,
-    storage_options: dict[str, Any] | None = None,
-    cache_dir: str | None = None,
-    cache_max_bytes: int | None = None,
-    shard_bytes: int | None = None,
-    episodes_per_shard: int | None = None,
     episodes: Sequence[int] | None = None,
     metadata: SourceMetadata | None = None,
-    legacy_format: bool = False,
 ) -> EpisodeSource:
     """A converted dataset (has manifest.json) or a raw LeRobot v3.0 dataset (has meta/info.json).
 
-    ``episodes``: the subset that will be read; a raw dataset then needs only their files.
-    ``metadata``: another open of the same source's ``metadata`` (picklable): nothing is fetched
-    again, so DataLoader workers and later epochs reuse what the dataset read once.
-    ``legacy_format``: read a converted dataset of format 1 or 2 (``ReadOptions.legacy_format``).
-    Registers the options' secrets and endpoint with ``redaction.redact`` first: each DataLoader
-    worker opens its own source, and a spawned worker starts with nothing registered. Remote
-    reads get the loader's timeouts (``remote.with_timeouts``; the caller's options win).
+    ``where``: the dataset's ``StorageLocation`` (the dataset's, built once), or a URL opened with
+    ``read.storage_options``. ``read``: the read options, whole (the node cache, a raw dataset's
+    virtual shards). ``episodes``: the subset that will be read; a raw dataset then needs only their
+    files. ``metadata``: another open of the same source's ``metadata`` (picklable): nothing is
+    fetched again, so DataLoader workers and later epochs reuse what the dataset read once.
     """
-    storage_options = with_timeouts(str(url), storage_options)
-    register_secrets(storage_options)
-    without_credentials(str(url))  # registers a URL's password as a secret: never printed
-    with reading(str(url)):
-        return _open_source(
-            str(url),
-            storage_options,
-            cache_dir,
-            cache_max_bytes,
-            shard_bytes,
-            episodes_per_shard,
-            episodes,
-            metadata,
-            legacy_format,
-        )
+    read = read or ReadOptions()
+    location = as_location(where, read.storage_options)
+    with reading(location.url):
+        return _open_source(location, read, episodes, metadata)
 
 
 def _open_source(
-    url: str,
-    storage_options: dict[str, Any] | None,
-    cache_dir: str | None,
-    cache_max_bytes: int | None,
-    shard_bytes: int | None,
-    episodes_per_shard: int | None,
-    episodes: Sequence[int] | None,
-    metadata: SourceMetadata | None,
-    legacy_format: bool,
+    location: StorageLocation, read: ReadOptions, episodes: Sequence[int] | None, metadata: SourceMetadata | None
 ) -> EpisodeSource:
-    fs, path = url_to_fs(str(url), **(storage_options or {}))
-    path = path.rstrip("/")
-    if path.endswith(fmt.MANIFEST_NAME):
-        path = posixpath.dirname(path)
-        url = str(url).rstrip("/")[: -len(fmt.MANIFEST_NAME)].rstrip("/")
+    if location.root.endswith(fmt.MANIFEST_NAME):
+        location = location.at(location.url.rstrip("/")[: -len(fmt.MANIFEST_NAME)].rstrip("/"))
+    fs, path = location.fs, location.root
     if isinstance(metadata, fmt.Manifest) or (
         metadata is None and bounded(fs, "exists", posixpath.join(path, fmt.MANIFEST_NAME))
     ):
-        return ShardSource(
-            str(url),
-            storage_options=storage_options,
-            cache_dir=cache_dir,
-            cache_max_bytes=cache_max_bytes,
-            manifest=metadata,
-            legacy_format=legacy_format,
-        )
+        return ShardSource(location, read, manifest=metadata)
     if metadata is not None or bounded(fs, "exists", posixpath.join(path, "meta/info.json")):
-        return RawSource(
-            str(url),
-            storage_options=storage_options,
-            cache_dir=cache_dir,
-            cache_max_bytes=cache_max_bytes,
-            shard_bytes=shard_bytes,
-            episodes_per_shard=episodes_per_shard,
-            episodes=episodes,
-            src=metadata,
-        )
+        return RawSource(location, read, episodes=episodes, src=metadata)
     raise FileNotFoundError(
-        f"{url}: neither a converted dataset ({fmt.MANIFEST_NAME}) nor a LeRobot v3.0 dataset (meta/info.json)"
+        f"{location.url}: neither a converted dataset ({fmt.MANIFEST_NAME}) nor a LeRobot v3.0 dataset (meta/info.json)"
     )
 
 
@@ -278,18 +234,12 @@ class ShardSource:
     """A converted dataset: manifest, per-shard sidecars, episodes read by byte range."""
 
     def __init__(
-        self,
-        url: str,
-        *,
-        storage_options: dict[str, Any] | None = None,
-        cache_dir: str | None = None,
-        cache_max_bytes: int | None = None,
-        manifest: fmt.Manifest | None = None,
-        legacy_format: bool = False,
+        self, where: StorageLocation | str, read: ReadOptions | None = None, *, manifest: fmt.Manifest | None = None
     ):
-        self.url = url.rstrip("/")
-        self.fs, self.root = url_to_fs(self.url, **(storage_options or {}))
-        self.root = self.root.rstrip("/")
+        read = read or ReadOptions()
+        location = as_location(where, read.storage_options)
+        self.url = location.url.rstrip("/")
+        self.fs, self.root = location.fs, location.root
         self._local_root = self.root if "file" in protocols(self.fs) else None  # symlinks may not leave it
         where = posixpath.join(self.url, fmt.MANIFEST_NAME)
         # read_small: one GET (open().read() asks for the object's size first: two round trips)
@@ -297,7 +247,7 @@ class ShardSource:
         self.manifest = manifest or fmt.Manifest.from_json(
             read_small(self.fs, manifest_path, fmt.MAX_MANIFEST_BYTES, root=self._local_root, where=where),
             where=where,
-            legacy=legacy_format,
+            legacy=read.legacy_format,
         )
         self.metadata: SourceMetadata = self.manifest
         m = self.manifest
@@ -307,7 +257,7 @@ class ShardSource:
         self._entries: dict[int, tuple[int, fmt.EpisodeEntry]] = {}  # episode -> (shard, entry)
         self.counters = IOCounters()
         remote = "file" not in protocols(self.fs)
-        self.remote = RemoteIO(self.url, cache_dir, cache_max_bytes, self.counters) if remote else None
+        self.remote = RemoteIO(self.url, read, self.counters) if remote else None
         self._readers: dict[int, Future[Reader]] = {}  # the shard being read and the prefetched next one
         self._current: int | None = None
         self._upcoming: list[int] = []  # the shards the reader named on entering the current one, in order
@@ -620,25 +570,21 @@ class RawSource:
 
     def __init__(
         self,
-        url: str,
+        where: StorageLocation | str,
+        read: ReadOptions | None = None,
         *,
-        storage_options: dict[str, Any] | None = None,
-        cache_dir: str | None = None,
-        cache_max_bytes: int | None = None,
-        shard_bytes: int | None = None,
-        episodes_per_shard: int | None = None,
         episodes: Sequence[int] | None = None,
         src: LeRobotV3Source | None = None,
     ):
-        self.url = url.rstrip("/")
+        read = read or ReadOptions()
+        location = as_location(where, read.storage_options)
+        self.url = location.url.rstrip("/")
         # With a subset, only its episodes' files must exist (as LeRobot downloads only those).
         if src is None:
-            self.src = LeRobotV3Source(
-                self.url, storage_options=storage_options, allow_missing_files=episodes is not None
-            )
+            self.src = LeRobotV3Source(self.url, fs=location.fs, allow_missing_files=episodes is not None)
         else:  # its tables, with this process's filesystem (a forked worker may not use its parent's)
             self.src = copy.copy(src)
-            self.src.fs = url_to_fs(self.url, **(storage_options or {}))[0]
+            self.src.fs = location.fs
         self.metadata: SourceMetadata = self.src
         if episodes is not None:
             known = {e.episode_index for e in self.src.episodes}
@@ -648,7 +594,9 @@ class RawSource:
                 raise SourceError(f"{self.url}: {len(missing)} missing file(s) for the chosen episodes: {listing}")
         if src is None:  # a given ``src`` was checked by the source that read it (a worker's parent)
             self._check_frames(episodes)
-        plan = plan_shards(self.src.episode_sizes(), target_bytes=shard_bytes, episodes_per_shard=episodes_per_shard)
+        plan = plan_shards(
+            self.src.episode_sizes(), target_bytes=read.shard_bytes, episodes_per_shard=read.episodes_per_shard
+        )
         self.info = SourceInfo(
             fps=self.src.fps,
             features=self.src.features,
@@ -663,8 +611,8 @@ class RawSource:
         )
         self.counters = IOCounters()
         self.remote = None
-        if cache_dir is not None and "file" not in protocols(self.src.fs):
-            self.remote = RemoteIO(self.url, cache_dir, cache_max_bytes, self.counters)
+        if read.cache_dir is not None and "file" not in protocols(self.src.fs):
+            self.remote = RemoteIO(self.url, read, self.counters)
         self._files: dict[str, Future[CachedFile | None]] = {}  # mp4s downloading or held
         self._refs: dict[str, int] = {}  # resident episodes per held mp4
         self._lock = threading.Lock()  # episodes are released by the training thread
