@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -209,3 +210,48 @@ def test_a_timed_out_upload_names_the_remote_object_not_the_local_file() -> None
             "bucket/out/shards/shard-000000.tar",
         )
     assert "/tmp/x" not in str(raised.value)
+
+
+def test_a_raw_episode_read_against_a_paused_server_waits_out_one_deadline(
+    own_server, synth_factory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A raw dataset read from the bucket without cache_dir, paused before its first episode's two mp4
+    headers are read: they are read at once, and a failed read is raised, not read again (each read of a paused
+    server waits out a whole call deadline: the error came after two, 106 s against README's 52 s).
+    Checked by order, not by the clock: every call that timed out was in flight before the first
+    one gave up."""
+    import s3fs
+
+    from lerobot_shards import lerobot_v3, timeouts
+
+    proc, opts = own_server
+    raw = synth_factory(num_episodes=4, length_range=(6, 8), episodes_per_video_file=1, episodes_per_data_file=1)
+    fs = s3fs.S3FileSystem(**opts)
+    fs.mkdir("paused")
+    fs.put(str(raw) + "/", "paused/raw", recursive=True)
+    calls: list[tuple[float, float]] = []  # (start, end) of each call that timed out
+    real = timeouts.bounded
+
+    def timed(*args, **kwargs):
+        start = time.monotonic()
+        try:
+            return real(*args, **kwargs)
+        except Exception as e:
+            if timeouts.is_timeout(e):
+                calls.append((start, time.monotonic()))
+            raise
+
+    for module in (timeouts, lerobot_v3):
+        monkeypatch.setattr(module, "bounded", timed)
+    fast = {**opts, "config_kwargs": FAST}
+    ds = EpisodePoolDataset(
+        "s3://paused/raw", storage_options=fast, shuffle=False, episode_pool_size=1, prefetch_episodes=1
+    )
+    os.kill(proc.pid, signal.SIGSTOP)  # opened (metadata read), no mp4 header read yet
+    error = _outcome_within_guard(lambda: sum(1 for _ in ds))
+    os.kill(proc.pid, signal.SIGCONT)
+    assert isinstance(error, OSError | DecodeError), error
+    assert re.search(r"s3://paused/raw/(videos|data)/[\w./-]+\.(mp4|parquet)", str(error)), str(error)
+    assert calls, "no read timed out"
+    first_end = min(end for _, end in calls)
+    assert all(start < first_end for start, _ in calls), calls  # none started after one had given up

@@ -290,6 +290,7 @@ class LeRobotV3Source:
         self._file_sizes, self.missing_files = self._check_files(allow_missing_files)
         self._data_cache: tuple[str, pa.Table] | None = None
         self._video_headers: dict[str, VideoHeader] = {}
+        self._header_failures: dict[str, BaseException] = {}  # read_video_headers' failures, for the caller
 
     # -- metadata -------------------------------------------------------------------------------
 
@@ -665,6 +666,9 @@ class LeRobotV3Source:
 
         ``local_path``: a copy of the file on local disk (a raw loader's cache) read instead of storage.
         """
+        failed = self._header_failures.pop(rel_path, None)
+        if failed is not None:  # read at once by read_video_headers: a paused server is not waited out twice
+            raise failed
         if rel_path not in self._video_headers:
             import av
 
@@ -726,14 +730,17 @@ class LeRobotV3Source:
     def read_video_headers(self, paths: Iterable[str], local_paths: Mapping[str, str]) -> None:
         """Read the headers of several mp4s not read yet at once: from object storage each takes a few
         round trips, which the cameras of an episode would otherwise wait out one after another. A
-        failure is left to the caller's own ``video_header`` call, which names the episode and camera."""
+        failure is kept for the caller's own ``video_header`` call, which raises it (naming the episode
+        and camera) instead of reading again: against a paused server each read waits out a deadline."""
         todo = [p for p in dict.fromkeys(paths) if p not in self._video_headers and p not in self.missing_files]
         if len(todo) < 2 or all(p in local_paths or self.local_path(p) for p in todo):
             return
 
         def read(path: str) -> None:
-            with contextlib.suppress(Exception):  # raised again, with its context, by the caller's read
+            try:
                 self.video_header(path, local_paths.get(path))
+            except Exception as e:  # raised by the caller's read, with its context
+                self._header_failures[path] = e
 
         with ThreadPoolExecutor(len(todo), thread_name_prefix="mp4-headers") as pool:
             list(pool.map(read, todo))
