@@ -199,6 +199,12 @@ def _explain(exc: BaseException, urls: Iterable[str | None]) -> str:
                 f"{where or 'storage'}: {what} the storage endpoint; check endpoint_url in "
                 f"--storage-options (or AWS_ENDPOINT_URL) and that the server is up"
             )
+        if any("Checksum" in t.__name__ for t in type(e).__mro__):  # timeouts.is_checksum_error
+            where = _matching(given, str(e)) or (given[0] if given else "storage")
+            return (
+                f"{where}: the bytes the storage sent do not match the checksum it keeps for the object "
+                f"({type(e).__name__}: {e}); read again, and if it persists restore or re-upload the object"
+            )
         if isinstance(e, TimeoutError) and str(e):
             return f"{e}; check that the storage server is up and reachable (endpoint_url in --storage-options)"
         if name in ("NoCredentialsError", "PartialCredentialsError"):

@@ -30,6 +30,37 @@ READ_HINT = (
     "check that the storage server is up and reachable (endpoint_url in storage_options, or AWS_ENDPOINT_URL) "
     "and read again"
 )
+# A checksum the storage client checked (botocore's FlexibleChecksumError): the server answered, the
+# bytes are wrong; its reachability is not the problem.
+CHECKSUM_HINT = (
+    "the bytes the storage sent do not match the checksum it keeps for the object (damaged in storage or in "
+    "transit); read again, and if it persists restore or re-upload the object"
+)
+
+
+# Where the transport errors that are not OSErrors come from (botocore's, aiohttp's, ...): only
+# these are the storage's fault and get a hint about the storage.
+TRANSPORT_MODULES = frozenset(
+    {"botocore", "aiobotocore", "aiohttp", "s3fs", "gcsfs", "adlfs", "fsspec", "urllib3", "requests", "asyncio"}
+)
+
+
+def is_transport_error(error: BaseException) -> bool:
+    """Raised by a storage client or its transport (not by us, not a bug or a MemoryError of ours)."""
+    return type(error).__module__.split(".")[0] in TRANSPORT_MODULES
+
+
+def is_checksum_error(error: BaseException) -> bool:
+    """A storage client's checksum check that failed (botocore's ``FlexibleChecksumError``, ...), or an
+    error of ours whose text quotes one."""
+    return any("Checksum" in t.__name__ for t in type(error).__mro__) or "ChecksumError" in str(error)
+
+
+def read_failure(error: BaseException) -> str:
+    """``cannot read it (<type>: <message>); <what to do>``: the hint fits the failure (a checksum
+    that failed is the bytes' fault, anything else the connection's)."""
+    hint = CHECKSUM_HINT if is_checksum_error(error) else READ_HINT
+    return f"cannot read it ({type(error).__name__}: {error}); {hint}"
 
 
 def with_timeouts(url: str, storage_options: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -49,9 +49,10 @@ from ..format import (
 )
 from ..lerobot_v3 import LeRobotV3Source, SourceError
 from ..names import UnsafeNameError, check_name
+from ..redaction import redact
 from ..safe_io import check_local_file
 from ..tar_headers import TarHeaderError, member_header
-from ..timeouts import bounded, open_bounded
+from ..timeouts import bounded, is_transport_error, open_bounded, read_failure
 from ..video import ClipError, decode_frames, decoded_frames, probe_clip, transform_frame
 from .destination import LEROBOT_INFO, RUN_RECORD, Destination
 from .shard_status import shard_status
@@ -268,6 +269,11 @@ class _Verifier:
             return []
         except FormatError as e:
             self.report.problem(str(e))
+            return []
+        except Exception as e:  # a failed read of the object (its checksum, the connection): named, reported
+            if not is_transport_error(e):
+                raise
+            self.report.problem(redact(f"{self.dest.url}/{rel}: {read_failure(e)}"))
             return []
         if reader.size != record.bytes:
             self.report.problem(f"{where}: {reader.size} bytes, the manifest says {record.bytes}")

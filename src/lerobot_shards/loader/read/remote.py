@@ -18,18 +18,21 @@ from typing import Any, Protocol
 
 from ...exceptions import LeRobotShardsError
 from ...redaction import redact
-from ...timeouts import BOTOCORE_RETRIES, CONNECT_TIMEOUT_S, READ_HINT, READ_TIMEOUT_S, bounded, with_timeouts
+from ...timeouts import (
+    BOTOCORE_RETRIES,
+    CONNECT_TIMEOUT_S,
+    READ_HINT,
+    READ_TIMEOUT_S,
+    bounded,
+    is_transport_error,
+    read_failure,
+    with_timeouts,
+)
 from ..options import ReadOptions
 from .shard_cache import CHUNK_BYTES, LOCAL_HINTS, FileCache, IOCounters, chunk_range, default_cache_bytes
 
 READ_AHEAD_CHUNKS = 4  # without a cache: chunks requested ahead of the reader
 FETCH_THREADS = 4  # ranged requests in flight per consumer
-
-# Where the transport errors that are not OSErrors come from (botocore's, aiohttp's, ...): only
-# these are the storage's fault and get the hint to check the server.
-TRANSPORT_MODULES = frozenset(
-    {"botocore", "aiobotocore", "aiohttp", "s3fs", "gcsfs", "adlfs", "fsspec", "urllib3", "requests", "asyncio"}
-)
 
 __all__ = ["BOTOCORE_RETRIES", "CONNECT_TIMEOUT_S", "READ_HINT", "READ_TIMEOUT_S", "reading", "with_timeouts"]
 
@@ -53,11 +56,11 @@ def reading(where: str) -> Iterator[None]:
         if e.errno in LOCAL_HINTS:  # the local disk's problem (the cache's), not the storage server's
             path = f" ({e.filename})" if e.filename else ""
             raise OSError(e.errno, redact(f"{where}: {e.strerror}{path}; {LOCAL_HINTS[e.errno]}")) from None
-        raise OSError(redact(f"{where}: cannot read it ({type(e).__name__}: {e}); {READ_HINT}")) from None
+        raise OSError(redact(f"{where}: {read_failure(e)}")) from None
     except Exception as e:
-        if isinstance(e, LeRobotShardsError) or type(e).__module__.split(".")[0] not in TRANSPORT_MODULES:
+        if isinstance(e, LeRobotShardsError) or not is_transport_error(e):
             raise  # our own check, or a bug or MemoryError: the storage server is not the reason
-        raise OSError(redact(f"{where}: cannot read it ({type(e).__name__}: {e}); {READ_HINT}")) from None
+        raise OSError(redact(f"{where}: {read_failure(e)}")) from None
 
 
 def _redact_in_place(error: BaseException) -> None:
