@@ -52,7 +52,7 @@ from ..names import UnsafeNameError, check_name
 from ..redaction import redact
 from ..safe_io import check_local_file
 from ..tar_headers import TarHeaderError, member_header
-from ..timeouts import bounded, is_transport_error, open_bounded, read_failure
+from ..timeouts import bounded, is_checksum_error, open_bounded, read_failure
 from ..video import ClipError, decode_frames, decoded_frames, probe_clip, transform_frame
 from .destination import LEROBOT_INFO, RUN_RECORD, Destination
 from .shard_status import shard_status
@@ -270,9 +270,9 @@ class _Verifier:
         except FormatError as e:
             self.report.problem(str(e))
             return []
-        except Exception as e:  # a failed read of the object (its checksum, the connection): named, reported
-            if not is_transport_error(e):
-                raise
+        except Exception as e:  # the storage's bytes failed its checksum: a problem of this shard, named
+            if not is_checksum_error(e):
+                raise  # the connection's: the command fails naming what it waited for (``explain``)
             self.report.problem(redact(f"{self.dest.url}/{rel}: {read_failure(e)}"))
             return []
         if reader.size != record.bytes:
