@@ -306,3 +306,33 @@ def test_upload_into_the_conversion_itself_is_refused(converted: Path, tmp_path:
     with pytest.raises(UploadError, match=rf"{re.escape(dest)}: {relation} the conversion {re.escape(str(out))}"):
         upload_dataset(out, dest, overwrite=True, progress=False)
     assert output_files(tmp_path) == before
+
+
+def test_a_shard_whose_every_put_is_refused_is_named_as_the_remote_object(
+    converted: Path, s3_server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every PUT of one shard answered 503 (injected into the real S3 client): the upload fails naming
+    the remote object, in its error and in the CLI's line, not the local folder it was given first."""
+    import s3fs
+    from botocore.exceptions import ClientError
+
+    from lerobot_shards.convert import destination
+    from lerobot_shards.redaction import explain
+
+    fs, bucket, out = _tampered_copy("refused", lambda out: None, converted, s3_server, tmp_path)
+    real = s3fs.S3FileSystem._put_file
+
+    async def refused(self, lpath, rpath, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if rpath.endswith("shard-000000.tar"):
+            raise ClientError({"Error": {"Code": "503", "Message": "Slow Down"}}, "PutObject")
+        return await real(self, lpath, rpath, *args, **kwargs)
+
+    monkeypatch.setattr(s3fs.S3FileSystem, "_put_file", refused)
+    monkeypatch.setattr(destination, "RETRY_FIRST_WAIT_S", 0.01)
+    url = f"s3://{bucket}/ds"
+    with pytest.raises(TransferError) as raised:
+        upload_dataset(out, url, storage_options=_options(s3_server), workers=1, progress=False)
+    remote = f"{url}/shards/shard-000000.tar"
+    assert str(raised.value).startswith(f"{remote}: failed after 5 attempts"), str(raised.value)
+    line = explain(raised.value, [str(out), url])
+    assert line.startswith(f"{remote}: ") and str(out) not in line, line

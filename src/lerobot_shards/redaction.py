@@ -181,8 +181,21 @@ def explain(exc: BaseException, urls: Iterable[str | None] = ()) -> str:
     return redact(_explain(exc, urls))
 
 
+def _named(exc: BaseException) -> str | None:
+    """The remote object an error of ours names first (``s3://b/ds/shards/x.tar: failed after ...``):
+    a storage error chained under it knows no object, and the command's first location may be a
+    local folder (upload's)."""
+    from .exceptions import LeRobotShardsError
+
+    head = str(exc).split(": ", 1)[0] if isinstance(exc, LeRobotShardsError) else ""
+    return head if "://" in head and " " not in head else None
+
+
 def _explain(exc: BaseException, urls: Iterable[str | None]) -> str:
+    named = _named(exc)
     given = [u for u in urls if u]
+    if named is not None:  # the object our error names goes first: said before the command's locations
+        given.insert(0, named)
     for e in _chain(exc):
         name = type(e).__name__
         kwargs = getattr(e, "kwargs", None) or {}
@@ -217,7 +230,11 @@ def _explain(exc: BaseException, urls: Iterable[str | None]) -> str:
         if isinstance(response, dict) and isinstance(response.get("Error"), dict):
             error = response["Error"]
             code, bucket = str(error.get("Code", "")), str(error.get("BucketName", ""))
-            where = _matching(given, bucket) or (f"s3://{bucket}" if bucket else (given[0] if given else "storage"))
+            where = (
+                named
+                or _matching(given, bucket)
+                or (f"s3://{bucket}" if bucket else (given[0] if given else "storage"))
+            )
             if code == "NoSuchBucket":
                 return f"{where}: bucket {bucket!r} does not exist; create it or correct the URL"
             if code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403"):
