@@ -14,39 +14,20 @@ from __future__ import annotations
 
 import multiprocessing
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 from .plan.elastic import Origin
+from .plan.order import MAX_SEGMENTS, ResumeState
 from .plan.resume import Segments
 
 (_EPOCH, _SEEN_WORKERS, _HAS_RESUME, _R_EPOCH, _R_BATCHES, _R_BATCH_SIZE, _R_WORKERS, _R_WORLD, *_R_ORIGIN) = range(12)
 _WINDOWS = 12  # generation of the windows (``set_delta_timestamps``)
 _UNKNOWN = -1
 # A resumed epoch's earlier batch sizes (``ResumeState.earlier``, ``Origin.earlier``): a count,
-# then (batches, batch_size) pairs, for each of the two.
-MAX_SEGMENTS = 32
+# then (batches, batch_size) pairs (at most ``MAX_SEGMENTS``), for each of the two.
 _R_EARLIER = 13
 _R_ORIGIN_EARLIER = _R_EARLIER + 1 + 2 * MAX_SEGMENTS
 _SIZE = _R_ORIGIN_EARLIER + 1 + 2 * MAX_SEGMENTS
-
-
-@dataclass(frozen=True)
-class ResumeState:
-    """Where a resumed epoch starts: after ``batches_consumed`` batches of ``batch_size``."""
-
-    epoch: int
-    batches_consumed: int
-    batch_size: int
-    num_workers: int | None  # DataLoader workers of the run that saved it (None: not recorded)
-    world_size: int | None = None  # ranks of the run that saved it (None: not recorded)
-    origin: Origin | None = None  # saved inside an elastic-resumed epoch: the run that epoch resumed
-    earlier: Segments = ()  # batches of earlier batch sizes since ``origin`` (or the epoch's start)
-
-    def segments(self) -> Segments:
-        """The batches consumed since ``origin`` (or the epoch's start) by batch size, in order."""
-        since = self.batches_consumed - (self.origin.batches_consumed if self.origin is not None else 0)
-        return (*self.earlier, (since - sum(b for b, _ in self.earlier), self.batch_size))
 
 
 class SharedControl:

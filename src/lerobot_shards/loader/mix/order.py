@@ -35,9 +35,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..control import ResumeState
 from ..plan.elastic import ElasticPlan, Origin, SubsetSampler
-from ..plan.order import EpochOrder, elastic_origin
+from ..plan.order import EpochOrder, ResumeState, elastic_origin
 from ..plan.partition import Consumer, ConsumerPlan, ShardSpec, split_shards, work_units
 from ..plan.resume import Segments, resume_point, samples_to_skip
 from ..plan.sampling import PoolSampler, keyed_rng

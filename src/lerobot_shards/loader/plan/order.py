@@ -26,7 +26,6 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from ..control import MAX_SEGMENTS, ResumeState
 from .elastic import ElasticPlan, Origin, Replay, SubsetSampler, plan_elastic
 from .partition import Consumer, ConsumerPlan, PlanOptions, ShardSpec, plan_consumer
 from .resume import Segments, merge_segments, resume_point
@@ -38,6 +37,8 @@ SAMPLER_ORDER = 2
 # Bounds of a state's layout: an elastic resume replays every consumer of the saving layout.
 MAX_WORLD_SIZE = 1 << 16
 MAX_WORKERS = 1024
+# A resumed epoch's earlier batch sizes a state may hold (``ResumeState.earlier``, ``Origin.earlier``).
+MAX_SEGMENTS = 32
 MAX_CONSUMERS = 1 << 18
 MAX_COUNT = 1 << 62  # epochs, batches, batch sizes: they live in a shared int64 array
 DIGEST_CHARS = 16
@@ -48,6 +49,24 @@ ELASTIC = tuple(f"elastic_{k}" for k in ("world_size", "num_workers", "batches_c
 # The epoch's batches of earlier batch sizes: since the elastic origin (or the epoch's start), and the origin's own.
 EARLIER, ELASTIC_EARLIER = "earlier_batches", "elastic_earlier_batches"
 ORDER_DIGEST = "order_digest"
+
+
+@dataclass(frozen=True)
+class ResumeState:
+    """Where a resumed epoch starts: after ``batches_consumed`` batches of ``batch_size``."""
+
+    epoch: int
+    batches_consumed: int
+    batch_size: int
+    num_workers: int | None  # DataLoader workers of the run that saved it (None: not recorded)
+    world_size: int | None = None  # ranks of the run that saved it (None: not recorded)
+    origin: Origin | None = None  # saved inside an elastic-resumed epoch: the run that epoch resumed
+    earlier: Segments = ()  # batches of earlier batch sizes since ``origin`` (or the epoch's start)
+
+    def segments(self) -> Segments:
+        """The batches consumed since ``origin`` (or the epoch's start) by batch size, in order."""
+        since = self.batches_consumed - (self.origin.batches_consumed if self.origin is not None else 0)
+        return (*self.earlier, (since - sum(b for b, _ in self.earlier), self.batch_size))
 
 
 @dataclass(frozen=True)
