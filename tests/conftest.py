@@ -12,7 +12,7 @@ import pytest
 
 from lerobot_shards.synth import synth_dataset
 
-pytest_plugins = ["s3_server"]
+pytest_plugins = ["s3_server", "hub_server"]
 
 
 @pytest.fixture(scope="session")

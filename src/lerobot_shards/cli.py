@@ -206,6 +206,23 @@ def _remote(url: str, options: dict) -> dict:
     return options if "://" in url and not url.startswith("file://") else {}
 
 
+_REVISION = click.option(
+    "--revision",
+    help="For a source given as a Hub dataset repo id (namespace/name): its branch, tag or commit "
+    "(default: the codebase-version tag, as LeRobot picks it).",
+)
+
+
+def _hub_source(source: str, revision: str | None, options: dict) -> str:
+    """SOURCE as given, or a Hub repo id as its pinned hf:// URL (``filesystems.resolve_source``)."""
+    from .filesystems import resolve_source
+
+    try:
+        return resolve_source(source, revision, _remote("hf://", options))
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--revision") from None
+
+
 _STORAGE_OPTIONS = click.option(
     "--storage-options",
     metavar="JSON",
@@ -296,6 +313,7 @@ _STORAGE_OPTIONS = click.option(
 )
 @click.option("--overwrite", is_flag=True, help="Replace a destination that holds foreign or other-settings output.")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Show a progress bar.")
+@_REVISION
 @_STORAGE_OPTIONS
 def convert(
     source: str,
@@ -316,9 +334,10 @@ def convert(
     check_decode: bool,
     overwrite: bool,
     progress: bool,
+    revision: str | None,
     storage_options: str | None,
 ) -> None:
-    """Repack the LeRobot v3.0 dataset SOURCE into episode-aligned tar shards at DEST (path or fsspec URL).
+    """Repack the LeRobot v3.0 dataset SOURCE (a path, an fsspec URL or a Hub dataset repo id) into episode-aligned tar shards at DEST (path or fsspec URL).
 
     Re-running the same command resumes: complete shards whose checksums match are kept.
     """
@@ -334,6 +353,7 @@ def convert(
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--resize") from None
     options = _storage_options(storage_options)
+    source = _hub_source(source, revision, options)
     try:
         convert_options = ConvertOptions(
             shard_bytes=None if shard_size is None else parse_size(shard_size),
@@ -397,6 +417,7 @@ def convert(
     "format is reported as a problem (an edit may have lowered the version).",
 )
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Show a progress bar.")
+@_REVISION
 @_STORAGE_OPTIONS
 def verify(
     out: str,
@@ -405,6 +426,7 @@ def verify(
     seed: int,
     legacy_format: bool,
     progress: bool,
+    revision: str | None,
     storage_options: str | None,
 ) -> None:
     """Check a converted dataset: checksums, member offsets, frame counts, episode coverage, decoded frames."""
@@ -412,6 +434,7 @@ def verify(
 
     _locations(source, out)
     options = _storage_options(storage_options)
+    source = _hub_source(source, revision, options) if source else None
     try:
         report = verify_dataset(
             out,
@@ -466,8 +489,9 @@ def upload(out: str, url: str, workers: int, overwrite: bool, progress: bool, st
 
 @main.command("inspect")
 @click.argument("path")
+@_REVISION
 @_STORAGE_OPTIONS
-def inspect_cmd(path: str, storage_options: str | None) -> None:
+def inspect_cmd(path: str, revision: str | None, storage_options: str | None) -> None:
     """Summarise PATH, a LeRobot v3.0 dataset or a converted one: episodes, frames, cameras, codecs, shards.
 
     A mixture file (.yaml, .yml, .json): its sources, shares, samples per epoch and shared keys.
@@ -480,6 +504,8 @@ def inspect_cmd(path: str, storage_options: str | None) -> None:
     _locations(path)
     options = _storage_options(storage_options)
     try:
+        if not is_mixture_file(path):
+            path = _hub_source(path, revision, options)
         if is_mixture_file(path):
             click.echo(inspect_mixture(path, storage_options=options))
         else:

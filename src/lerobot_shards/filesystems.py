@@ -11,17 +11,26 @@ about 0.01 s. A spawned (or forkserver) worker starts cold, as before.
 
 Options that s3fs would hand to the session it builds itself (``profile``, say) are left to s3fs:
 no session is given then, and nothing changes.
+
+Hugging Face Hub sources: ``hf://`` URLs get ``integrations.hub.HubFileSystem`` (HfFileSystem with
+bounded, retried requests) and a dataset repo id given where a source path goes is resolved to one
+(``resolve_source``); the Hub module is imported only then.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import threading
+from collections.abc import Mapping
 from typing import Any
 
 import fsspec
 
 S3_PROTOCOLS = ("s3", "s3a")
+HUB_PROTOCOL = "hf"
+# A Hub repo id as the Hub allows it: namespace/name, letters, digits, '-', '_', '.', no '--' or '..'.
+_REPO_ID = re.compile(r"^(?!.*(?:--|\.\.))[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
 
 _lock = threading.Lock()
 _loader: Any = None  # botocore's data loader, filled once per process tree (inherited on fork)
@@ -40,6 +49,11 @@ def url_to_fs(url: str, **storage_options: Any) -> tuple[Any, str]:
     """``fsspec.core.url_to_fs``; an S3 file system that would make a cold session of its own gets
     a warm one instead (set on the instance, not in its options: pickling it for a spawned worker
     carries the options only)."""
+    if fsspec.core.split_protocol(str(url))[0] == HUB_PROTOCOL:
+        from .integrations.hub import filesystem
+
+        hub = filesystem(storage_options)
+        return hub, hub._strip_protocol(str(url))
     fs, path = fsspec.core.url_to_fs(str(url), **storage_options)
     if _makes_own_session(fs):
         fs.session = warm_session()
@@ -67,3 +81,36 @@ def warm_session() -> Any:
         else:
             session.register_component("data_loader", _loader)
     return session
+
+
+def hub_repo_id(source: str) -> str | None:
+    """``source`` when it names a Hub dataset repo (``lerobot/pusht``), else None.
+
+    The rule: a URL (``scheme://``) is a URL; a path that exists locally is that path, even one
+    shaped like a repo id; otherwise ``namespace/name`` with the Hub's characters (one slash, no
+    leading ``.``, ``/`` or ``~``) is a repo id, and anything else a local path.
+    """
+    text = str(source)
+    if "://" in text or os.path.lexists(text) or not _REPO_ID.match(text):
+        return None
+    return text
+
+
+def resolve_source(source: str, revision: str | None = None, storage_options: Mapping[str, Any] | None = None) -> str:
+    """A source as given, or for a Hub repo id ``hf://datasets/<repo_id>@<commit>``: the revision
+    resolved as LeRobot does (None: the codebase-version tag) and pinned to its commit.
+
+    Called once where a user names a source (commands, datasets); what it returns is what workers,
+    records and resume states keep, so a moved tag never changes what a job reads.
+    """
+    repo_id = hub_repo_id(source)
+    if repo_id is None:
+        if revision is not None:
+            raise ValueError(f"{source}: revision={revision!r} applies to a Hub repo id (namespace/name) only")
+        return str(source)
+    from .integrations.hub import HubNotFound, repo_url
+
+    try:
+        return repo_url(repo_id, revision, storage_options)
+    except HubNotFound as e:
+        raise HubNotFound(f"{e} (and no local folder {source!r} exists)") from None

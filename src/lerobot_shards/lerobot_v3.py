@@ -31,7 +31,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .exceptions import LeRobotShardsError
-from .filesystems import url_to_fs
+from .filesystems import resolve_source, url_to_fs
 from .format import UNREADABLE, feature_shape, unreadable_feature
 from .names import UnsafeNameError, check_name, check_relpath
 from .redaction import redact, without_credentials
@@ -270,6 +270,7 @@ class LeRobotV3Source:
     ) -> None:
         without_credentials(str(root))  # registers a URL's password as a secret: never printed
         if fs is None:
+            root = resolve_source(str(root), storage_options=storage_options)  # a Hub repo id: its hf:// URL
             storage_options = with_timeouts(str(root), storage_options)  # no read waits on a silent server for long
             fs, path = url_to_fs(str(root), **(storage_options or {}))
         else:

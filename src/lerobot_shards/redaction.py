@@ -19,12 +19,14 @@ import urllib.parse
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from .exceptions import LeRobotShardsError
+
 REDACTED = "***"
 # Environment variables whose values are secrets wherever they show up in a log line.
-SECRET_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN")
+SECRET_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN", "HF_TOKEN")
 # Environment variables and the storage option (also inside client_kwargs) naming the endpoint
 # URL (boto3, s3fs, fsspec), replaced by ENDPOINT wherever it shows up.
-ENDPOINT_ENV = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "FSSPEC_S3_ENDPOINT_URL")
+ENDPOINT_ENV = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "FSSPEC_S3_ENDPOINT_URL", "HF_ENDPOINT")
 ENDPOINT_OPTION = "endpoint_url"
 ENDPOINT = "<endpoint>"
 # Storage-option names whose values are secrets (s3fs, gcsfs, adlfs, generic fsspec).
@@ -41,6 +43,8 @@ _PATTERNS = [
         r"['\"])[^'\"]+"
     ),
 ]
+# Hugging Face user access tokens, wherever they show up (the Hub client logs request headers at DEBUG).
+_PATTERNS.append(re.compile(r"(?<![A-Za-z0-9_])()hf_[A-Za-z0-9]{20,}"))
 # Credentials inside a URL (http://user:token@host/...): whatever the URL, never printed.
 _PATTERNS.append(re.compile(r"(\b[a-z][a-z0-9+.-]*://)[^/@\s'\"]+(?=@)", re.IGNORECASE))
 # Loggers of storage clients that print credentials, signatures and endpoints at DEBUG.
@@ -218,7 +222,7 @@ def _explain(exc: BaseException, urls: Iterable[str | None]) -> str:
                 f"{where}: the bytes the storage sent do not match the checksum it keeps for the object "
                 f"({type(e).__name__}: {e}); read again, and if it persists restore or re-upload the object"
             )
-        if isinstance(e, TimeoutError) and str(e):
+        if isinstance(e, TimeoutError) and str(e) and not isinstance(e, LeRobotShardsError):  # ours say what to do
             return f"{e}; check that the storage server is up and reachable (endpoint_url in --storage-options)"
         if name in ("NoCredentialsError", "PartialCredentialsError"):
             where = next((u for u in given if u.startswith("s3://")), "s3")

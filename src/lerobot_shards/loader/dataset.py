@@ -26,6 +26,7 @@ import pyarrow.compute  # noqa: F401  (pa.compute)
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from ..filesystems import resolve_source
 from ..lerobot_v3 import IMAGE_DTYPE
 from ..resize import camera_sizes, resized_features
 from ..video import cores_per_rank
@@ -116,7 +117,8 @@ class EpisodePoolDataset(IterableDataset):
                 stacklevel=2,
             )
         order, read, decode = group_options(order, read, decode, options)
-        self.source_url = str(source)
+        # a Hub repo id becomes hf://datasets/<repo>@<commit> here, once: workers and resume states keep that
+        self.source_url = resolve_source(str(source), read.revision, read.storage_options)
         self.rank, self.world_size = _distributed(rank, world_size)
         # DDP-safe default: unequal batch counts across ranks hang the first collective after
         # the shorter rank's epoch ended.

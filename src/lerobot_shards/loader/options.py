@@ -125,6 +125,9 @@ class ReadOptions:
     # fsspec options for remote sources (e.g. the s3 endpoint and keys); the loader adds
     # connect/read timeouts and bounded retries for S3 (``remote.with_timeouts``; yours win).
     storage_options: Mapping[str, Any] | None = None
+    # The revision (branch, tag or commit) of a source given as a Hub repo id (``lerobot/pusht``);
+    # None: the codebase-version tag LeRobot picks (``integrations.hub.repo_url``).
+    revision: str | None = None
     # Local directory where remote shards (and a raw dataset's mp4s) are downloaded whole,
     # shared by every worker and rank on the node (``loader.read.shard_cache``).
     cache_dir: str | None = None
@@ -153,6 +156,8 @@ class ReadOptions:
             raise ValueError(f"legacy_format must be True or False, got {self.legacy_format!r}")
         if self.storage_options is not None and not isinstance(self.storage_options, Mapping):
             raise ValueError(f"storage_options must be a dict or None, got {type(self.storage_options).__name__}")
+        if self.revision is not None and (not isinstance(self.revision, str) or not self.revision.strip()):
+            raise ValueError(f"revision must be a branch, tag or commit of a Hub repo, or None, got {self.revision!r}")
         if self.cache_dir is not None:
             if not isinstance(self.cache_dir, (str, os.PathLike)) or not isinstance(os.fspath(self.cache_dir), str):
                 raise ValueError(f"cache_dir must be a path or None, got {self.cache_dir!r}")

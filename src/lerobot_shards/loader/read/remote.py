@@ -49,9 +49,9 @@ def reading(where: str) -> Iterator[None]:
     """
     try:
         yield
-    except (ValueError, LookupError, FileNotFoundError, PermissionError) as e:
+    except (ValueError, LookupError, FileNotFoundError, PermissionError, LeRobotShardsError) as e:
         _redact_in_place(e)  # they pass, but without the password of a URL they quote
-        raise
+        raise  # they say where already (a Hub source's errors say what to do too)
     except OSError as e:
         if e.errno in LOCAL_HINTS:  # the local disk's problem (the cache's), not the storage server's
             path = f" ({e.filename})" if e.filename else ""

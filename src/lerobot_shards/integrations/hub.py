@@ -1,0 +1,377 @@
+"""Datasets on the Hugging Face Hub: repo ids resolved as LeRobot resolves them, read through fsspec.
+
+Imported only when a source is a Hub one (``filesystems.resolve_source`` for a repo id,
+``filesystems.url_to_fs`` for an ``hf://`` URL): ``huggingface_hub`` is needed then, not otherwise.
+
+A repo id (``lerobot/pusht``) becomes ``hf://datasets/lerobot/pusht@<commit>``: the revision is the
+one asked for, or by default the codebase-version tag as LeRobot 0.6.1 picks it
+(``datasets/utils.py:get_safe_version``: exactly ``v3.0``, else the newest ``v3.x`` tag or branch
+with a lower minor), pinned to its commit so that every rank, worker and resume reads the same
+bytes even if the tag moves. ``hf://`` URLs are read as written (no ``@revision``: ``main``, as
+``HfFileSystem`` reads them).
+
+``HubFileSystem`` is ``huggingface_hub.HfFileSystem`` with every request it makes for a dataset
+repo bounded: the client's own requests have no timeout (a Hub that stops answering holds a
+listing forever), and its repo-info request is never retried (one HTTP 500 failed a whole job).
+Here each request has a timeout, failures (timeouts, dropped connections, 408, 429, 5xx) are
+retried with exponential backoff that honours ``Retry-After``, and each call gives up within its
+deadline with one line naming the Hub. The whole repo tree is listed once per file system
+instance (one paginated recursive listing) and kept in its ``dircache``; DataLoader workers forked
+from the process that opened the dataset inherit it and list nothing. ``cat_file`` with a range
+is one ranged GET (fsspec's default reads a 5 MB read-ahead block). Buckets (``hf://buckets/``)
+are left to ``HfFileSystem`` as it is.
+
+The token comes from where ``huggingface_hub`` looks (``HF_TOKEN``, the stored login of ``hf auth
+login``) or the storage option ``token``; it is registered with ``redaction`` and never written
+into a URL, manifest, record, log or message. ``HF_ENDPOINT`` is read when a file system is made
+(``huggingface_hub.constants`` reads it once, at import), so a test or benchmark can point
+everything at a server it started.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import os
+import re
+import threading
+import time
+import urllib.parse
+from collections.abc import Mapping
+from typing import Any
+
+import httpx2
+from huggingface_hub import HfFileSystem, constants, get_token
+from huggingface_hub.errors import EntryNotFoundError
+from huggingface_hub.hf_file_system import HfFileSystemFile, HfFileSystemResolvedRepositoryPath
+from huggingface_hub.utils import build_hf_headers, get_session
+
+from ..exceptions import LeRobotShardsError
+from ..redaction import register_secrets
+
+CODEBASE_VERSION = "v3.0"  # the LeRobot dataset format this package reads
+REQUEST_TIMEOUT_S = 10.0  # connect and longest silence within one response (storage option ``timeout``)
+DEADLINE_S = 60.0  # one call, retries and their waits included (storage option ``deadline``)
+FIRST_BACKOFF_S = 0.5  # then doubled, at most MAX_BACKOFF_S; a Retry-After header wins
+MAX_BACKOFF_S = 8.0
+RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+INVALID_TOKEN = "Invalid credentials in Authorization header"  # the Hub's X-Error-Message for a bad token
+_VERSION = re.compile(r"^v?(\d+)\.(\d+)(?:\.(\d+))?$")
+
+
+class HubError(LeRobotShardsError, OSError):
+    """The Hub could not give what was asked; the message names the repo or file and what to do."""
+
+
+class HubUnavailable(HubError, TimeoutError):
+    """No answer (or only failures and rate limits) from the Hub within the deadline."""
+
+
+class HubAuthError(HubError, PermissionError):
+    """The Hub refused the token (never printed: the message says where it came from)."""
+
+
+class HubNotFound(HubError, FileNotFoundError):
+    """No such repo, revision or file (or a private repo the token may not read)."""
+
+
+def endpoint() -> str:
+    """The Hub's URL: ``HF_ENDPOINT`` as set now, else huggingface_hub's (read at its import)."""
+    return (os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
+
+
+def token_origin(token: Any) -> str:
+    """Where the token came from, for messages (the token itself never is)."""
+    if isinstance(token, str):
+        return "the token in storage_options"
+    for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
+        if os.environ.get(name):
+            return name
+    return "the stored login (hf auth login)"
+
+
+def parse_version(name: str) -> tuple[int, int, int] | None:
+    """``v3.0`` -> (3, 0, 0); None for what ``packaging`` would not read as a plain version (``main``)."""
+    m = _VERSION.match(name.strip())
+    return (int(m[1]), int(m[2]), int(m[3] or 0)) if m else None
+
+
+def safe_version(repo_id: str, refs: Mapping[str, Any], target: str) -> str:
+    """The revision LeRobot 0.6.1's ``get_safe_version`` picks among ``refs`` (branch and tag names):
+    ``target`` itself, else the newest with its major and a minor not above its own; anything else
+    is refused naming what the repo has."""
+    wanted = parse_version(target)
+    assert wanted is not None
+    versions = {v: name for name in refs if (v := parse_version(name)) is not None}
+    if not versions:
+        raise HubNotFound(
+            f"{repo_id}: the repo has no version tag (LeRobot tags a dataset with its codebase version, e.g. "
+            f"{CODEBASE_VERSION}); pass a revision (a branch or commit) or tag it"
+        )
+    if wanted in versions:
+        return versions[wanted]
+    compatible = [v for v in versions if v[0] == wanted[0] and v[1] <= wanted[1]]
+    if compatible:
+        return versions[max(compatible)]
+    have = ", ".join(versions[v] for v in sorted(versions))
+    raise HubNotFound(
+        f"{repo_id}: no revision compatible with {target} (the repo has {have}); a v2.x dataset needs LeRobot's "
+        "v2.1-to-v3.0 conversion, or pass revision= explicitly"
+    )
+
+
+class HubFileSystem(HfFileSystem):
+    """``HfFileSystem`` whose dataset-repo requests are bounded and retried, its tree listed once.
+
+    Extra storage options: ``timeout`` (seconds per request) and ``deadline`` (seconds per call).
+    """
+
+    def __init__(self, *args: Any, timeout: float = REQUEST_TIMEOUT_S, deadline: float = DEADLINE_S, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.request_timeout = float(timeout)
+        self.deadline = float(deadline)
+        self._listed: set[str] = set()
+        self._listing_lock = threading.Lock()
+        register_secrets({"token": self.token if isinstance(self.token, str) else get_token()})
+
+    # -- requests ----------------------------------------------------------------------------------
+
+    def request(self, method: str, url: str, where: str, **kwargs: Any) -> httpx2.Response:
+        """One Hub request, retried with backoff (``Retry-After`` honoured) until it succeeds or the
+        deadline passes; errors become one-line ``HubError``s naming ``where``."""
+        headers = {**build_hf_headers(token=self.token), **kwargs.pop("headers", {})}
+        give_up = time.monotonic() + self.deadline
+        backoff, tries, last = FIRST_BACKOFF_S, 0, ""
+        while True:
+            tries += 1
+            wait = None
+            try:
+                response = get_session().request(
+                    method, url, headers=headers, timeout=self.request_timeout, follow_redirects=True, **kwargs
+                )
+            except (httpx2.TimeoutException, httpx2.NetworkError, httpx2.RemoteProtocolError) as e:
+                last = (
+                    "no answer" if isinstance(e, httpx2.TimeoutException) else f"connection failed ({type(e).__name__})"
+                )
+            else:
+                if response.status_code < 400:
+                    return response
+                if response.status_code not in RETRY_STATUS:
+                    raise self._refused(response, where)
+                last = f"HTTP {response.status_code}"
+                wait = _retry_after(response.headers.get("Retry-After"))
+            wait = backoff if wait is None else wait
+            backoff = min(MAX_BACKOFF_S, backoff * 2)
+            if time.monotonic() + wait >= give_up:
+                raise HubUnavailable(
+                    f"{where}: the Hugging Face Hub did not serve it within {self.deadline:.0f} s ({tries} tries, "
+                    f"last: {last}); check the Hub's status or HF_ENDPOINT and your network, then retry"
+                )
+            time.sleep(wait)
+
+    def _refused(self, response: httpx2.Response, where: str) -> HubError:
+        code = response.headers.get("X-Error-Code", "")
+        message = response.headers.get("X-Error-Message", "")
+        if response.status_code == 401 and message == INVALID_TOKEN:
+            return HubAuthError(
+                f"{where}: authentication error: the Hub refused the token from {token_origin(self.token)}; "
+                "check it or log in again (hf auth login)"
+            )
+        if code == "RepoNotFound" or response.status_code == 401:
+            return HubNotFound(
+                f"{where}: no such dataset repo on the Hub, or it is private or gated and "
+                f"{'no token was given (set HF_TOKEN or hf auth login)' if not self._has_token() else 'the token may not read it'}"
+            )
+        if code == "RevisionNotFound":
+            return HubNotFound(f"{where}: no such revision in the repo (a branch, tag or commit)")
+        if code == "EntryNotFound" or response.status_code == 404:
+            return HubNotFound(f"{where}: no such file in the repo")
+        if response.status_code == 403:
+            return HubAuthError(f"{where}: the Hub forbids it (HTTP 403: {message}); check the token's permissions")
+        return HubError(f"{where}: the Hub refused the request (HTTP {response.status_code} {message})".rstrip())
+
+    def _has_token(self) -> bool:
+        return bool(self.token if isinstance(self.token, str) else self.token is not False and get_token())
+
+    def _api_url(self, repo_id: str, *parts: str) -> str:
+        return f"{self.endpoint}/api/datasets/{repo_id}/" + "/".join(urllib.parse.quote(p, safe="") for p in parts)
+
+    def refs(self, repo_id: str) -> dict[str, str]:
+        """Branch and tag names of a dataset repo -> their commits."""
+        data = self.request("GET", self._api_url(repo_id, "refs"), repo_id).json()
+        return {r["name"]: r["targetCommit"] for kind in ("branches", "tags") for r in data.get(kind) or ()}
+
+    def commit(self, repo_id: str, revision: str) -> str:
+        """The commit a revision (branch, tag or commit) of a dataset repo names."""
+        where = f"{repo_id}@{revision}"
+        return str(self.request("GET", self._api_url(repo_id, "revision", revision), where).json()["sha"])
+
+    # -- HfFileSystem, bounded ---------------------------------------------------------------------
+
+    def _repo_and_revision_exist(
+        self, repo_type: str, repo_id: str, revision: str | None
+    ) -> tuple[bool, Exception | None]:
+        if repo_type != "dataset":
+            return super()._repo_and_revision_exist(repo_type, repo_id, revision)
+        key = (repo_type, repo_id, revision)
+        if key not in self._repo_and_revision_exists_cache:
+            try:
+                self.commit(repo_id, revision or constants.DEFAULT_REVISION)
+            except HubNotFound as e:
+                self._repo_and_revision_exists_cache[key] = False, e
+            else:
+                self._repo_and_revision_exists_cache[key] = True, None
+        return self._repo_and_revision_exists_cache[key]
+
+    def _ls_tree(
+        self,
+        path: str,
+        recursive: bool = False,
+        refresh: bool = False,
+        revision: str | None = None,
+        expand_info: bool | None = None,
+        maxdepth: int | None = None,
+    ) -> Any:
+        resolved = self.resolve_path(path, revision=revision)
+        if (
+            not isinstance(resolved, HfFileSystemResolvedRepositoryPath)
+            or resolved.repo_type != "dataset"
+            or expand_info
+        ):
+            return super()._ls_tree(path, recursive, refresh, revision, expand_info, maxdepth)
+        self._list_repo(resolved, refresh)
+        if resolved.unresolve() not in self.dircache:  # a file or nothing: HfFileSystem.ls asks the parent
+            raise EntryNotFoundError(resolved.unresolve())
+        return super()._ls_tree(path, recursive, False, revision, expand_info, maxdepth)
+
+    def _list_repo(self, resolved: HfFileSystemResolvedRepositoryPath, refresh: bool) -> None:
+        """The whole tree of the repo at this revision into ``dircache``: one paginated listing."""
+        root = resolved.root
+        with self._listing_lock:
+            if root in self._listed and not refresh:
+                return
+            where = f"{resolved.repo_id}@{resolved.revision}"
+            url: str | None = self._api_url(resolved.repo_id, "tree", resolved.revision)
+            params: dict[str, str] | None = {"recursive": "true", "expand": "false"}
+            listings: dict[str, list[dict[str, Any]]] = {root: []}
+            entries = []
+            while url is not None:
+                response = self.request("GET", url, where, params=params)
+                entries += response.json()
+                url, params = response.links.get("next", {}).get("url"), None  # the next link has the query
+            for entry in entries:
+                if entry.get("type") == "directory":
+                    listings.setdefault(f"{root}/{entry['path']}", [])
+            for entry in entries:
+                name = f"{root}/{entry['path']}"
+                if entry.get("type") == "directory":
+                    info = {
+                        "name": name,
+                        "size": 0,
+                        "type": "directory",
+                        "tree_id": entry.get("oid"),
+                        "last_commit": None,
+                    }
+                else:
+                    info = {
+                        "name": name,
+                        "size": int(entry["size"]),
+                        "type": "file",
+                        "blob_id": entry.get("oid"),
+                        "lfs": entry.get("lfs"),
+                        "xet_hash": None,  # read over HTTP ranges, never through xet
+                        "last_commit": None,
+                        "security": None,
+                    }
+                listings.setdefault(self._parent(name), []).append(info)
+            for key in [k for k in self.dircache if k == root or k.startswith(root + "/")]:
+                del self.dircache[key]
+            self.dircache.update(listings)
+            self._listed.add(root)
+
+    def resolve_url(self, path: str) -> tuple[str, str]:
+        """(the file's ``resolve`` URL, ``hf://`` name for messages) of a dataset repo file."""
+        resolved = self.resolve_path(path)
+        assert isinstance(resolved, HfFileSystemResolvedRepositoryPath)
+        url = (
+            f"{self.endpoint}/datasets/{resolved.repo_id}/resolve/"
+            f"{urllib.parse.quote(resolved.revision, safe='')}/{urllib.parse.quote(resolved.path_in_repo)}"
+        )
+        return url, f"hf://{resolved.unresolve()}"
+
+    def read_range(self, path: str, start: int | None, end: int | None) -> bytes:
+        """Bytes [start, end) of a file in one (ranged) GET, their count checked."""
+        url, where = self.resolve_url(path)
+        if start is None and end is None:
+            return self.request("GET", url, where).content
+        size = int(self.info(path)["size"])
+        start = 0 if start is None else start + size if start < 0 else start
+        end = size if end is None else end + size if end < 0 else min(end, size)
+        if start >= end:
+            return b""
+        data = self.request("GET", url, where, headers={"Range": f"bytes={start}-{end - 1}"}).content
+        if len(data) != end - start:
+            raise HubError(f"{where}: the Hub sent {len(data)} bytes for a range of {end - start}; read it again")
+        return data
+
+    def cat_file(self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any) -> bytes:
+        if not self._is_repo_path(path):
+            return super().cat_file(path, start=start, end=end, **kwargs)
+        return self.read_range(path, start, end)
+
+    def _is_repo_path(self, path: str) -> bool:
+        resolved = self.resolve_path(path)
+        return isinstance(resolved, HfFileSystemResolvedRepositoryPath) and resolved.repo_type == "dataset"
+
+    def _open(
+        self, path: str, mode: str = "rb", block_size: int | None = None, revision: str | None = None, **kwargs: Any
+    ) -> Any:
+        if mode != "rb" or revision is not None or block_size == 0 or not self._is_repo_path(path):
+            return super()._open(path, mode, block_size, revision, **kwargs)
+        block_size = block_size if block_size is not None else self.block_size
+        if block_size is not None:
+            kwargs["block_size"] = block_size
+        return HubFile(self, path, mode=mode, **kwargs)
+
+
+class HubFile(HfFileSystemFile):
+    """A dataset-repo file read by bounded ranged GETs."""
+
+    fs: HubFileSystem
+
+    def _fetch_range(self, start: int, end: int) -> bytes:
+        return self.fs.read_range(self.path, start, end)
+
+
+def _retry_after(value: str | None) -> float | None:
+    """Seconds from a ``Retry-After`` header (a number or an HTTP date); None without one."""
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+def filesystem(storage_options: Mapping[str, Any] | None = None) -> HubFileSystem:
+    """The Hub file system for these storage options, at ``HF_ENDPOINT`` as set now.
+
+    The endpoint is passed explicitly: fsspec caches instances by their arguments, and
+    HfFileSystem fills a missing one with the endpoint of import time (another server's).
+    """
+    return HubFileSystem(**{"endpoint": endpoint(), **dict(storage_options or {})})
+
+
+def repo_url(repo_id: str, revision: str | None = None, storage_options: Mapping[str, Any] | None = None) -> str:
+    """``hf://datasets/<repo_id>@<commit>`` for a dataset repo id, the revision resolved as LeRobot
+    does (a version such as ``v3.0``, or None for the codebase version: the tag ``get_safe_version``
+    picks; a branch or commit: as given) and pinned to its commit."""
+    fs = filesystem(storage_options)
+    wanted = revision or CODEBASE_VERSION
+    if parse_version(wanted) is not None:
+        wanted = safe_version(repo_id, fs.refs(repo_id), wanted)
+    return f"hf://datasets/{repo_id}@{fs.commit(repo_id, wanted)}"

@@ -1,0 +1,230 @@
+"""Sources on the Hugging Face Hub, read from a loopback server speaking its HTTP API (``hub_server``)
+with the real ``huggingface_hub`` client: repo ids and revisions resolved as LeRobot does, the same
+samples as the local copy, bounded and retried requests, tokens that are never shown."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from hub_server import VALID_TOKEN, HubServer
+from lerobot_shards.filesystems import hub_repo_id, resolve_source, url_to_fs
+from lerobot_shards.integrations.hub import HubAuthError, HubNotFound, HubUnavailable, safe_version
+from lerobot_shards.lerobot_v3 import LeRobotV3Source
+from lerobot_shards.loader import EpisodePoolDataset
+from lerobot_shards.synth import read_identity, synth_dataset
+
+CAMS = ("observation.images.front", "observation.images.wrist")
+FAST = {"timeout": 0.5, "deadline": 3.0}  # a paused server is given up on in seconds
+
+
+@pytest.fixture(scope="module")
+def raw(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return synth_dataset(
+        tmp_path_factory.mktemp("hub") / "raw",
+        num_episodes=4,
+        cameras=CAMS,
+        length_range=(10, 16),
+        episodes_per_video_file=3,
+        episodes_per_data_file=2,
+        seed=5,
+    )
+
+
+def _stream(source: str, num_workers: int = 0, **kwargs) -> list[dict]:
+    ds = EpisodePoolDataset(source, seed=3, episode_pool_size=2, episodes_per_shard=2, **kwargs)
+    return list(DataLoader(ds, batch_size=4, num_workers=num_workers))
+
+
+def _assert_same(a: list[dict], b: list[dict]) -> None:
+    assert len(a) == len(b) and a
+    for x, y in zip(a, b):
+        assert x.keys() == y.keys()
+        for key in x:
+            if isinstance(x[key], torch.Tensor):
+                assert torch.equal(x[key], y[key]), key
+            else:
+                assert x[key] == y[key], key
+
+
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "lerobot_shards.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **(env or {})},
+    )
+
+
+# -- telling repo ids from paths, resolving revisions --------------------------------------------
+
+
+def test_a_repo_id_is_told_apart_from_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert hub_repo_id("lerobot/pusht") == "lerobot/pusht"
+    assert hub_repo_id("me/so101_v2.1-test") == "me/so101_v2.1-test"
+    (tmp_path / "lerobot/pusht").mkdir(parents=True)  # a local folder of that name wins
+    for not_a_repo in ("lerobot/pusht", "./a/b", "/a/b", "a/b/c", "s3://a/b", "hf://datasets/a/b", "a--b/c", "a/..b"):
+        assert hub_repo_id(not_a_repo) is None, not_a_repo
+    assert resolve_source("lerobot/pusht") == "lerobot/pusht"
+    with pytest.raises(ValueError, match="revision"):
+        resolve_source("lerobot/pusht", revision="main")  # a local folder has no revision
+
+
+@pytest.mark.parametrize(
+    ("refs", "target", "picked"),
+    [
+        (["main", "v2.1", "v3.0"], "v3.0", "v3.0"),  # exact
+        (["main", "v3.0", "v3.1"], "v3.0", "v3.0"),
+        (["main", "v2.1", "3.0"], "v3.0", "3.0"),  # parsed as a version, as packaging does
+        (["v3.0"], "v3.2", "v3.0"),  # the newest compatible one: same major, minor not above
+        (["v3.0", "v3.1", "v2.1"], "v3.2", "v3.1"),
+    ],
+)
+def test_the_codebase_version_is_picked_as_lerobot_does(refs: list[str], target: str, picked: str) -> None:
+    assert safe_version("me/ds", dict.fromkeys(refs, "sha"), target) == picked
+
+
+@pytest.mark.parametrize(
+    ("refs", "why"), [(["main"], "no version tag"), (["main", "v2.1"], "has v2.1"), (["v3.1", "v4.0"], "has v3.1")]
+)
+def test_no_compatible_version_is_refused_naming_what_the_repo_has(refs: list[str], why: str) -> None:
+    with pytest.raises(HubNotFound, match=why):
+        safe_version("me/ds", dict.fromkeys(refs, "sha"), "v3.0")
+
+
+def test_repo_id_and_revision_resolve_to_the_tagged_commit(hub: HubServer, raw: Path, fixture_root: Path) -> None:
+    old = hub.add_dataset("me/ds", fixture_root, branches=(), tags=("v2.1",))
+    tagged = hub.add_dataset("me/ds", raw, branches=(), tags=("v3.0",))
+    main = hub.add_dataset("me/ds", fixture_root, branches=("main",), tags=())
+    assert len({old, tagged, main}) == 2  # the same folder is the same commit
+    assert resolve_source("me/ds") == f"hf://datasets/me/ds@{tagged}"  # LeRobot's default: the v3.0 tag
+    assert resolve_source("me/ds", "main") == f"hf://datasets/me/ds@{main}"
+    assert resolve_source("me/ds", "v2.1") == f"hf://datasets/me/ds@{old}"  # an exact version as asked
+    assert resolve_source("me/ds", tagged[:40]) == f"hf://datasets/me/ds@{tagged}"
+    with pytest.raises(HubNotFound, match="no such revision"):
+        resolve_source("me/ds", "nope")
+    with pytest.raises(HubNotFound, match="no local folder 'me/other'"):
+        resolve_source("me/other")
+
+
+# -- the same samples as the local copy -----------------------------------------------------------
+
+
+def test_raw_streaming_from_the_hub_gives_the_local_samples(hub: HubServer, raw: Path, tmp_path: Path) -> None:
+    hub.page_size = 3  # the tree listing comes in pages
+    hub.add_dataset("me/ds", raw)
+    window = {CAMS[0]: [-1 / 30, 0.0, 1 / 30]}
+    local = _stream(str(raw), delta_timestamps=window)
+    _assert_same(local, _stream("me/ds", delta_timestamps=window))
+    for batch in local:
+        for i, (ep, frame) in enumerate(zip(batch["episode_index"].tolist(), batch["frame_index"].tolist())):
+            assert read_identity(batch[CAMS[1]][i]) == (ep, frame)
+    # DataLoader workers and the prefetch-on-admit cache: the same samples, the tree listed once (its
+    # pages requested once each: forked workers inherit the listing), every mp4 downloaded once
+    hub.clear_log()
+    cached = _stream("me/ds", num_workers=2, delta_timestamps=window, cache_dir=str(tmp_path / "cache"))
+    _assert_same(_stream(str(raw), num_workers=2, delta_timestamps=window), cached)
+    pages = [p for _, p, _ in hub.requests("GET", "/tree/")]
+    assert pages and len(pages) == len(set(pages))
+    mp4s = [p for _, p, _ in hub.requests("GET", ".mp4")]
+    assert mp4s and len(mp4s) == len(set(mp4s))
+
+
+def test_an_hf_url_reads_as_written(hub: HubServer, raw: Path) -> None:
+    hub.add_dataset("me/ds", raw)
+    assert resolve_source("hf://datasets/me/ds") == "hf://datasets/me/ds"
+    src = LeRobotV3Source("hf://datasets/me/ds@main")
+    assert [e.episode_index for e in src.episodes] == [0, 1, 2, 3]
+    fs, path = url_to_fs("hf://datasets/me/ds")
+    data = fs.cat_file(f"{path}/meta/info.json", start=2, end=9)
+    assert data == (raw / "meta/info.json").read_bytes()[2:9]
+    assert hub.requests("GET", "/resolve/")[-1][2] == 206  # one ranged GET
+
+
+def test_convert_inspect_and_verify_take_a_repo_id(hub: HubServer, fixture_root: Path, tmp_path: Path) -> None:
+    sha = hub.add_dataset("lerobot/so101", fixture_root)
+    out = str(tmp_path / "out")
+    done = _cli("convert", "lerobot/so101", out, "--episodes-per-shard", "2", "--no-progress")
+    assert done.returncode == 0, done.stderr
+    manifest = json.loads((tmp_path / "out/manifest.json").read_text())
+    assert f"lerobot/so101@{sha}" in json.dumps(manifest)  # the pinned commit is what was converted
+    shown = _cli("inspect", "lerobot/so101", "--revision", "v3.0")
+    assert shown.returncode == 0 and f"lerobot/so101@{sha}\n  episodes 4, frames 1492" in shown.stdout, shown
+    checked = _cli("verify", out, "--source", "lerobot/so101", "--no-progress")
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+# -- a private repo, a wrong token, a paused or failing Hub ---------------------------------------
+
+
+def test_a_private_repo_needs_the_token(hub: HubServer, raw: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    hub.add_dataset("me/private", raw, private=True)
+    with pytest.raises(HubNotFound, match="private.*no token was given"):
+        resolve_source("me/private")
+    monkeypatch.setenv("HF_TOKEN", VALID_TOKEN)
+    _assert_same(_stream(str(raw)), _stream("me/private"))
+    token_file = Path(os.environ["HF_HOME"]) / "token"  # the stored login (hf auth login) works too
+    token_file.write_text(VALID_TOKEN)
+    monkeypatch.delenv("HF_TOKEN")
+    assert resolve_source("me/private").startswith("hf://datasets/me/private@")
+
+
+def test_a_wrong_token_is_an_authentication_error_that_does_not_show_it(
+    hub: HubServer, raw: Path, tmp_path: Path
+) -> None:
+    hub.add_dataset("me/private", raw, private=True)
+    wrong = "hf_wrongwrongwrongwrongwrong0123"
+    done = _cli("inspect", "me/private", env={"HF_TOKEN": wrong})
+    assert done.returncode != 0
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "authentication error" in lines[0] and "HF_TOKEN" in lines[0], done.stderr
+    assert wrong not in done.stderr + done.stdout
+    (Path(os.environ["HF_HOME"]) / "token").write_text(wrong)
+    with pytest.raises(HubAuthError, match="stored login") as e:
+        resolve_source("me/private")
+    assert wrong not in str(e.value)
+
+
+def test_a_paused_hub_is_one_line_within_the_deadline(hub: HubServer, raw: Path) -> None:
+    hub.add_dataset("me/ds", raw)
+    hub.pause()
+    done = _cli("inspect", "me/ds", "--storage-options", json.dumps(FAST))
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode != 0 and len(lines) == 1, done.stderr
+    assert "Hugging Face Hub did not serve it within 3 s" in lines[0] and "endpoint_url" not in lines[0]
+    assert hub.url.split("//")[1] not in done.stderr
+
+
+def test_a_hub_pausing_mid_read_names_the_file(hub: HubServer, raw: Path) -> None:
+    hub.add_dataset("me/ds", raw)
+    src = LeRobotV3Source(resolve_source("me/ds"), storage_options=FAST)
+    hub.pause()
+    with pytest.raises(HubUnavailable, match=r"hf://datasets/me/ds@\w+/data/chunk-000/file-000.parquet: the Hugging"):
+        src.fs.cat_file(src._abs("data/chunk-000/file-000.parquet"))
+
+
+def test_rate_limits_and_server_errors_are_retried(hub: HubServer, raw: Path) -> None:
+    hub.add_dataset("me/ds", raw)
+    hub.fail(429, path_contains="/refs", retry_after=1)
+    hub.fail(500, times=2, path_contains="/revision/")
+    hub.fail(503, path_contains="/tree/")
+    hub.fail(502, times=2, path_contains="/resolve/")
+    started = time.monotonic()
+    url = resolve_source("me/ds")
+    assert time.monotonic() - started >= 1.0  # Retry-After was waited out
+    _assert_same(_stream(str(raw)), _stream(url))
+    statuses = [s for _, _, s in hub.requests()]
+    assert statuses.count(429) == 1 and statuses.count(500) == 2 and statuses.count(502) == 2
+    hub.fail(500, times=1000, path_contains="/refs")
+    with pytest.raises(HubUnavailable, match="last: HTTP 500"):
+        resolve_source("me/other", storage_options=FAST)
