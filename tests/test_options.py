@@ -73,6 +73,7 @@ BAD_LOADER_OPTIONS = [
     ("order", "drop_n_last_frames", -7, r"drop_n_last_frames must be an int >= 0; the frames left .*, got -7"),
     ("order", "partition", "rack", r"partition must be one of \(.global., .node.\), got .rack."),
     ("read", "storage_options", "anon=true", r"storage_options must be a dict or None, got str"),
+    ("read", "revision", "", r"revision must be a branch, tag or commit of a Hub repo, or None, got ''"),
     ("read", "cache_dir", 5, r"cache_dir must be a path or None, got 5"),
     ("read", "cache_max_bytes", 0, r"cache_max_bytes must be an int >= 1 \(None: .*\), got 0"),
     ("read", "prefetch_episodes", 0, r"prefetch_episodes must be an int >= 1 \(None: the pool size\)"),
