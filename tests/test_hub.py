@@ -121,7 +121,6 @@ def test_repo_id_and_revision_resolve_to_the_tagged_commit(hub: HubServer, raw: 
 
 
 def test_raw_streaming_from_the_hub_gives_the_local_samples(hub: HubServer, raw: Path, tmp_path: Path) -> None:
-    hub.page_size = 3  # the tree listing comes in pages
     hub.add_dataset("me/ds", raw)
     window = {CAMS[0]: [-1 / 30, 0.0, 1 / 30]}
     local = _stream(str(raw), delta_timestamps=window)
@@ -129,15 +128,21 @@ def test_raw_streaming_from_the_hub_gives_the_local_samples(hub: HubServer, raw:
     for batch in local:
         for i, (ep, frame) in enumerate(zip(batch["episode_index"].tolist(), batch["frame_index"].tolist())):
             assert read_identity(batch[CAMS[1]][i]) == (ep, frame)
-    # DataLoader workers and the prefetch-on-admit cache: the same samples, the tree listed once (its
-    # pages requested once each: forked workers inherit the listing), every mp4 downloaded once
+    # DataLoader workers and the prefetch-on-admit cache: the same samples, every mp4 downloaded once
     hub.clear_log()
     cached = _stream("me/ds", num_workers=2, delta_timestamps=window, cache_dir=str(tmp_path / "cache"))
     _assert_same(_stream(str(raw), num_workers=2, delta_timestamps=window), cached)
-    pages = [p for _, p, _ in hub.requests("GET", "/tree/")]
-    assert pages and len(pages) == len(set(pages))
     mp4s = [p for _, p, _ in hub.requests("GET", ".mp4")]
     assert mp4s and len(mp4s) == len(set(mp4s))
+    assert not hub.requests("GET", "/tree/")  # the listing of the first open, inherited by forked workers
+
+
+def test_the_tree_is_listed_once_per_process_in_pages(hub: HubServer, raw: Path) -> None:
+    hub.page_size = 3
+    hub.add_dataset("me/ds", raw)
+    _stream("me/ds", num_workers=2)
+    pages = [p for _, p, _ in hub.requests("GET", "/tree/")]
+    assert len(pages) == len(set(pages)) == -(-len(list(raw.rglob("*"))) // 3)  # each page once
 
 
 def test_an_hf_url_reads_as_written(hub: HubServer, raw: Path) -> None:

@@ -15,9 +15,9 @@ repo bounded: the client's own requests have no timeout (a Hub that stops answer
 listing forever), and its repo-info request is never retried (one HTTP 500 failed a whole job).
 Here each request has a timeout, failures (timeouts, dropped connections, 408, 429, 5xx) are
 retried with exponential backoff that honours ``Retry-After``, and each call gives up within its
-deadline with one line naming the Hub. The whole repo tree is listed once per file system
-instance (one paginated recursive listing) and kept in its ``dircache``; DataLoader workers forked
-from the process that opened the dataset inherit it and list nothing. ``cat_file`` with a range
+deadline with one line naming the Hub. The whole repo tree is listed once per process (one paginated recursive listing) and kept for
+every instance's ``dircache``; DataLoader workers forked from the process that opened the dataset
+inherit it and list nothing (a spawned worker lists once more). ``cat_file`` with a range
 is one ranged GET (fsspec's default reads a 5 MB read-ahead block). Buckets (``hf://buckets/``)
 are left to ``HfFileSystem`` as it is.
 
@@ -119,6 +119,21 @@ def safe_version(repo_id: str, refs: Mapping[str, Any], target: str) -> str:
     )
 
 
+# Complete repo listings of this process, by (endpoint, root): every instance (HfFileSystem makes one
+# per thread) and every forked DataLoader worker reads them instead of listing again.
+_listings: dict[tuple[str, str], dict[str, list[dict[str, Any]]]] = {}
+_listings_lock = threading.Lock()
+
+
+def _after_fork() -> None:
+    """A child forked while another thread held the lock would wait on it forever: a new one."""
+    global _listings_lock
+    _listings_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
 class HubFileSystem(HfFileSystem):
     """``HfFileSystem`` whose dataset-repo requests are bounded and retried, its tree listed once.
 
@@ -129,8 +144,6 @@ class HubFileSystem(HfFileSystem):
         super().__init__(*args, **kwargs)
         self.request_timeout = float(timeout)
         self.deadline = float(deadline)
-        self._listed: set[str] = set()
-        self._listing_lock = threading.Lock()
         register_secrets({"token": self.token if isinstance(self.token, str) else get_token()})
 
     # -- requests ----------------------------------------------------------------------------------
@@ -246,8 +259,9 @@ class HubFileSystem(HfFileSystem):
     def _list_repo(self, resolved: HfFileSystemResolvedRepositoryPath, refresh: bool) -> None:
         """The whole tree of the repo at this revision into ``dircache``: one paginated listing."""
         root = resolved.root
-        with self._listing_lock:
-            if root in self._listed and not refresh:
+        with _listings_lock:
+            if (self.endpoint, root) in _listings and not refresh:
+                self.dircache.update(_listings[self.endpoint, root])
                 return
             where = f"{resolved.repo_id}@{resolved.revision}"
             url: str | None = self._api_url(resolved.repo_id, "tree", resolved.revision)
@@ -286,7 +300,7 @@ class HubFileSystem(HfFileSystem):
             for key in [k for k in self.dircache if k == root or k.startswith(root + "/")]:
                 del self.dircache[key]
             self.dircache.update(listings)
-            self._listed.add(root)
+            _listings[self.endpoint, root] = listings
 
     def resolve_url(self, path: str) -> tuple[str, str]:
         """(the file's ``resolve`` URL, ``hf://`` name for messages) of a dataset repo file."""
