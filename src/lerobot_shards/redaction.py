@@ -19,8 +19,6 @@ import urllib.parse
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .exceptions import LeRobotShardsError
-
 REDACTED = "***"
 # Environment variables whose values are secrets wherever they show up in a log line.
 SECRET_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN", "HF_TOKEN")
@@ -198,6 +196,8 @@ def _named(exc: BaseException) -> str | None:
 def _explain(exc: BaseException, urls: Iterable[str | None]) -> str:
     named = _named(exc)
     given = [u for u in urls if u]
+    from .exceptions import LeRobotShardsError  # late: redaction imports nothing of ours at load
+
     if named is not None:  # the object our error names goes first: said before the command's locations
         given.insert(0, named)
     for e in _chain(exc):
