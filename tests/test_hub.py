@@ -111,6 +111,7 @@ def test_repo_id_and_revision_resolve_to_the_tagged_commit(hub: HubServer, raw: 
     assert resolve_source("me/ds", "main") == f"hf://datasets/me/ds@{main}"
     assert resolve_source("me/ds", "v2.1") == f"hf://datasets/me/ds@{old}"  # an exact version as asked
     assert resolve_source("me/ds", tagged[:40]) == f"hf://datasets/me/ds@{tagged}"
+    assert EpisodePoolDataset("me/ds", revision="main").source_url == f"hf://datasets/me/ds@{main}"
     with pytest.raises(HubNotFound, match="no such revision"):
         resolve_source("me/ds", "nope")
     with pytest.raises(HubNotFound, match="no local folder 'me/other'"):

@@ -195,17 +195,18 @@ def test_two_accelerate_processes_read_disjoint_samples(train_shards: str, s3_se
     assert (state["world_size"], state["elastic_world_size"], state["equal_samples_per_rank"]) == (1, 2, True)
 
 
-def test_repo_id_alone_resolves_lerobots_home() -> None:
-    from types import SimpleNamespace
-
-    from lerobot.utils.constants import HF_LEROBOT_HOME
-
-    from lerobot_shards.integrations.lerobot_train import dataset_url
-
-    cfg = SimpleNamespace(dataset=SimpleNamespace(root=None, repo_id="me/so101"))
-    assert dataset_url(cfg) == str(Path(HF_LEROBOT_HOME) / "me/so101")
-    cfg.dataset.root = "s3://bucket/shards"
-    assert dataset_url(cfg) == "s3://bucket/shards"
+def test_repo_id_alone_trains_from_the_hub(written, hub, tmp_path: Path) -> None:
+    """--dataset.repo_id without --dataset.root: our loader streams the Hub repo at the commit of its
+    v3.0 tag (the loopback Hub server, LeRobot's huggingface_hub 1.x client), never LeRobot's download."""
+    sha = hub.add_dataset("me/written", written.raw)
+    hub.add_dataset("me/written", written.shards, branches=("main",), tags=())  # main: not what v3.0 names
+    args = [a for a in _args("", tmp_path / "run", ACT, steps=2, save_freq=2) if not a.startswith("--dataset.")]
+    log = run(
+        [*CLI, "train", "--dataset.repo_id=me/written", *args], tmp_path / "log.txt", env(HF_HUB_OFFLINE="0"), TIMEOUT
+    )
+    assert f"lerobot-shards train: hf://datasets/me/written@{sha}: " in log
+    assert hub.requests("GET", "/resolve/") and not hub.requests("GET", "/resolve/main")
+    assert (tmp_path / "run/checkpoints/000002/pretrained_model/model.safetensors").is_file()
 
 
 def test_resume_with_workers_across_an_epoch_end(written, tmp_path: Path) -> None:

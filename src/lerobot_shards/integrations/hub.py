@@ -39,7 +39,6 @@ import urllib.parse
 from collections.abc import Mapping
 from typing import Any
 
-import httpx2
 from huggingface_hub import HfFileSystem, constants, get_token
 from huggingface_hub.errors import EntryNotFoundError
 from huggingface_hub.hf_file_system import HfFileSystemFile, HfFileSystemResolvedRepositoryPath
@@ -54,6 +53,9 @@ DEADLINE_S = 60.0  # one call, retries and their waits included (storage option 
 FIRST_BACKOFF_S = 0.5  # then doubled, at most MAX_BACKOFF_S; a Retry-After header wins
 MAX_BACKOFF_S = 8.0
 RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+# The HTTP client's failures worth another try, by class name: huggingface_hub 2.x uses httpx2,
+# 1.x (LeRobot 0.6.1's environment) httpx, with the same exception classes.
+RETRIED_ERRORS = frozenset({"TimeoutException", "NetworkError", "RemoteProtocolError"})
 INVALID_TOKEN = "Invalid credentials in Authorization header"  # the Hub's X-Error-Message for a bad token
 _VERSION = re.compile(r"^v?(\d+)\.(\d+)(?:\.(\d+))?$")
 
@@ -148,7 +150,7 @@ class HubFileSystem(HfFileSystem):
 
     # -- requests ----------------------------------------------------------------------------------
 
-    def request(self, method: str, url: str, where: str, **kwargs: Any) -> httpx2.Response:
+    def request(self, method: str, url: str, where: str, **kwargs: Any) -> Any:
         """One Hub request, retried with backoff (``Retry-After`` honoured) until it succeeds or the
         deadline passes; errors become one-line ``HubError``s naming ``where``."""
         headers = {**build_hf_headers(token=self.token), **kwargs.pop("headers", {})}
@@ -161,10 +163,11 @@ class HubFileSystem(HfFileSystem):
                 response = get_session().request(
                     method, url, headers=headers, timeout=self.request_timeout, follow_redirects=True, **kwargs
                 )
-            except (httpx2.TimeoutException, httpx2.NetworkError, httpx2.RemoteProtocolError) as e:
-                last = (
-                    "no answer" if isinstance(e, httpx2.TimeoutException) else f"connection failed ({type(e).__name__})"
-                )
+            except Exception as e:
+                kinds = {t.__name__ for t in type(e).__mro__}
+                if not kinds & RETRIED_ERRORS:
+                    raise
+                last = "no answer" if "TimeoutException" in kinds else f"connection failed ({type(e).__name__})"
             else:
                 if response.status_code < 400:
                     return response
@@ -181,7 +184,7 @@ class HubFileSystem(HfFileSystem):
                 )
             time.sleep(wait)
 
-    def _refused(self, response: httpx2.Response, where: str) -> HubError:
+    def _refused(self, response: Any, where: str) -> HubError:
         code = response.headers.get("X-Error-Code", "")
         message = response.headers.get("X-Error-Message", "")
         if response.status_code == 401 and message == INVALID_TOKEN:

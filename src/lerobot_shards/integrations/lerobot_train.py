@@ -4,7 +4,7 @@ Everything but the data is LeRobot's: its argument parser and config, policy, pr
 optimizer, scheduler, Accelerate set-up, training loop, logging and checkpoints. This module
 runs LeRobot's ``train()`` with four seams patched, nothing copied from its loop:
 
-1. ``make_train_eval_datasets``: when ``--dataset.root`` (or ``$HF_LEROBOT_HOME/<repo_id>``)
+1. ``make_train_eval_datasets``: when ``--dataset.root`` (without it: the Hub repo ``--dataset.repo_id``)
    is a converted dataset or a raw LeRobot v3.0 dataset, local or a URL, the trainer gets an
    ``EpisodePoolDataset`` (a mixture file, ``.yaml``/``.yml``/``.json``: a ``MixtureDataset``) (uint8 frames, the policy's ``delta_timestamps`` resolved by LeRobot's
    own ``resolve_delta_timestamps``, ``meta`` with LeRobot's stats and ImageNet stats as LeRobot
@@ -142,12 +142,14 @@ def _is_our_source(url: str, storage_options: dict[str, Any] | None) -> bool:
 
 
 def dataset_url(cfg: Any) -> str:
-    """``--dataset.root``, else ``$HF_LEROBOT_HOME/<repo_id>``, as LeRobot resolves a local dataset."""
+    """``--dataset.root``, else the Hub dataset repo ``--dataset.repo_id`` at ``--dataset.revision``
+    (None: the codebase-version tag, as LeRobot picks it) as ``hf://datasets/<repo_id>@<commit>``,
+    streamed by our loader (``integrations.hub``), not downloaded into LeRobot's cache first."""
     if cfg.dataset.root:
         return str(cfg.dataset.root)
-    from lerobot.utils.constants import HF_LEROBOT_HOME
+    from .hub import repo_url
 
-    return str(Path(HF_LEROBOT_HOME) / cfg.dataset.repo_id)
+    return repo_url(cfg.dataset.repo_id, getattr(cfg.dataset, "revision", None))
 
 
 class LeRobotMeta:
