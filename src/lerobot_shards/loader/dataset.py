@@ -33,6 +33,7 @@ from ..video import cores_per_rank
 from .augment import SampleTransforms
 from .control import SharedControl
 from .emission import SampleLayout, stream_samples
+from .frame_cache import resolve_options as resolve_frame_cache
 from .meta import DatasetMeta, Stats, dataset_meta, episode_stats_rows
 from .options import DecodeOptions, OrderOptions, ReadOptions, check_episodes, group_options
 from .plan.elastic import SubsetSampler
@@ -146,7 +147,7 @@ class EpisodePoolDataset(IterableDataset):
         self.tasks = info.tasks
         self.feature_stats = info.stats  # meta/stats.json, e.g. for DeviceFeeder(normalize=...)
         self._source_info = info  # for ``meta``, built when first asked for, and ``select_cameras``
-        self._decode_given = decode
+        self._decode_given = resolve_frame_cache(decode)
         self.select_cameras(cameras)
         self.shards = self._select_shards(info.shards, episodes)
         assert order.equal_samples_per_rank is not None

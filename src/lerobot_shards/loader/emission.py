@@ -24,6 +24,9 @@ import torch
 
 from .augment import SampleTransforms
 from .decoding.decoders import DecodePool, DecoderCache, auto_decode_threads, decode_image
+from .frame_cache import FrameCache
+from .frame_fill import COUNTERS as FRAME_COUNTERS
+from .frame_fill import FrameServer
 from .options import DecodeOptions, ReadOptions
 from .plan.elastic import SubsetSampler
 from .plan.partition import ConsumerPlan
@@ -129,6 +132,9 @@ def emit(item: dict[str, Any], decoders: DecodePool, stats: StatSlot) -> dict[st
     stats.set("decode_seconds", decoders.counter("decode_seconds"))
     stats.set("decode_cpu_seconds", decoders.counter("decode_cpu_seconds"))
     stats.set("frames_decoded", decoders.counter("frames_decoded"))
+    if decoders.frame_cache:
+        for name in FRAME_COUNTERS:
+            stats.set(name, decoders.counter(name))
     return item
 
 
@@ -143,7 +149,15 @@ def decode_pool(
     capacity = decode.decoder_cache_size
     assert capacity is not None  # resolved by the dataset
     per_thread = -(-capacity // max(1, threads))  # clips are spread over the threads
-    return DecodePool(threads, lambda: DecoderCache(per_thread, decode, location))
+    store = None
+    if decode.frame_cache_dir is not None and decode.video_decode_device == "cpu":
+        assert decode.frame_cache_bytes is not None  # resolved by the dataset
+        store = FrameCache(decode.frame_cache_dir, decode.frame_cache_bytes)
+    return DecodePool(
+        threads,
+        lambda: DecoderCache(per_thread, decode, location),
+        None if store is None else (lambda decoders: FrameServer(store, decoders)),
+    )
 
 
 def stream_samples(
@@ -205,6 +219,8 @@ def stream_samples(
                     stats.add("episodes_skipped", 1)
                 else:
                     stats.add("bytes_read", episode.nbytes)
+                    for cam in layout.cameras:  # the frame cache's entry opened, or its fill queued
+                        decoders.admit(episode.clips[cam], episode.length, layout.resize_sizes.get(cam))
                 stats.add("wait_seconds", waited)
             episode = pool[key]
             picks = [] if episode is None else [(episode, emission.frame)]
@@ -230,6 +246,7 @@ def stream_samples(
                 del pool[key]
                 stats.add("evictions", 1)
                 for clip in episode.clips.values():
+                    decoders.release(clip)
                     if clip.data is not None:
                         decoders.drop(clip.cache_key)
                 if episode.release is not None:  # its cached mp4s, once its queued samples are decoded

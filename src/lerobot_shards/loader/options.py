@@ -214,6 +214,12 @@ class DecodeOptions:
     # generator seeded per sample from (seed, epoch, episode, frame) (``augment``), so a resumed
     # run or another worker layout transforms each sample as before. None: frames as decoded.
     image_transforms: Callable[[torch.Tensor], torch.Tensor] | None = None
+    # Local directory of the node's decoded-frame cache (``loader.frame_cache``), shared by every
+    # worker and rank on the node: each episode's frames are decoded once, in order, as it is
+    # admitted, and read back from there (this epoch and the next). CPU decoding only. None: off.
+    frame_cache_dir: str | None = None
+    # Bound on its size; None: half the free space of its filesystem, at most 1 TiB (as cache_dir's).
+    frame_cache_bytes: int | None = None
 
     def __post_init__(self) -> None:
         plain_numbers(self)
@@ -230,6 +236,15 @@ class DecodeOptions:
         check_mode(self.resize_mode)
         if self.image_transforms is not None and not callable(self.image_transforms):
             raise ValueError(f"image_transforms must be a callable or None, got {self.image_transforms!r}")
+        if self.frame_cache_dir is not None:
+            if not isinstance(self.frame_cache_dir, (str, os.PathLike)) or not isinstance(
+                os.fspath(self.frame_cache_dir), str
+            ):
+                raise ValueError(f"frame_cache_dir must be a path or None, got {self.frame_cache_dir!r}")
+            object.__setattr__(self, "frame_cache_dir", os.fspath(self.frame_cache_dir))
+            if os.path.lexists(self.frame_cache_dir) and not os.path.isdir(self.frame_cache_dir):
+                raise ValueError(f"frame_cache_dir {self.frame_cache_dir!r} is not a directory; give a directory")
+        _int("frame_cache_bytes", self.frame_cache_bytes, 1, none="half the frame cache disk's free space")
         if self.resize is not None:
             per_camera = dict(self.resize) if isinstance(self.resize, Mapping) else {"*": self.resize}
             sizes: dict[str, Size] = {}

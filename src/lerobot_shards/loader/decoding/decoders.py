@@ -19,12 +19,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import io
+import logging
 import time
 import warnings
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import av
 import numpy as np
@@ -40,6 +41,11 @@ from ...video import cores_per_rank, transform_rgb
 from ..options import DecodeOptions
 from ..read.sources import ClipRef
 from ..read.storage import StorageLocation
+
+if TYPE_CHECKING:
+    from .frame_fill import FrameServer
+
+log = logging.getLogger(__name__)
 
 # A raw mp4 decoded straight from object storage (no cache_dir): an LRU of 4 MiB blocks, 64 MiB per
 # open file. The filesystem's default read-ahead window (s3fs: 50 MB from each seek) refetched
@@ -156,12 +162,21 @@ class DecoderCache:
     def frames(self, clip: ClipRef, indices: Sequence[int], size: tuple[int, int] | None = None) -> torch.Tensor:
         """Frames ``indices`` of the episode (not of the file) as uint8 (N, C, H, W), one call;
         resized to ``size`` (height, width) as ``resize_mode`` says when given."""
+        start, cpu = time.perf_counter(), time.thread_time()
+        frames = self.decode(clip, indices, size)
+        self.decode_seconds += time.perf_counter() - start
+        self.decode_cpu_seconds += time.thread_time() - cpu  # decoding runs in this thread (one FFmpeg thread)
+        self.frames_decoded += len(indices)
+        return frames
+
+    def decode(self, clip: ClipRef, indices: Sequence[int], size: tuple[int, int] | None = None) -> torch.Tensor:
+        """``frames``, uncounted: the frame cache's fill (``frame_fill``) decodes through this and
+        counts its own time, so decode counters stay those of decoding at emit."""
         unreadable = self._unreadable.get(clip.cache_key)
         if unreadable is not None:
             raise unreadable
         try:
             decoder = self._decoder(clip)
-            start, cpu = time.perf_counter(), time.thread_time()
             frames = decoder.get_frames_at([clip.first_frame + int(i) for i in indices]).data
         except Exception as e:  # torchcodec's errors name neither the clip nor the frame
             self._forget(clip.cache_key)  # a decoder that failed may be left mid-stream
@@ -181,9 +196,6 @@ class DecoderCache:
         if size is not None:
             t = _plan_transform(tuple(frames.shape[-2:]), tuple(size), self.decode.resize_mode)
             frames = transform_rgb(frames, t) if t is not None else frames
-        self.decode_seconds += time.perf_counter() - start
-        self.decode_cpu_seconds += time.thread_time() - cpu  # decoding runs in this thread (one FFmpeg thread)
-        self.frames_decoded += len(indices)
         return frames
 
     def _check_fallback(self, decoder: VideoDecoder, clip: ClipRef) -> None:
@@ -268,11 +280,24 @@ class DecodePool:
     ``drop`` is queued behind that clip's pending decodes (each thread runs its queue in order).
     Results come back as futures: the caller keeps its own emission order, so what a sample
     holds never depends on the thread count or timing.
+
+    With a frame cache (``make_server``), each thread's ``FrameServer`` serves its clips' frames
+    and fills their entries: ``admit`` queues a fill on the clip's thread, and the fill's steps
+    are queued on that thread one at a time, between the samples' decodes (inline: one step
+    before each sample).
     """
 
-    def __init__(self, threads: int, make_cache: Callable[[], DecoderCache]) -> None:
+    def __init__(
+        self,
+        threads: int,
+        make_cache: Callable[[], DecoderCache],
+        make_server: Callable[[DecoderCache], FrameServer] | None = None,
+    ) -> None:
         self.threads = threads
         self._caches = [make_cache() for _ in range(max(1, threads))]
+        self._servers = None if make_server is None else [make_server(c) for c in self._caches]
+        self._filling = [False] * len(self._caches)  # a fill step queued on the thread (touched by it alone)
+        self._inline: deque[Callable[[], None]] = deque()  # fill steps without threads
         self._threads = [ThreadPoolExecutor(1, thread_name_prefix=f"decode-{i}") for i in range(threads)]
         self._owner: dict[str, int] = {}  # clip -> its thread, until dropped
         self._turn = 0
@@ -293,15 +318,71 @@ class DecodePool:
     ) -> Future[Any]:
         """``then(frames)`` of the clip's ``indices`` at ``size`` (see ``DecoderCache.frames``), as a future."""
         i = self._route(clip.cache_key)
-        cache = self._caches[i]
+        frames = self._caches[i].frames if self._servers is None else self._servers[i].frames
         if self._threads:
-            return self._threads[i].submit(lambda: then(cache.frames(clip, indices, size)))
+            return self._threads[i].submit(lambda: then(frames(clip, indices, size)))
+        if self._inline:
+            self._inline.popleft()()
         done: Future[Any] = Future()
         try:
-            done.set_result(then(cache.frames(clip, indices, size)))
+            done.set_result(then(frames(clip, indices, size)))
         except BaseException as e:
             done.set_exception(e)
         return done
+
+    @property
+    def frame_cache(self) -> bool:
+        """Frames go through a frame cache (``make_server`` was given)."""
+        return self._servers is not None
+
+    def admit(self, clip: ClipRef, length: int, size: tuple[int, int] | None) -> None:
+        """An episode's clip entered the pool: with a frame cache, open its entry or queue its fill."""
+        if self._servers is None:
+            return
+        i = self._route(clip.cache_key)
+        server = self._servers[i]
+
+        def admit() -> None:
+            server.admit(clip, length, size)
+            self._next_fill(i)
+
+        self._on_thread(i, admit) if self._threads else admit()
+
+    def release(self, clip: ClipRef) -> None:
+        """The clip's episode left the pool: its frame cache entry is released (after the decodes
+        queued for it), before ``drop``."""
+        i = self._owner.get(clip.cache_key)
+        if self._servers is None or i is None:
+            return
+        server = self._servers[i]
+        self._on_thread(i, lambda: server.drop(clip)) if self._threads else server.drop(clip)
+
+    def _next_fill(self, i: int) -> None:
+        """Queue thread ``i``'s next fill step, unless one is queued or nothing waits (on thread ``i``)."""
+        assert self._servers is not None
+        server = self._servers[i]
+        if self._filling[i] or not server.pending():
+            return
+        self._filling[i] = True
+
+        def step() -> None:
+            self._filling[i] = False
+            server.fill_step()
+            self._next_fill(i)
+
+        if self._threads:
+            self._on_thread(i, step)
+        else:
+            self._inline.append(step)
+
+    def _on_thread(self, i: int, task: Callable[[], None]) -> None:
+        """Run ``task`` on thread ``i`` after what is queued there; nothing once the pool closes.
+        Nobody waits for it: an unexpected error is logged, not lost."""
+        try:
+            done = self._threads[i].submit(task)
+        except RuntimeError:  # shut down: the iteration is over
+            return
+        done.add_done_callback(_log_failure)
 
     def drop(self, cache_key: str) -> None:
         """Forget a clip's decoder once the decodes already queued for it are done."""
@@ -315,15 +396,25 @@ class DecodePool:
 
     def counter(self, name: str) -> float:
         """A ``DecoderCache`` counter (hits, misses, evictions, decode_seconds, decode_cpu_seconds,
-        frames_decoded) summed."""
+        frames_decoded) or a ``FrameServer`` one (``frame_fill.COUNTERS``) summed."""
+        if self._servers is not None and name in self._servers[0].counters:
+            return sum(s.counters[name] for s in self._servers)
         return sum(getattr(c, name) for c in self._caches)
 
     def close(self) -> None:
-        """Stop the threads (queued decodes are cancelled, running ones finish), then the decoders."""
+        """Stop the threads (queued decodes are cancelled, running ones finish), then the frame
+        cache's entries and fills, then the decoders."""
         for t in self._threads:
             t.shutdown(wait=True, cancel_futures=True)
+        for s in self._servers or ():
+            s.close()
         for c in self._caches:
             c.close()
+
+
+def _log_failure(done: Future[Any]) -> None:
+    if not done.cancelled() and done.exception() is not None:
+        log.error("frame cache: a background step failed", exc_info=done.exception())
 
 
 def decode_image(data: bytes, where: str = "image") -> torch.Tensor:

@@ -74,9 +74,10 @@ class CacheDirError(LeRobotShardsError, OSError):
     """``cache_dir`` cannot be used (not writable, read-only, a file where the cache keeps a folder)."""
 
 
-def check_cache_dir(root: str) -> None:
-    """Make the cache's folders and its global lock now, so an unusable ``cache_dir`` is one error
-    naming it when the source opens, not a bare ``PermissionError`` from a download thread."""
+def check_cache_dir(root: str, what: str = "cache_dir") -> None:
+    """Make the cache's folders and its global lock now, so an unusable ``cache_dir`` (the option
+    ``what``) is one error naming it when the source opens, not a bare ``PermissionError`` from a
+    download thread."""
     locks = os.path.join(root, LOCKS_DIR)
     try:
         os.makedirs(locks, exist_ok=True)
@@ -84,10 +85,11 @@ def check_cache_dir(root: str) -> None:
         if not os.access(locks, os.W_OK | os.X_OK):  # made by another user: no entry could be added
             raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), locks)
     except OSError as e:
-        hint = LOCAL_HINTS.get(e.errno or 0, "choose a writable local directory for cache_dir")
+        hint = LOCAL_HINTS.get(e.errno or 0, f"choose a writable local directory for {what}")
         if e.errno == errno.EPERM:
             hint = LOCAL_HINTS[errno.EACCES]
-        raise CacheDirError(e.errno, f"cache_dir {root}: {e.strerror} ({e.filename}); {hint}") from None
+        hint = hint.replace("cache_dir", what)
+        raise CacheDirError(e.errno, f"{what} {root}: {e.strerror} ({e.filename}); {hint}") from None
 
 
 def default_cache_bytes(cache_dir: str) -> int:

@@ -1,0 +1,402 @@
+"""A node-wide cache of decoded frames: each frame of a training run decoded once, then read back.
+
+Random access costs 2.2-2.6 decoded frames per frame asked for, and every epoch asks again; a
+sequential pass decodes each frame once. So when an episode is admitted, its frames are decoded
+in order into an entry here (``frame_fill``), and samples read their windows from the entry.
+
+An entry is one clip at one decoded size: every frame of one episode's camera, uint8 (C, H, W)
+exactly as the loader returns it (after ``resize``), contiguous, so a window is one read. Its
+name is a hash of what decides its bytes (``entry_key``): the clip's content (the xxh3-128 of a
+converted clip's bytes, which is its member checksum; a raw mp4's URL, size and modification
+time), the episode's first frame and length in it, the frame tables, the decoded size and resize
+mode, and the versions of torchcodec and of this package (which decode and resize). A changed
+source or another resize is another entry, never a stale one.
+
+The rules of the shard cache (``loader.cache``) hold here too, with its helpers: the directory is
+shared by every rank and worker on the node through ``flock`` alone; an entry is written under a
+temporary name and renamed when complete (a fill killed with -9 leaves a temporary file that is
+never served and is swept by the next fill of the entry, or evicted); space is reserved at full
+size under the global lock, so the sum of entries never exceeds ``max_bytes``; unused entries
+are evicted least recently used, only the cache's own files (listed in ``.locks/``), never an
+entry in use (its users hold a shared lock on it). One consumer fills an entry at a time (its
+lock in ``.locks/``, taken without waiting: another consumer that needs the entry meanwhile
+decodes its samples as without the cache, and reads the entry once it is complete).
+
+Verified on read: each frame's xxh3-128 is recorded in the entry's header block and checked on
+every read (~50 us per 480p frame), and the header names the entry's full key. A frame whose
+bytes do not match (truncated, changed on disk, a disk error) is never returned: the entry is
+deleted and the frames are decoded again.
+
+Frames are read with ``preadv`` into a tensor of the caller's (a batch's slab slot, or a fresh
+window): the bytes live in the kernel's page cache, shared by every process on the node, not in a
+consumer's own memory, which does not grow with the cache.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import errno
+import fcntl
+import glob
+import hashlib
+import json
+import logging
+import os
+import stat
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torchcodec
+import xxhash
+
+from .. import __version__
+from ..exceptions import LeRobotShardsError
+from ..format import TMP_SUFFIX
+from .read.shard_cache import (
+    GLOBAL_LOCK,
+    LOCKS_DIR,
+    _check_ours,
+    _evict,
+    _lock_name,
+    _locked,
+    check_cache_dir,
+    default_cache_bytes,
+    plan_evictions,
+    scan,
+)
+from .options import DecodeOptions
+from .read.sources import ClipRef
+
+log = logging.getLogger(__name__)
+
+MAGIC = b"LRSFRAMES1\n"
+ALIGN = 4096  # header and checksum table end on a page: frames start page-aligned
+DIGEST_BYTES = 16  # xxh3-128
+ENTRIES_DIR = "frames"
+FORMAT = 1
+
+
+class FrameCacheError(LeRobotShardsError, OSError):
+    """An entry's bytes are not what its header recorded (truncated, changed on disk)."""
+
+
+def entry_key(clip: ClipRef, length: int, size: tuple[int, int] | None, mode: str) -> str | None:
+    """What decides the decoded bytes of ``length`` frames of ``clip`` at ``size``, as one string;
+    None when the clip's content cannot be named cheaply (a raw mp4 read straight from storage:
+    its frames are then decoded at emit, as without the cache)."""
+    if clip.data is not None:
+        content = "xxh3:" + xxhash.xxh3_128_hexdigest(clip.data)
+    elif clip.url is not None and "://" not in clip.url:
+        try:
+            st = os.stat(clip.url)
+        except OSError:
+            return None
+        content = f"file:{clip.cache_key}:{st.st_size}:{st.st_mtime_ns}"
+    else:
+        return None
+    mappings = None if clip.frame_mappings is None else xxhash.xxh3_128_hexdigest(clip.frame_mappings.encode())
+    return json.dumps(
+        {
+            "format": FORMAT,
+            "content": content,
+            "first_frame": clip.first_frame,
+            "frames": length,
+            "frame_mappings": mappings,
+            "size": None if size is None else list(size),
+            "resize_mode": None if size is None else mode,
+            "torchcodec": torchcodec.__version__,
+            "lerobot_shards": __version__,
+        },
+        sort_keys=True,
+    )
+
+
+def _rel(key: str) -> str:
+    return f"{ENTRIES_DIR}/{hashlib.sha256(key.encode()).hexdigest()[:40]}.frames"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where an entry's parts lie: header (magic, JSON), checksum table, frames."""
+
+    frames: int
+    shape: tuple[int, int, int]  # (C, H, W)
+
+    @property
+    def frame_bytes(self) -> int:
+        c, h, w = self.shape
+        return c * h * w
+
+    @property
+    def table(self) -> int:
+        return ALIGN  # the header block is one page
+
+    @property
+    def data(self) -> int:
+        return self.table + _aligned(self.frames * DIGEST_BYTES)
+
+    @property
+    def size(self) -> int:
+        return self.data + self.frames * self.frame_bytes
+
+
+def _aligned(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
+def _header(key: str, layout: Layout) -> bytes:
+    body = json.dumps({"key": key, "frames": layout.frames, "shape": list(layout.shape)}).encode()
+    block = MAGIC + len(body).to_bytes(4, "little") + body
+    if len(block) > ALIGN:
+        raise ValueError(f"frame cache key too long ({len(block)} bytes)")
+    return block.ljust(ALIGN, b"\0")
+
+
+def _parse_header(block: bytes, where: str) -> tuple[str, Layout]:
+    if not block.startswith(MAGIC):
+        raise FrameCacheError(errno.EINVAL, f"{where}: not a frame cache entry (bad magic)")
+    n = int.from_bytes(block[len(MAGIC) : len(MAGIC) + 4], "little")
+    try:
+        head = json.loads(block[len(MAGIC) + 4 : len(MAGIC) + 4 + n])
+        layout = Layout(int(head["frames"]), tuple(int(x) for x in head["shape"]))  # type: ignore[arg-type]
+        key = str(head["key"])
+    except (ValueError, KeyError, TypeError) as e:
+        raise FrameCacheError(errno.EINVAL, f"{where}: unreadable header ({e})") from None
+    if layout.frames < 1 or len(layout.shape) != 3 or min(layout.shape) < 1:
+        raise FrameCacheError(errno.EINVAL, f"{where}: header has {layout.frames} frames of shape {layout.shape}")
+    return key, layout
+
+
+class _Frames:
+    """Frames at known offsets of an open file, each checked against its recorded xxh3-128."""
+
+    def __init__(self, fd: int, path: str, layout: Layout, digests: list[bytes]) -> None:
+        self.fd = fd
+        self.path = path
+        self.layout = layout
+        self.digests = digests
+
+    def read(self, indices: Sequence[int], out: torch.Tensor | None = None) -> torch.Tensor:
+        """Frames ``indices`` as uint8 (N, C, H, W), into ``out`` when given (contiguous, that
+        shape and dtype): consecutive frames are one ``preadv``, every frame is verified."""
+        n = len(indices)
+        if out is None or not out.is_contiguous() or out.dtype != torch.uint8 or out.shape != (n, *self.layout.shape):
+            out = torch.empty((n, *self.layout.shape), dtype=torch.uint8)
+        flat = out.numpy().reshape(n, -1)
+        fb = self.layout.frame_bytes
+        i = 0
+        while i < n:
+            j = i + 1
+            while j < n and indices[j] == indices[j - 1] + 1:
+                j += 1
+            first = int(indices[i])
+            if not 0 <= first or int(indices[j - 1]) >= self.layout.frames:
+                raise IndexError(f"{self.path}: frames {indices} outside the entry's {self.layout.frames}")
+            view = flat[i:j].data.cast("B")
+            got = os.preadv(self.fd, [view], self.layout.data + first * fb)
+            if got != len(view):
+                raise FrameCacheError(errno.EIO, f"{self.path}: truncated (frame {first + got // fb} missing)")
+            for k in range(i, j):
+                if xxhash.xxh3_128_digest(flat[k]) != self.digests[int(indices[k])]:
+                    raise FrameCacheError(errno.EIO, f"{self.path}: frame {int(indices[k])} fails its checksum")
+            i = j
+        return out
+
+
+class Entry(_Frames):
+    """A complete entry held in use (its shared lock) until ``close``."""
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+class Fill(_Frames):
+    """An entry being written, frame by frame in order, under the entry's fill lock; frames
+    written so far (``progress``) can be read back (verified against the digests kept here)."""
+
+    def __init__(self, cache: FrameCache, key: str, final: str, lock: int) -> None:
+        super().__init__(-1, final, Layout(0, (1, 1, 1)), [])
+        self.cache = cache
+        self.key = key
+        self.final = final
+        self.lock = lock
+        self.tmp: str | None = None
+        self.progress = 0
+
+    def reserve(self, frames: int, shape: tuple[int, int, int]) -> int | None:
+        """Make room for the whole entry and create its temporary file at full size: the number of
+        entries evicted for it, or None when it does not fit beside the entries in use."""
+        self.layout = Layout(frames, shape)
+        self.digests = [b""] * frames
+        tmp = f"{self.final}.{os.getpid()}.{threading.get_ident()}{TMP_SUFFIX}"
+        with _locked(os.path.join(self.cache.root, GLOBAL_LOCK)):
+            plan = plan_evictions(scan(self.cache.root), self.layout.size, self.cache.max_bytes)
+            if plan is None:
+                return None
+            for path in plan:
+                if not _evict(path):  # taken into use since the scan
+                    return None
+            os.makedirs(os.path.dirname(self.final), exist_ok=True)
+            _check_ours(self.cache.root, self.final, self.final)
+            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+            self.fd, self.tmp = fd, tmp
+            fcntl.flock(fd, fcntl.LOCK_SH)  # in use: never evicted while written
+            os.posix_fallocate(fd, 0, self.layout.size)  # a full disk says so now (ENOSPC), not mid-fill
+        return len(plan)
+
+    def write(self, frames: torch.Tensor) -> None:
+        """Append decoded frames (uint8 (N, C, H, W) of the reserved shape)."""
+        if tuple(frames.shape[1:]) != self.layout.shape or frames.dtype != torch.uint8:
+            raise ValueError(
+                f"{self.final}: frames {tuple(frames.shape)} {frames.dtype} for an entry of {self.layout.shape}"
+            )
+        flat = np.ascontiguousarray(frames.numpy()).reshape(len(frames), -1)
+        view = flat.data.cast("B")
+        offset = self.layout.data + self.progress * self.layout.frame_bytes
+        while view:
+            written = os.pwrite(self.fd, view, offset)
+            view, offset = view[written:], offset + written
+        for k in range(len(frames)):
+            self.digests[self.progress + k] = xxhash.xxh3_128_digest(flat[k])
+        self.progress += len(frames)
+
+    def commit(self) -> Entry:
+        """Write the header and checksum table, then give the entry its final name (under the
+        global lock: a reservation's scan never misses it mid-rename). The entry stays in use."""
+        assert self.tmp is not None and self.progress == self.layout.frames
+        os.pwrite(self.fd, b"".join(self.digests), self.layout.table)
+        os.pwrite(self.fd, _header(self.key, self.layout), 0)
+        with _locked(os.path.join(self.cache.root, GLOBAL_LOCK)):
+            os.replace(self.tmp, self.final)
+        os.close(self.lock)
+        self.lock = -1
+        return Entry(self.fd, self.final, self.layout, self.digests)
+
+    def abort(self) -> None:
+        """Give up: the temporary file is deleted, the fill lock released."""
+        if self.tmp is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.tmp)
+            os.close(self.fd)
+            self.tmp = None
+        if self.lock >= 0:
+            os.close(self.lock)
+            self.lock = -1
+
+
+class FrameCache:
+    """The frame cache directory as one consumer uses it (shared by its decode threads)."""
+
+    def __init__(self, root: str, max_bytes: int) -> None:
+        check_cache_dir(root, what="frame_cache_dir")
+        self.root = root
+        self.max_bytes = int(max_bytes)
+        self.fills_off = False  # the disk is full: read what is there, write nothing more
+
+    def _path(self, key: str) -> tuple[str, str]:
+        rel = _rel(key)
+        return rel, os.path.join(self.root, *rel.split("/"))
+
+    def open(self, key: str) -> Entry | None:
+        """The complete entry for ``key``, held in use, or None (absent, or not a valid entry: such
+        a file is deleted, unless another consumer holds it)."""
+        _, path = self._path(key)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except FileNotFoundError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or os.stat(path).st_ino != st.st_ino:  # evicted meanwhile
+                os.close(fd)
+                return None
+            got_key, layout = _parse_header(os.pread(fd, ALIGN, 0), path)
+            if got_key != key or st.st_size != layout.size:
+                raise FrameCacheError(
+                    errno.EINVAL, f"{path}: holds another entry or is {st.st_size} bytes, not {layout.size}"
+                )
+            table = os.pread(fd, layout.frames * DIGEST_BYTES, layout.table)
+            digests = [table[i : i + DIGEST_BYTES] for i in range(0, len(table), DIGEST_BYTES)]
+            if len(digests) != layout.frames:
+                raise FrameCacheError(errno.EIO, f"{path}: checksum table truncated")
+        except FrameCacheError as e:
+            os.close(fd)
+            self.discard(path, str(e))
+            return None
+        except FileNotFoundError:
+            os.close(fd)
+            return None
+        with contextlib.suppress(PermissionError):  # last use, for LRU
+            os.utime(path, ns=(time.time_ns(), st.st_mtime_ns))
+        return Entry(fd, path, layout, digests)
+
+    def discard(self, path: str, why: str) -> None:
+        """Delete a bad entry (unless someone holds it): its frames are decoded again."""
+        log.warning("frame cache: %s; deleting it, its frames are decoded again", why)
+        with contextlib.suppress(OSError):
+            _evict(path)
+
+    def begin_fill(self, key: str) -> Entry | Fill | None:
+        """Take the entry's fill lock without waiting: a ``Fill`` to write, the ``Entry`` if it was
+        completed meanwhile, None while another consumer fills it (or fills are off)."""
+        if self.fills_off:
+            return None
+        rel, path = self._path(key)
+        lock = os.open(os.path.join(self.root, LOCKS_DIR, _lock_name(rel)), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(lock)
+            return None
+        entry = self.open(key)
+        if entry is not None:
+            os.close(lock)
+            return entry
+        for leftover in glob.glob(glob.escape(path) + ".*" + TMP_SUFFIX):  # a killed fill's (we hold its lock)
+            with contextlib.suppress(OSError):
+                _evict(leftover)
+        return Fill(self, key, path, lock)
+
+    def full(self, e: OSError) -> None:
+        """A write failed for lack of space (or the disk failed): this consumer fills nothing more;
+        said once per process and directory."""
+        self.fills_off = True
+        if self.root not in _warned_full:
+            _warned_full.add(self.root)
+            log.warning(
+                "frame_cache_dir %s: %s; frames are decoded as without the cache from here (entries already "
+                "there are still read)",
+                self.root,
+                os.strerror(e.errno or errno.EIO),
+            )
+
+
+def resolve_options(decode: DecodeOptions) -> DecodeOptions:
+    """``decode`` with the frame cache's settings resolved where the dataset is built: an unusable
+    ``frame_cache_dir`` is one error naming it now, ``frame_cache_bytes`` defaults as
+    ``cache_max_bytes`` does, and GPU decoding turns the cache off (said once per process)."""
+    if decode.frame_cache_dir is None:
+        return decode
+    if decode.video_decode_device != "cpu":
+        global _warned_gpu
+        if not _warned_gpu:
+            _warned_gpu = True
+            log.warning(
+                "frame_cache_dir is ignored with video_decode_device=%r: the frame cache serves CPU decoding only",
+                decode.video_decode_device,
+            )
+        return dataclasses.replace(decode, frame_cache_dir=None)
+    check_cache_dir(decode.frame_cache_dir, what="frame_cache_dir")
+    if decode.frame_cache_bytes is None:
+        decode = dataclasses.replace(decode, frame_cache_bytes=default_cache_bytes(decode.frame_cache_dir))
+    return decode
+
+
+_warned_gpu = False
+_warned_full: set[str] = set()  # frame cache directories found full, in this process

@@ -1,0 +1,200 @@
+"""Filling the frame cache by sequential decoding, and serving a decode thread's frames from it.
+
+One ``FrameServer`` per decode thread (``DecodePool``), touched only by that thread: the clips it
+owns are admitted, filled, read and dropped there, in the order they were queued, so a clip's
+state needs no lock. When an episode is admitted, each camera's entry is opened, or queued to be
+filled; the thread fills one entry at a time, ``FILL_CHUNK`` frames in order per step, the steps
+queued between its samples' decodes (a fill never holds up the samples behind it by more than a
+chunk). A sample's frames come from the complete entry, from the part of the fill already
+written, from the fill advanced to them when they lie just ahead (sequential decoding is cheaper
+than a random access), or else are decoded as without the cache: the same bits, in the same
+order, whichever way they come (decoded by ``DecoderCache.decode``, resized by the same code).
+Another consumer filling the same entry (its lock is held) is not waited for: this one decodes
+its samples meanwhile and looks for the entry at each request.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from .decoding.decoders import DecodeError, DecoderCache
+from .frame_cache import Entry, Fill, FrameCache, FrameCacheError, entry_key
+from .read.sources import ClipRef
+
+log = logging.getLogger(__name__)
+
+FILL_CHUNK = 8  # frames per fill step: one batched decode call
+FILL_AHEAD = 2 * FILL_CHUNK  # a request this far past the fill advances it instead of decoding at random
+COUNTERS = (
+    "frame_cache_hits",  # camera reads served from the cache (an entry or a fill's written part)
+    "frame_cache_misses",  # camera reads decoded at emit while the cache is on
+    "frame_cache_fills",  # entries this consumer wrote
+    "frames_filled",
+    "fill_cpu_seconds",
+    "cache_read_cpu_seconds",
+    "frame_cache_evictions",
+    "frame_cache_bad",  # entries found damaged on read (deleted, decoded again)
+)
+
+
+@dataclass
+class _Clip:
+    """One admitted clip on its thread: its entry, its fill, or neither yet."""
+
+    clip: ClipRef
+    key: str
+    length: int
+    size: tuple[int, int] | None
+    entry: Entry | None = None
+    fill: Fill | None = None
+    elsewhere: bool = False  # another consumer holds its fill lock: look for the entry on each request
+
+
+class FrameServer:
+    """A decode thread's frames through the frame cache (see the module docstring)."""
+
+    def __init__(self, store: FrameCache, decoders: DecoderCache) -> None:
+        self.store = store
+        self.decoders = decoders
+        self.clips: dict[tuple[str, int], _Clip] = {}
+        self.queue: deque[tuple[str, int]] = deque()  # clips to fill, in admission order
+        self.counters = dict.fromkeys(COUNTERS, 0.0)
+
+    def admit(self, clip: ClipRef, length: int, size: tuple[int, int] | None) -> None:
+        """An episode's clip entered the pool: open its entry, or queue its fill."""
+        ident = (clip.cache_key, clip.first_frame)
+        if ident in self.clips:
+            return
+        key = entry_key(clip, length, size, self.decoders.resize_mode)
+        if key is None:
+            return
+        state = self.clips[ident] = _Clip(clip, key, length, size, entry=self.store.open(key))
+        if state.entry is None:
+            self.queue.append(ident)
+
+    def pending(self) -> bool:
+        """Some admitted clip waits to be filled."""
+        return bool(self.queue)
+
+    def fill_step(self) -> None:
+        """Decode the next chunk of the first clip waiting (after taking its fill lock)."""
+        while self.queue:
+            state = self.clips.get(self.queue[0])
+            if state is None or state.entry is not None:
+                self.queue.popleft()
+                continue
+            if state.fill is None:
+                got = self.store.begin_fill(state.key)
+                if not isinstance(got, Fill):
+                    state.entry, state.elsewhere = got, got is None
+                    self.queue.popleft()
+                    continue
+                state.fill = got
+            self._advance(state)
+            return
+
+    def _advance(self, state: _Clip) -> None:
+        """The fill's next chunk; the entry committed after its last, the fill abandoned on a
+        decode error (the samples' own decodes report it), a full disk, or no room."""
+        fill = state.fill
+        assert fill is not None
+        cpu = time.thread_time()
+        first = fill.progress
+        try:
+            frames = self.decoders.decode(state.clip, range(first, min(first + FILL_CHUNK, state.length)), state.size)
+            if first == 0:
+                evicted = fill.reserve(state.length, (frames.shape[1], frames.shape[2], frames.shape[3]))
+                if evicted is None:
+                    log.debug("frame cache: %s does not fit beside the entries in use", state.clip.where)
+                    return self._give_up(state)
+                self.counters["frame_cache_evictions"] += evicted
+            fill.write(frames)
+            if fill.progress == state.length:
+                state.entry, state.fill = fill.commit(), None
+                self.queue.popleft()
+                self.counters["frame_cache_fills"] += 1
+        except DecodeError:
+            self._give_up(state)
+        except OSError as e:
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO):
+                self._give_up(state)
+                raise
+            self.store.full(e)
+            self._give_up(state)
+        finally:
+            self.counters["fill_cpu_seconds"] += time.thread_time() - cpu
+        self.counters["frames_filled"] += fill.progress - first
+
+    def _give_up(self, state: _Clip) -> None:
+        if state.fill is not None:
+            state.fill.abort()
+            state.fill = None
+        if self.queue and self.clips.get(self.queue[0]) is state:
+            self.queue.popleft()
+
+    def frames(self, clip: ClipRef, indices: Sequence[int], size: tuple[int, int] | None) -> torch.Tensor:
+        """Frames ``indices`` of the clip, uint8 (N, C, H, W): from the cache where they are
+        there (verified), else decoded (``DecoderCache.frames``)."""
+        state = self.clips.get((clip.cache_key, clip.first_frame))
+        if state is not None and state.size == size and indices:
+            if state.entry is None and state.elsewhere:
+                state.entry = self.store.open(state.key)
+                state.elsewhere = state.entry is None
+            top = max(int(i) for i in indices)
+            fill = state.fill
+            while fill is not None and state.fill is fill and fill.progress <= top < fill.progress + FILL_AHEAD:
+                self._advance(state)
+            frames = self._read(state, indices, top)
+            if frames is not None:
+                return frames
+        self.counters["frame_cache_misses"] += 1
+        return self.decoders.frames(clip, indices, size)
+
+    def _read(self, state: _Clip, indices: Sequence[int], top: int) -> torch.Tensor | None:
+        source: Entry | Fill | None = state.entry
+        if source is None and state.fill is not None and top < state.fill.progress:
+            source = state.fill
+        if source is None:
+            return None
+        cpu = time.thread_time()
+        try:
+            frames = source.read([int(i) for i in indices])
+        except FrameCacheError as e:
+            self.counters["frame_cache_bad"] += 1
+            if isinstance(source, Entry):
+                source.close()
+                self.store.discard(source.path, str(e))
+                state.entry = None
+                self.queue.append((state.clip.cache_key, state.clip.first_frame))  # fill it again
+            else:
+                log.warning("frame cache: %s; the fill is abandoned, its frames decoded again", e)
+                self._give_up(state)
+            return None
+        finally:
+            self.counters["cache_read_cpu_seconds"] += time.thread_time() - cpu
+        self.counters["frame_cache_hits"] += 1
+        return frames
+
+    def drop(self, clip: ClipRef) -> None:
+        """The clip's episode left the pool: its entry is released (evictable), an unfinished fill
+        abandoned (its temporary file deleted)."""
+        state = self.clips.pop((clip.cache_key, clip.first_frame), None)
+        if state is None:
+            return
+        if state.fill is not None:
+            state.fill.abort()
+        if state.entry is not None:
+            state.entry.close()
+
+    def close(self) -> None:
+        """Release every entry and abandon every fill (end of an iteration)."""
+        for state in list(self.clips.values()):
+            self.drop(state.clip)
+        self.queue.clear()

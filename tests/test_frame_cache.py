@@ -1,0 +1,336 @@
+"""The decoded-frame cache: its frames are the frames decoded at emit, bit for bit, in the same
+order; each entry is filled once per node; a killed fill, a damaged entry, a full or read-only disk
+and a tight bound never give a wrong frame."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from lerobot_shards.convert.plan import ConvertOptions
+from lerobot_shards.convert.run import convert_dataset
+from lerobot_shards.loader import EpisodePoolDataset, slab_loader
+from lerobot_shards.loader.cache import CacheDirError
+from lerobot_shards.loader.frame_cache import ALIGN, ENTRIES_DIR, FrameCache, _parse_header
+from lerobot_shards.synth import read_identity
+
+FPS = 30
+FRONT, TOP = "observation.images.front", "observation.images.top"
+CAMERAS = (FRONT, TOP)
+DELTAS = {FRONT: [-1 / FPS, 0.0], "action": [0.0, 1 / FPS]}
+
+
+@pytest.fixture(scope="module")
+def raw(synth_factory: Callable[..., Path]) -> Path:
+    """4 episodes, 2 cameras, identity painted."""
+    return synth_factory(num_episodes=4, length_range=(12, 20), seed=5)
+
+
+@pytest.fixture(scope="module")
+def shards(raw: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("fc") / "converted"
+    convert_dataset(raw, out, ConvertOptions(episodes_per_shard=2), progress=False)
+    return out
+
+
+def _dataset(root: Path, cache: Path | None, **kwargs: Any) -> EpisodePoolDataset:
+    if (root / "meta/info.json").exists():  # raw: one virtual shard per episode
+        kwargs.setdefault("episodes_per_shard", 1)
+    kwargs.setdefault("episode_pool_size", 2)
+    kwargs.setdefault("delta_timestamps", DELTAS)
+    return EpisodePoolDataset(str(root), frame_cache_dir=None if cache is None else str(cache), **kwargs)
+
+
+def _batches(ds: EpisodePoolDataset, workers: int = 0, slabs: bool = False, batch_size: int = 4) -> list[dict]:
+    if slabs:
+        loader = slab_loader(ds, batch_size=batch_size, num_workers=workers)
+    else:
+        loader = DataLoader(ds, batch_size=batch_size, num_workers=workers)
+    out = []
+    for b in loader:  # slabs are reused: keep copies
+        out.append({k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in b.items()})
+    return out
+
+
+def _same(a: list[dict], b: list[dict]) -> None:
+    assert len(a) == len(b) and len(a) > 0
+    for x, y in zip(a, b):
+        assert x.keys() == y.keys()
+        for k in x:
+            if isinstance(x[k], torch.Tensor):
+                assert x[k].dtype == y[k].dtype and torch.equal(x[k], y[k]), k
+            else:
+                assert x[k] == y[k], k
+
+
+def _entries(cache: Path) -> list[str]:
+    return sorted(glob.glob(str(cache / ENTRIES_DIR / "*.frames")))
+
+
+def _total(ds: EpisodePoolDataset) -> dict[str, float]:
+    return ds.stats()["total"]
+
+
+@pytest.mark.parametrize("source", ["raw", "shards"])
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.float32])
+def test_cached_frames_are_the_decoded_frames_and_the_second_epoch_decodes_nothing(
+    source: str, dtype: torch.dtype, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    root = request.getfixturevalue(source)
+    want = _batches(_dataset(root, None, image_dtype=dtype))
+    for epoch in range(2):
+        ds = _dataset(root, tmp_path, image_dtype=dtype)
+        got = _batches(ds)
+        _same(want, got)
+        total = _total(ds)
+        if epoch == 0:
+            assert total["frame_cache_fills"] == 2 * 4 and total["frames_filled"] > 0
+        else:  # every frame read back, none decoded
+            assert total["frames_decoded"] == 0 and total["frames_filled"] == 0
+            assert total["frame_cache_hits"] == 2 * total["frames_emitted"]
+    assert len(_entries(tmp_path)) == 2 * 4
+    for batch in got:  # and they are the frames asked for
+        for i, (ep, frame) in enumerate(zip(batch["episode_index"].tolist(), batch["frame_index"].tolist())):
+            assert read_identity(batch[FRONT][i][1]) == (ep, frame)
+            assert read_identity(batch[TOP][i]) == (ep, frame)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_resized_with_workers_and_slabs(raw: Path, tmp_path: Path, workers: int) -> None:
+    opts: dict[str, Any] = {"resize": (32, 48), "image_dtype": torch.uint8}
+    want = _batches(_dataset(raw, None, **opts), workers, slabs=True)
+    for _ in range(2):
+        ds = _dataset(raw, tmp_path, **opts)
+        _same(want, _batches(ds, workers, slabs=True))
+    assert _total(ds)["frames_decoded"] == 0
+    assert want[0][FRONT].shape[-2:] == (32, 48)
+
+
+def test_real_fixture_through_the_cache(fixture_root: Path, tmp_path: Path) -> None:
+    opts: dict[str, Any] = {"episode_pool_size": 2, "delta_timestamps": None, "image_dtype": torch.uint8}
+    want = _batches(EpisodePoolDataset(str(fixture_root), **opts))
+    for _ in range(2):
+        ds = EpisodePoolDataset(str(fixture_root), frame_cache_dir=str(tmp_path), **opts)
+        _same(want, _batches(ds))
+    assert _total(ds)["frames_decoded"] == 0
+
+
+def test_a_mid_epoch_resume_through_the_cache(raw: Path, tmp_path: Path) -> None:
+    full = _batches(_dataset(raw, None, seed=4))
+    cut = 3
+    first = _dataset(raw, tmp_path, seed=4)
+    it = iter(DataLoader(first, batch_size=4))
+    for _ in range(cut):
+        next(it)
+    state = first.state_dict(batches_consumed=cut, batch_size=4)
+    del it
+    resumed = _dataset(raw, tmp_path, seed=4)
+    resumed.load_state_dict(state)
+    _same(full[cut:], _batches(resumed))
+
+
+def test_two_processes_on_one_directory_fill_each_entry_once(raw: Path, tmp_path: Path) -> None:
+    """Two consumers started together on the same episodes: an entry one of them is filling is
+    not filled by the other (it decodes its own samples meanwhile), so the fills the two report
+    are exactly the entries on disk; both get the frames decoded without the cache."""
+    want = _batches(_dataset(raw, None))
+    script = textwrap.dedent(f"""
+        import json, os, sys, time, torch
+        from torch.utils.data import DataLoader
+        from lerobot_shards.loader import EpisodePoolDataset
+        ds = EpisodePoolDataset({str(raw)!r}, episodes_per_shard=1, episode_pool_size=2,
+                                delta_timestamps={json.dumps(DELTAS)}, frame_cache_dir={str(tmp_path / "fc")!r})
+        print("ready", flush=True)
+        sys.stdin.readline()  # both start iterating at once
+        batches = [b for b in DataLoader(ds, batch_size=4)]
+        torch.save(batches, sys.argv[1])
+        print(json.dumps(ds.stats()["total"]), flush=True)
+    """)
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", script, str(tmp_path / f"out{i}.pt")],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(2)
+    ]
+    for p in procs:
+        assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+    for p in procs:
+        assert p.stdin is not None
+        p.stdin.write("go\n")
+        p.stdin.flush()
+    totals = []
+    for i, p in enumerate(procs):
+        out, _ = p.communicate(timeout=300)
+        assert p.returncode == 0
+        totals.append(json.loads(out.strip().splitlines()[-1]))
+        _same(want, torch.load(tmp_path / f"out{i}.pt"))
+    entries = _entries(tmp_path / "fc")
+    assert len(entries) > 0
+    assert sum(t["frame_cache_fills"] for t in totals) == len(entries)
+
+
+KILLED_FILL = """
+import os, sys, threading
+from torch.utils.data import DataLoader
+from lerobot_shards.loader import EpisodePoolDataset
+from lerobot_shards.loader import frame_cache
+write = frame_cache.Fill.write
+def write_then_hang(self, frames):
+    write(self, frames)
+    print("written", flush=True)  # a chunk is on disk, the entry incomplete: kill me now
+    threading.Event().wait()
+frame_cache.Fill.write = write_then_hang
+ds = EpisodePoolDataset(sys.argv[1], episodes_per_shard=1, episode_pool_size=2, frame_cache_dir=sys.argv[2],
+                        decode_threads=1)
+for _ in DataLoader(ds, batch_size=4):
+    pass
+"""
+
+
+def test_a_fill_killed_with_9_is_never_served_and_the_next_run_refills(raw: Path, tmp_path: Path) -> None:
+    cache = tmp_path / "fc"
+    p = subprocess.Popen([sys.executable, "-c", KILLED_FILL, str(raw), str(cache)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout is not None and p.stdout.readline().strip() == "written"  # a half-written entry
+    finally:
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+    assert _entries(cache) == []
+    leftovers = glob.glob(str(cache / ENTRIES_DIR / "*.tmp"))
+    assert len(leftovers) == 1
+    want = _batches(_dataset(raw, None, delta_timestamps=None))
+    ds = _dataset(raw, cache, delta_timestamps=None)
+    _same(want, _batches(ds))
+    assert _total(ds)["frame_cache_fills"] == 2 * 4
+    assert not os.path.exists(leftovers[0])  # swept by the refill of its entry
+    assert len(_entries(cache)) == 2 * 4
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate"])
+def test_a_damaged_entry_is_detected_and_decoded_again(raw: Path, tmp_path: Path, damage: str) -> None:
+    want = _batches(_dataset(raw, None))
+    _batches(_dataset(raw, tmp_path))
+    entries = _entries(tmp_path)
+    for path in entries:
+        size = os.path.getsize(path)
+        with open(path, "r+b") as f:
+            if damage == "flip":
+                f.seek(size - 100)  # inside the last frame
+                byte = f.read(1)
+                f.seek(size - 100)
+                f.write(bytes([byte[0] ^ 0xFF]))
+            else:
+                f.truncate(size - 1000)
+    ds = _dataset(raw, tmp_path)
+    _same(want, _batches(ds))
+    total = _total(ds)
+    assert total["frame_cache_fills"] > 0
+    if damage == "flip":  # found on reading the frame
+        assert total["frame_cache_bad"] > 0
+    ds = _dataset(raw, tmp_path)
+    _same(want, _batches(ds))  # the refilled entries serve
+
+
+def test_eviction_keeps_the_bound_and_spares_entries_in_use(raw: Path, tmp_path: Path) -> None:
+    _batches(_dataset(raw, tmp_path / "big", episode_pool_size=1))
+    sizes = [os.path.getsize(p) for p in _entries(tmp_path / "big")]
+    bound = sum(sorted(sizes)[-3:])  # room for about three entries of the eight
+    want = _batches(_dataset(raw, None, episode_pool_size=1))
+    ds = _dataset(raw, tmp_path / "small", episode_pool_size=1, frame_cache_bytes=bound)
+    _same(want, _batches(ds))
+    total = _total(ds)
+    assert total["frame_cache_evictions"] > 0
+    assert sum(os.path.getsize(p) for p in _entries(tmp_path / "small")) <= bound
+    # an entry held by a consumer is not evicted: a fill that needs its room does not happen
+    keys = [_parse_header(Path(p).read_bytes()[:ALIGN], p)[0] for p in _entries(tmp_path / "small")]
+    held = [FrameCache(str(tmp_path / "small"), bound).open(k) for k in keys]
+    assert all(e is not None for e in held)
+    ds = _dataset(raw, tmp_path / "small", episode_pool_size=1, frame_cache_bytes=bound)
+    _same(want, _batches(ds))
+    assert _total(ds)["frame_cache_evictions"] == 0
+    for e in held:
+        assert e is not None and os.path.exists(e.path)
+        e.close()
+
+
+def test_two_resize_settings_share_a_directory(raw: Path, tmp_path: Path) -> None:
+    small: dict[str, Any] = {"resize": (32, 48), "image_dtype": torch.uint8}
+    other: dict[str, Any] = {"resize": (32, 48), "resize_mode": "crop", "image_dtype": torch.uint8}
+    for opts in (small, other, {"image_dtype": torch.uint8}):
+        want = _batches(_dataset(raw, None, **opts))
+        _same(want, _batches(_dataset(raw, tmp_path, **opts)))
+    assert len(_entries(tmp_path)) == 3 * 2 * 4
+    ds = _dataset(raw, tmp_path, **small)
+    _same(_batches(_dataset(raw, None, **small)), _batches(ds))
+    assert _total(ds)["frames_decoded"] == 0
+
+
+def test_bad_settings_are_one_line(raw: Path, tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ValueError, match="frame_cache_dir .*file' is not a directory"):
+        _dataset(raw, tmp_path / "file")
+    with pytest.raises(ValueError, match="frame_cache_bytes must be"):
+        _dataset(raw, tmp_path, frame_cache_bytes=0)
+    blocked = tmp_path / "blocked"
+    blocked.mkdir()
+    (blocked / ".locks").write_text("a file where the cache keeps its index")
+    with pytest.raises(CacheDirError, match=rf"frame_cache_dir {blocked}: .*; a file stands where .*frame_cache_dir"):
+        _dataset(raw, blocked)
+    _dataset(raw, tmp_path / "made" / "here")  # a missing directory is made
+    assert (tmp_path / "made" / "here").is_dir()
+
+
+def _in_tmpfs(mount_opts: str, mountpoint: Path, script: str, *args: str) -> subprocess.CompletedProcess:
+    """Run ``script`` in a private mount namespace with a small tmpfs at ``mountpoint`` (needs root)."""
+    probe = subprocess.run(["unshare", "--mount", "--propagation", "private", "true"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"cannot create a mount namespace here ({probe.stderr.decode().strip()})")
+    mountpoint.mkdir(exist_ok=True)
+    sh = f'mount -t tmpfs -o {mount_opts} tmpfs "$0" && exec "$@"'
+    cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c", sh, str(mountpoint)]
+    return subprocess.run([*cmd, sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=300)
+
+
+ON_A_SMALL_DISK = """
+import sys, torch
+from torch.utils.data import DataLoader
+from lerobot_shards.loader import EpisodePoolDataset
+def run(cache):
+    ds = EpisodePoolDataset(sys.argv[1], episodes_per_shard=1, episode_pool_size=2, frame_cache_dir=cache,
+                            frame_cache_bytes=1 << 30)
+    return [b["observation.images.front"] for b in DataLoader(ds, batch_size=4)], ds.stats()["total"]
+want, _ = run(None)
+got, total = run(sys.argv[2])
+assert all(torch.equal(a, b) for a, b in zip(want, got)) and len(want) == len(got)
+print("fills", int(total["frame_cache_fills"]))
+"""
+
+
+def test_a_full_disk_falls_back_to_decoding_with_one_message(raw: Path, tmp_path: Path) -> None:
+    result = _in_tmpfs("size=256k", tmp_path / "mnt", ON_A_SMALL_DISK, str(raw), str(tmp_path / "mnt"))
+    assert result.returncode == 0, result.stderr
+    full = [line for line in result.stderr.splitlines() if "No space left on device" in line]
+    assert len(full) == 1 and f"frame_cache_dir {tmp_path / 'mnt'}" in full[0]
+    assert "fills" in result.stdout
+
+
+def test_a_read_only_directory_is_one_line(raw: Path, tmp_path: Path) -> None:
+    result = _in_tmpfs("ro", tmp_path / "ro", ON_A_SMALL_DISK, str(raw), str(tmp_path / "ro"))
+    assert result.returncode != 0
+    last = result.stderr.strip().splitlines()[-1]
+    assert f"frame_cache_dir {tmp_path / 'ro'}: Read-only file system" in last and "choose a writable" in last
