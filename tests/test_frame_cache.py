@@ -119,7 +119,7 @@ def test_resized_with_workers_and_slabs(raw: Path, tmp_path: Path, workers: int)
 
 
 def test_real_fixture_through_the_cache(fixture_root: Path, tmp_path: Path) -> None:
-    opts: dict[str, Any] = {"episode_pool_size": 2, "delta_timestamps": None, "image_dtype": torch.uint8}
+    opts: dict[str, Any] = {"episodes": [0], "cameras": [FRONT], "delta_timestamps": None, "image_dtype": torch.uint8}
     want = _batches(EpisodePoolDataset(str(fixture_root), **opts))
     for _ in range(2):
         ds = EpisodePoolDataset(str(fixture_root), frame_cache_dir=str(tmp_path), **opts)

@@ -80,6 +80,36 @@ def test_samples_equal_lerobots(which: str, source: str, request: pytest.Fixture
 
 @pytest.mark.parametrize("which", ["real", "written"])
 @pytest.mark.parametrize("source", ["shards", "raw"])
+def test_samples_through_the_frame_cache_equal_lerobots(
+    which: str, source: str, request: pytest.FixtureRequest, reference, tmp_path
+) -> None:
+    """The same through the decoded-frame cache: one episode, an epoch that fills it (samples read
+    from fills under way) and one served from the complete entries, no frame decoded."""
+    ds: Dataset = request.getfixturevalue(which)
+    lerobot, cache = reference(ds)
+    url = str(ds.shards if source == "shards" else ds.raw)
+    ours = EpisodePoolDataset(
+        url,
+        delta_timestamps=_windows(lerobot.meta),
+        image_dtype=torch.uint8,
+        seed=5,
+        episodes=[1],
+        frame_cache_dir=str(tmp_path),
+    )
+    for epoch in range(2):
+        ours.set_epoch(epoch)
+        for sample in ours:
+            index = int(sample["index"])
+            if index not in cache:
+                cache[index] = lerobot[index]
+            _same(sample, cache[index], f"{which}/{source} epoch {epoch} index {index} (frame cache)")
+        total = ours.stats()["total"]
+        assert total["frame_cache_hits"] > 0
+    assert total["frames_decoded"] == 0 and total["frames_filled"] == 0
+
+
+@pytest.mark.parametrize("which", ["real", "written"])
+@pytest.mark.parametrize("source", ["shards", "raw"])
 def test_meta_equals_lerobots(which: str, source: str, request: pytest.FixtureRequest) -> None:
     from lerobot.datasets.dataset_metadata import LeRobotDatasetMetadata
     from lerobot.utils.feature_utils import dataset_to_policy_features

@@ -132,10 +132,14 @@ def emit(item: dict[str, Any], decoders: DecodePool, stats: StatSlot) -> dict[st
     stats.set("decode_seconds", decoders.counter("decode_seconds"))
     stats.set("decode_cpu_seconds", decoders.counter("decode_cpu_seconds"))
     stats.set("frames_decoded", decoders.counter("frames_decoded"))
+    _frame_cache_stats(decoders, stats)
+    return item
+
+
+def _frame_cache_stats(decoders: DecodePool, stats: StatSlot) -> None:
     if decoders.frame_cache:
         for name in FRAME_COUNTERS:
             stats.set(name, decoders.counter(name))
-    return item
 
 
 def decode_pool(
@@ -261,6 +265,8 @@ def stream_samples(
                 stats.set(name, value)
         while pending:
             yield augmented(emit(pending.popleft(), decoders, stats))
+        decoders.finish_fills()  # the entries the next epoch reads
+        _frame_cache_stats(decoders, stats)
         if owed:
             log.warning(
                 "on_error='skip': %d skipped sample(s) found no good episode to repeat; this consumer "

@@ -32,6 +32,9 @@ log = logging.getLogger(__name__)
 
 FILL_CHUNK = 8  # frames per fill step: one batched decode call
 FILL_AHEAD = 2 * FILL_CHUNK  # a request this far past the fill advances it instead of decoding at random
+# Clips whose episode left the pool before their fill was done are still filled (the next epoch
+# reads them), at most this many waiting per thread: each holds its clip's bytes.
+FILL_BACKLOG = 16
 COUNTERS = (
     "frame_cache_hits",  # camera reads served from the cache (an entry or a fill's written part)
     "frame_cache_misses",  # camera reads decoded at emit while the cache is on
@@ -55,6 +58,7 @@ class _Clip:
     entry: Entry | None = None
     fill: Fill | None = None
     elsewhere: bool = False  # another consumer holds its fill lock: look for the entry on each request
+    left: bool = False  # its episode left the pool: filled for the next epoch, then forgotten
 
 
 class FrameServer:
@@ -70,7 +74,8 @@ class FrameServer:
     def admit(self, clip: ClipRef, length: int, size: tuple[int, int] | None) -> None:
         """An episode's clip entered the pool: open its entry, or queue its fill."""
         ident = (clip.cache_key, clip.first_frame)
-        if ident in self.clips:
+        if ident in self.clips:  # back before its fill was done
+            self.clips[ident].left = False
             return
         key = entry_key(clip, length, size, self.decoders.resize_mode)
         if key is None:
@@ -94,11 +99,22 @@ class FrameServer:
                 got = self.store.begin_fill(state.key)
                 if not isinstance(got, Fill):
                     state.entry, state.elsewhere = got, got is None
-                    self.queue.popleft()
+                    self._done(state)
                     continue
                 state.fill = got
             self._advance(state)
             return
+
+    def drain(self) -> None:
+        """Finish every fill waiting (the epoch's samples are all emitted; the next epoch reads them)."""
+        while self.queue:
+            self.fill_step()
+
+    def _done(self, state: _Clip) -> None:
+        """The head of the queue is filled, or will not be: next; a clip whose episode left is forgotten."""
+        self.queue.popleft()
+        if state.left:
+            self._forget(state)
 
     def _advance(self, state: _Clip) -> None:
         """The fill's next chunk; the entry committed after its last, the fill abandoned on a
@@ -118,8 +134,8 @@ class FrameServer:
             fill.write(frames)
             if fill.progress == state.length:
                 state.entry, state.fill = fill.commit(), None
-                self.queue.popleft()
                 self.counters["frame_cache_fills"] += 1
+                self._done(state)
         except DecodeError:
             self._give_up(state)
         except OSError as e:
@@ -137,7 +153,7 @@ class FrameServer:
             state.fill.abort()
             state.fill = None
         if self.queue and self.clips.get(self.queue[0]) is state:
-            self.queue.popleft()
+            self._done(state)
 
     def frames(self, clip: ClipRef, indices: Sequence[int], size: tuple[int, int] | None) -> torch.Tensor:
         """Frames ``indices`` of the clip, uint8 (N, C, H, W): from the cache where they are
@@ -183,18 +199,32 @@ class FrameServer:
         return frames
 
     def drop(self, clip: ClipRef) -> None:
-        """The clip's episode left the pool: its entry is released (evictable), an unfinished fill
-        abandoned (its temporary file deleted)."""
-        state = self.clips.pop((clip.cache_key, clip.first_frame), None)
+        """The clip's episode left the pool: its entry is released (evictable); a fill not done
+        yet is still done, unless more than ``FILL_BACKLOG`` wait (the oldest not started goes)."""
+        ident = (clip.cache_key, clip.first_frame)
+        state = self.clips.get(ident)
         if state is None:
             return
+        if state.entry is not None or ident not in self.queue:
+            self._forget(state)
+            return
+        state.left = True
+        waiting = [i for i in self.queue if self.clips[i].left and self.clips[i].fill is None]
+        for old in waiting[: max(0, len(waiting) - FILL_BACKLOG)]:
+            self.queue.remove(old)
+            self._forget(self.clips[old])
+
+    def _forget(self, state: _Clip) -> None:
+        del self.clips[(state.clip.cache_key, state.clip.first_frame)]
         if state.fill is not None:
             state.fill.abort()
+            state.fill = None
         if state.entry is not None:
             state.entry.close()
+            state.entry = None
 
     def close(self) -> None:
         """Release every entry and abandon every fill (end of an iteration)."""
-        for state in list(self.clips.values()):
-            self.drop(state.clip)
         self.queue.clear()
+        for state in list(self.clips.values()):
+            self._forget(state)

@@ -357,6 +357,17 @@ class DecodePool:
         server = self._servers[i]
         self._on_thread(i, lambda: server.drop(clip)) if self._threads else server.drop(clip)
 
+    def finish_fills(self) -> None:
+        """Finish the fills still waiting, on their threads (the stream's samples are all emitted)."""
+        if self._servers is None:
+            return
+        if not self._threads:
+            for server in self._servers:
+                server.drain()
+            return
+        for done in [t.submit(s.drain) for t, s in zip(self._threads, self._servers)]:
+            done.result()
+
     def _next_fill(self, i: int) -> None:
         """Queue thread ``i``'s next fill step, unless one is queued or nothing waits (on thread ``i``)."""
         assert self._servers is not None
