@@ -100,6 +100,8 @@ BAD_LOADER_OPTIONS = [
     ),
     ("decode", "resize", {"top": 224}, r"resize 'top': \(height, width\) expected, got 224"),
     ("decode", "resize_mode", "squash", r"resize mode 'squash' is not one of pad, crop, stretch"),
+    ("decode", "frame_cache_dir", 3, r"frame_cache_dir must be a path or None, got 3"),
+    ("decode", "frame_cache_bytes", 0, r"frame_cache_bytes must be an int >= 1 \(None: half the frame cache"),
 ]
 
 
