@@ -10,6 +10,7 @@ newest tested pair.
 
 from __future__ import annotations
 
+import json
 import re
 from importlib import metadata
 
@@ -47,4 +48,13 @@ def check_torch_pair(torch_version: str | None = None, torchcodec_version: str |
 check_torch_pair()  # before torchcodec loads: a mismatched pair is named here, not by a missing symbol in it
 from torchcodec.decoders import VideoDecoder, set_cuda_backend  # noqa: E402  (after the check, on purpose)
 
-__all__ = ["VideoDecoder", "check_torch_pair", "set_cuda_backend"]
+
+def decoder_versions() -> str:
+    """torchcodec's version and the FFmpeg libraries it decodes with: what decides a clip's decoded
+    bits besides the clip (part of a decoded-frame cache entry's key, ``loader.frame_cache``)."""
+    from torchcodec._core import get_ffmpeg_library_versions
+
+    return f"torchcodec {metadata.version('torchcodec')}; {json.dumps(get_ffmpeg_library_versions(), sort_keys=True)}"
+
+
+__all__ = ["VideoDecoder", "check_torch_pair", "decoder_versions", "set_cuda_backend"]

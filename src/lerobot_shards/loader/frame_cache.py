@@ -9,7 +9,7 @@ exactly as the loader returns it (after ``resize``), contiguous, so a window is 
 name is a hash of what decides its bytes (``entry_key``): the clip's content (the xxh3-128 of a
 converted clip's bytes, which is its member checksum; a raw mp4's URL, size and modification
 time), the episode's first frame and length in it, the frame tables, the decoded size and resize
-mode, and the versions of torchcodec and of this package (which decode and resize). A changed
+mode, and the versions of torchcodec, its FFmpeg and this package (which decode and resize). A changed
 source or another resize is another entry, never a stale one.
 
 The rules of the shard cache (``loader.cache``) hold here too, with its helpers: the directory is
@@ -38,6 +38,7 @@ import contextlib
 import dataclasses
 import errno
 import fcntl
+import functools
 import glob
 import hashlib
 import json
@@ -51,12 +52,12 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torchcodec
 import xxhash
 
 from .. import __version__
 from ..exceptions import LeRobotShardsError
 from ..format import TMP_SUFFIX
+from ..torch_pair import decoder_versions
 from .read.shard_cache import (
     GLOBAL_LOCK,
     LOCKS_DIR,
@@ -109,11 +110,14 @@ def entry_key(clip: ClipRef, length: int, size: tuple[int, int] | None, mode: st
             "frame_mappings": mappings,
             "size": None if size is None else list(size),
             "resize_mode": None if size is None else mode,
-            "torchcodec": torchcodec.__version__,
+            "decoder": _decoder_versions(),
             "lerobot_shards": __version__,
         },
         sort_keys=True,
     )
+
+
+_decoder_versions = functools.cache(decoder_versions)
 
 
 def _rel(key: str) -> str:
