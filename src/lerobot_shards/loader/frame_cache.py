@@ -368,8 +368,8 @@ class FrameCache:
         return Fill(self, key, path, lock)
 
     def full(self, e: OSError) -> None:
-        """A write failed for lack of space (or the disk failed): this consumer fills nothing more;
-        said once per process and directory."""
+        """A write failed (no space left, a quota, the disk, permissions): this consumer fills
+        nothing more; said once per process and directory."""
         self.fills_off = True
         if self.root not in _warned_full:
             _warned_full.add(self.root)

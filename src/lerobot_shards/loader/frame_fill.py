@@ -15,7 +15,6 @@ its samples meanwhile and looks for the entry at each request.
 
 from __future__ import annotations
 
-import errno
 import logging
 import time
 from collections import deque
@@ -96,7 +95,11 @@ class FrameServer:
                 self.queue.popleft()
                 continue
             if state.fill is None:
-                got = self.store.begin_fill(state.key)
+                try:
+                    got = self.store.begin_fill(state.key)
+                except OSError as e:  # its lock cannot be made (the directory changed under the run)
+                    self.store.full(e)
+                    got = None
                 if not isinstance(got, Fill):
                     state.entry, state.elsewhere = got, got is None
                     self._done(state)
@@ -138,10 +141,7 @@ class FrameServer:
                 self._done(state)
         except DecodeError:
             self._give_up(state)
-        except OSError as e:
-            if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO):
-                self._give_up(state)
-                raise
+        except OSError as e:  # a full disk, a quota, a disk error: decoded as without the cache
             self.store.full(e)
             self._give_up(state)
         finally:
