@@ -79,10 +79,16 @@ class SampleLayout:
             size = self.resize_sizes.get(cam)
             slot = None if staging is None else staging.destination(seq, cam)
             if offsets is None:
-                item[cam] = decoders.submit(episode.clips[cam], [frame], size, self._finish(False, slot, staging))
+                into = None if slot is None or self.image_dtype != torch.uint8 else slot.unsqueeze(0)
+                item[cam] = decoders.submit(
+                    episode.clips[cam], [frame], size, self._finish(False, slot, staging), into=into
+                )
             else:
                 idx, pad = window_indices(frame, episode.length, offsets)
-                item[cam] = decoders.submit(episode.clips[cam], idx.tolist(), size, self._finish(True, slot, staging))
+                into = None if self.image_dtype != torch.uint8 else slot
+                item[cam] = decoders.submit(
+                    episode.clips[cam], idx.tolist(), size, self._finish(True, slot, staging), into=into
+                )
                 item[f"{cam}_is_pad"] = torch.from_numpy(pad)
         item["task"] = self.tasks[int(episode.columns["task_index"][frame])]
         return item
@@ -102,6 +108,8 @@ class SampleLayout:
             value = frames if window else frames[0]
             if slot is None or staging is None or not _fits(value, slot, self.image_dtype):
                 return self.images(value)
+            if value.data_ptr() == slot.data_ptr():  # read into the slot already (the frame cache)
+                return slot
             start = time.thread_time()
             slot.copy_(value)
             if self.image_dtype == torch.float32:

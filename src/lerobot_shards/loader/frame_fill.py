@@ -155,9 +155,12 @@ class FrameServer:
         if self.queue and self.clips.get(self.queue[0]) is state:
             self._done(state)
 
-    def frames(self, clip: ClipRef, indices: Sequence[int], size: tuple[int, int] | None) -> torch.Tensor:
+    def frames(
+        self, clip: ClipRef, indices: Sequence[int], size: tuple[int, int] | None, into: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Frames ``indices`` of the clip, uint8 (N, C, H, W): from the cache where they are
-        there (verified), else decoded (``DecoderCache.frames``)."""
+        there (verified; read into ``into`` when it is such a tensor), else decoded
+        (``DecoderCache.frames``)."""
         state = self.clips.get((clip.cache_key, clip.first_frame))
         if state is not None and state.size == size and indices:
             if state.entry is None and state.elsewhere:
@@ -167,13 +170,13 @@ class FrameServer:
             fill = state.fill
             while fill is not None and state.fill is fill and fill.progress <= top < fill.progress + FILL_AHEAD:
                 self._advance(state)
-            frames = self._read(state, indices, top)
+            frames = self._read(state, indices, top, into)
             if frames is not None:
                 return frames
         self.counters["frame_cache_misses"] += 1
         return self.decoders.frames(clip, indices, size)
 
-    def _read(self, state: _Clip, indices: Sequence[int], top: int) -> torch.Tensor | None:
+    def _read(self, state: _Clip, indices: Sequence[int], top: int, into: torch.Tensor | None) -> torch.Tensor | None:
         source: Entry | Fill | None = state.entry
         if source is None and state.fill is not None and top < state.fill.progress:
             source = state.fill
@@ -181,7 +184,7 @@ class FrameServer:
             return None
         cpu = time.thread_time()
         try:
-            frames = source.read([int(i) for i in indices])
+            frames = source.read([int(i) for i in indices], into)
         except FrameCacheError as e:
             self.counters["frame_cache_bad"] += 1
             if isinstance(source, Entry):

@@ -315,17 +315,30 @@ class DecodePool:
         indices: Sequence[int],
         size: tuple[int, int] | None,
         then: Callable[[torch.Tensor], Any],
+        into: torch.Tensor | None = None,
     ) -> Future[Any]:
-        """``then(frames)`` of the clip's ``indices`` at ``size`` (see ``DecoderCache.frames``), as a future."""
+        """``then(frames)`` of the clip's ``indices`` at ``size`` (see ``DecoderCache.frames``), as a
+        future. ``into``: a uint8 (N, C, H, W) tensor the frame cache may read them into (a slab's
+        slot: ``then`` finds them in place)."""
         i = self._route(clip.cache_key)
-        frames = self._caches[i].frames if self._servers is None else self._servers[i].frames
+        if self._servers is None:
+            cache = self._caches[i]
+
+            def frames() -> torch.Tensor:
+                return cache.frames(clip, indices, size)
+        else:
+            server = self._servers[i]
+
+            def frames() -> torch.Tensor:
+                return server.frames(clip, indices, size, into)
+
         if self._threads:
-            return self._threads[i].submit(lambda: then(frames(clip, indices, size)))
+            return self._threads[i].submit(lambda: then(frames()))
         if self._inline:
             self._inline.popleft()()
         done: Future[Any] = Future()
         try:
-            done.set_result(then(frames(clip, indices, size)))
+            done.set_result(then(frames()))
         except BaseException as e:
             done.set_exception(e)
         return done
