@@ -22,8 +22,8 @@ from torch.utils.data import DataLoader
 from lerobot_shards.convert.plan import ConvertOptions
 from lerobot_shards.convert.run import convert_dataset
 from lerobot_shards.loader import EpisodePoolDataset, slab_loader
-from lerobot_shards.loader.cache import CacheDirError
-from lerobot_shards.loader.frame_cache import ALIGN, ENTRIES_DIR, FrameCache, _parse_header
+from lerobot_shards.loader.decoding.frame_cache import ALIGN, ENTRIES_DIR, FrameCache, _parse_header
+from lerobot_shards.loader.read.shard_cache import CacheDirError
 from lerobot_shards.synth import read_identity
 
 FPS = 30
@@ -188,7 +188,7 @@ KILLED_FILL = """
 import os, sys, threading
 from torch.utils.data import DataLoader
 from lerobot_shards.loader import EpisodePoolDataset
-from lerobot_shards.loader import frame_cache
+from lerobot_shards.loader.decoding import frame_cache
 write = frame_cache.Fill.write
 def write_then_hang(self, frames):
     write(self, frames)

@@ -51,7 +51,7 @@ from torchcodec.decoders import VideoDecoder, set_cuda_backend  # noqa: E402  (a
 
 def decoder_versions() -> str:
     """torchcodec's version and the FFmpeg libraries it decodes with: what decides a clip's decoded
-    bits besides the clip (part of a decoded-frame cache entry's key, ``loader.frame_cache``)."""
+    bits besides the clip (part of a decoded-frame cache entry's key, ``loader.decoding.frame_cache``)."""
     from torchcodec._core import get_ffmpeg_library_versions
 
     return f"torchcodec {metadata.version('torchcodec')}; {json.dumps(get_ffmpeg_library_versions(), sort_keys=True)}"

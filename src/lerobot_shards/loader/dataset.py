@@ -32,8 +32,8 @@ from ..resize import camera_sizes, resized_features
 from ..video import cores_per_rank
 from .augment import SampleTransforms
 from .control import SharedControl
+from .decoding.frame_cache import resolve_options as resolve_frame_cache
 from .emission import SampleLayout, stream_samples
-from .frame_cache import resolve_options as resolve_frame_cache
 from .meta import DatasetMeta, Stats, dataset_meta, episode_stats_rows
 from .options import DecodeOptions, OrderOptions, ReadOptions, check_episodes, group_options
 from .plan.elastic import SubsetSampler

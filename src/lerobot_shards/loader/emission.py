@@ -24,9 +24,9 @@ import torch
 
 from .augment import SampleTransforms
 from .decoding.decoders import DecodePool, DecoderCache, auto_decode_threads, decode_image
-from .frame_cache import FrameCache
-from .frame_fill import COUNTERS as FRAME_COUNTERS
-from .frame_fill import FrameServer
+from .decoding.frame_cache import FrameCache
+from .decoding.frame_fill import COUNTERS as FRAME_COUNTERS
+from .decoding.frame_fill import FrameServer
 from .options import DecodeOptions, ReadOptions
 from .plan.elastic import SubsetSampler
 from .plan.partition import ConsumerPlan

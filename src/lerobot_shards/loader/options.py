@@ -214,7 +214,7 @@ class DecodeOptions:
     # generator seeded per sample from (seed, epoch, episode, frame) (``augment``), so a resumed
     # run or another worker layout transforms each sample as before. None: frames as decoded.
     image_transforms: Callable[[torch.Tensor], torch.Tensor] | None = None
-    # Local directory of the node's decoded-frame cache (``loader.frame_cache``), shared by every
+    # Local directory of the node's decoded-frame cache (``loader.decoding.frame_cache``), shared by every
     # worker and rank on the node: each episode's frames are decoded once, in order, as it is
     # admitted, and read back from there (this epoch and the next). CPU decoding only. None: off.
     frame_cache_dir: str | None = None

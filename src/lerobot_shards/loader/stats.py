@@ -10,7 +10,7 @@ from __future__ import annotations
 import multiprocessing
 from typing import Any
 
-from .frame_fill import COUNTERS as FRAME_COUNTERS
+from .decoding.frame_fill import COUNTERS as FRAME_COUNTERS
 from .read.shard_cache import COUNTERS
 
 MAX_WORKERS = 64  # stats rows per process tree
@@ -34,7 +34,7 @@ STAT_FIELDS = (
     "samples_skipped",
     "samples_substituted",  # equal-count mode: skipped samples replaced by a frame of a good resident episode
     *COUNTERS,  # storage bytes and cache outcomes (loader.read.shard_cache)
-    *FRAME_COUNTERS,  # the decoded-frame cache (loader.frame_fill)
+    *FRAME_COUNTERS,  # the decoded-frame cache (loader.decoding.frame_fill)
 )
 
 

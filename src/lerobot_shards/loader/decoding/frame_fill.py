@@ -23,9 +23,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .decoding.decoders import DecodeError, DecoderCache
+from ..read.sources import ClipRef
+from .decoders import DecodeError, DecoderCache
 from .frame_cache import Entry, Fill, FrameCache, FrameCacheError, entry_key
-from .read.sources import ClipRef
 
 log = logging.getLogger(__name__)
 

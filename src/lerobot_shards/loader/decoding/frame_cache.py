@@ -12,7 +12,7 @@ time), the episode's first frame and length in it, the frame tables, the decoded
 mode, and the versions of torchcodec, its FFmpeg and this package (which decode and resize). A changed
 source or another resize is another entry, never a stale one.
 
-The rules of the shard cache (``loader.cache``) hold here too, with its helpers: the directory is
+The rules of the shard cache (``loader.read.shard_cache``) hold here too, with its helpers: the directory is
 shared by every rank and worker on the node through ``flock`` alone; an entry is written under a
 temporary name and renamed when complete (a fill killed with -9 leaves a temporary file that is
 never served and is swept by the next fill of the entry, or evicted); space is reserved at full
@@ -54,11 +54,12 @@ import numpy as np
 import torch
 import xxhash
 
-from .. import __version__
-from ..exceptions import LeRobotShardsError
-from ..format import TMP_SUFFIX
-from ..torch_pair import decoder_versions
-from .read.shard_cache import (
+from ... import __version__
+from ...exceptions import LeRobotShardsError
+from ...format import TMP_SUFFIX
+from ...torch_pair import decoder_versions
+from ..options import DecodeOptions
+from ..read.shard_cache import (
     GLOBAL_LOCK,
     LOCKS_DIR,
     _check_ours,
@@ -70,8 +71,7 @@ from .read.shard_cache import (
     plan_evictions,
     scan,
 )
-from .options import DecodeOptions
-from .read.sources import ClipRef
+from ..read.sources import ClipRef
 
 log = logging.getLogger(__name__)
 
