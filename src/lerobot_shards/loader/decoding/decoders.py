@@ -163,13 +163,13 @@ class DecoderCache:
         """Frames ``indices`` of the episode (not of the file) as uint8 (N, C, H, W), one call;
         resized to ``size`` (height, width) as ``resize_mode`` says when given."""
         start, cpu = time.perf_counter(), time.thread_time()
-        frames = self.decode(clip, indices, size)
+        frames = self.uncounted(clip, indices, size)
         self.decode_seconds += time.perf_counter() - start
         self.decode_cpu_seconds += time.thread_time() - cpu  # decoding runs in this thread (one FFmpeg thread)
         self.frames_decoded += len(indices)
         return frames
 
-    def decode(self, clip: ClipRef, indices: Sequence[int], size: tuple[int, int] | None = None) -> torch.Tensor:
+    def uncounted(self, clip: ClipRef, indices: Sequence[int], size: tuple[int, int] | None = None) -> torch.Tensor:
         """``frames``, uncounted: the frame cache's fill (``frame_fill``) decodes through this and
         counts its own time, so decode counters stay those of decoding at emit."""
         unreadable = self._unreadable.get(clip.cache_key)

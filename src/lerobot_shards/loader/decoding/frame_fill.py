@@ -8,7 +8,7 @@ queued between its samples' decodes (a fill never holds up the samples behind it
 chunk). A sample's frames come from the complete entry, from the part of the fill already
 written, from the fill advanced to them when they lie just ahead (sequential decoding is cheaper
 than a random access), or else are decoded as without the cache: the same bits, in the same
-order, whichever way they come (decoded by ``DecoderCache.decode``, resized by the same code).
+order, whichever way they come (decoded by ``DecoderCache.uncounted``, resized by the same code).
 Another consumer filling the same entry (its lock is held) is not waited for: this one decodes
 its samples meanwhile and looks for the entry at each request.
 """
@@ -76,7 +76,7 @@ class FrameServer:
         if ident in self.clips:  # back before its fill was done
             self.clips[ident].left = False
             return
-        key = entry_key(clip, length, size, self.decoders.resize_mode)
+        key = entry_key(clip, length, size, self.decoders.decode.resize_mode)
         if key is None:
             return
         state = self.clips[ident] = _Clip(clip, key, length, size, entry=self.store.open(key))
@@ -127,7 +127,9 @@ class FrameServer:
         cpu = time.thread_time()
         first = fill.progress
         try:
-            frames = self.decoders.decode(state.clip, range(first, min(first + FILL_CHUNK, state.length)), state.size)
+            frames = self.decoders.uncounted(
+                state.clip, range(first, min(first + FILL_CHUNK, state.length)), state.size
+            )
             if first == 0:
                 evicted = fill.reserve(state.length, (frames.shape[1], frames.shape[2], frames.shape[3]))
                 if evicted is None:
