@@ -68,7 +68,8 @@ def _feeder_threads() -> list[threading.Thread]:
 
 def test_batches_equal_the_float32_loader(raw: Path) -> None:
     expected = list(_loader(raw, torch.float32))
-    feeder = DeviceFeeder(_loader(raw, torch.uint8), "cpu", prefetch=2)
+    loader = _loader(raw, torch.uint8)
+    feeder = DeviceFeeder(loader, "cpu", prefetch=2)
     got = list(feeder)
     assert len(got) == len(expected) > 2
     for g, e in zip(got, expected):
@@ -89,7 +90,9 @@ def test_batches_equal_the_float32_loader(raw: Path) -> None:
     stats = feeder.stats()
     assert stats["batches"] == len(got)
     assert stats["wait_p95_s"] >= stats["wait_p50_s"] >= 0.0
-    # Twice over the same feeder: a fresh loader iterator each time, the same epoch again.
+    # Twice over the same feeder: a fresh loader iterator each time, the same epoch again once set
+    # (a pass without set_epoch is the next epoch).
+    loader.dataset.set_epoch(0)
     assert [b["index"].tolist() for b in feeder] == [b["index"].tolist() for b in expected]
 
 
@@ -98,6 +101,7 @@ def test_normalize_with_the_dataset_stats(raw: Path) -> None:
     stats = loader.dataset.feature_stats
     assert set(stats[CAM]) >= {"mean", "std"}
     plain = list(DeviceFeeder(loader, "cpu"))
+    loader.dataset.set_epoch(0)  # each pass the same epoch: compared sample by sample
     normed = list(DeviceFeeder(loader, "cpu", normalize=stats))
     for p, n in zip(plain, normed):
         for key in (CAM, IMG):
@@ -105,6 +109,7 @@ def test_normalize_with_the_dataset_stats(raw: Path) -> None:
             std = torch.tensor(stats[key]["std"], dtype=torch.float32)
             assert torch.equal(n[key], (p[key] - mean) / (std + 1e-8)), key
         assert torch.equal(n["action"], p["action"])  # only images by default
+    loader.dataset.set_epoch(0)
     state = list(DeviceFeeder(loader, "cpu", normalize=stats, normalize_keys=["observation.state"]))
     mean = torch.tensor(stats["observation.state"]["mean"], dtype=torch.float32)
     std = torch.tensor(stats["observation.state"]["std"], dtype=torch.float32)

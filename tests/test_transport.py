@@ -411,6 +411,7 @@ def test_an_abandoned_epoch_leaves_no_staged_frames_behind(synth, drop_last) -> 
         plain_ds = _dataset(synth, image_dtype=torch.uint8)
         plain_ds.set_epoch(epoch)
         plain = list(DataLoader(plain_ds, batch_size=BATCH, num_workers=2, drop_last=drop_last))
+        ds.set_epoch(epoch)  # the abandoned epoch again (a pass without set_epoch is the next one)
         assert _compare(plain, iter(loader)) == len(plain)
     assert loader.collate_fn.stats()["workers"]["staged_values"] > 0
 

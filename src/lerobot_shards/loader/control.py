@@ -8,6 +8,14 @@ dataset, which every worker reads at the start of each ``__iter__``; workers wri
 worker count they run under, so ``state_dict`` can record it. The windows (``delta_timestamps``)
 are arrays that do not fit there: the array counts their changes instead, and a worker whose copy
 predates the last change refuses to iterate rather than emit the old windows.
+
+A second pass without ``set_epoch`` (iterating the dataset, or a new iterator of its DataLoader,
+again) moves to the next epoch, as MosaicML Streaming does: a plain loop that forgets
+``set_epoch`` no longer trains every epoch on one order, and a resumed epoch is not replayed from
+its resume point. Each worker counts its own passes since the epoch was last set (``set_epoch``,
+``load_state_dict``) in a slot of the array: every worker of a DataLoader iterates once per pass,
+so they agree without talking, and the main process reads worker 0's count (``epoch``), which a
+state saved mid-pass records.
 """
 
 from __future__ import annotations
@@ -27,7 +35,12 @@ _UNKNOWN = -1
 # then (batches, batch_size) pairs (at most ``MAX_SEGMENTS``), for each of the two.
 _R_EARLIER = 13
 _R_ORIGIN_EARLIER = _R_EARLIER + 1 + 2 * MAX_SEGMENTS
-_SIZE = _R_ORIGIN_EARLIER + 1 + 2 * MAX_SEGMENTS
+# The passes since the epoch was set: a generation the setters bump, then per worker (the main
+# process is worker 0) the generation it last iterated under and its passes in it.
+MAX_WORKERS = 1024
+_GENERATION = _R_ORIGIN_EARLIER + 1 + 2 * MAX_SEGMENTS
+_PASSES = _GENERATION + 1
+_SIZE = _PASSES + 2 * MAX_WORKERS
 
 
 class SharedControl:
@@ -36,15 +49,33 @@ class SharedControl:
     def __init__(self) -> None:
         self._array = multiprocessing.Array("q", _SIZE, lock=False)
         self._array[_SEEN_WORKERS] = _UNKNOWN
+        self._array[_GENERATION] = 1  # no worker has iterated under it (their slots hold 0)
 
     @property
     def epoch(self) -> int:
-        """The epoch every new iterator plans for."""
-        return int(self._array[_EPOCH])
+        """The epoch of the current (or last) pass: the one set, plus the passes since (worker 0's)."""
+        return int(self._array[_EPOCH]) + self._passes(0)
 
     @epoch.setter
     def epoch(self, value: int) -> None:
+        """Set the epoch the next pass plans for (``set_epoch``, ``load_state_dict``): passes count anew."""
         self._array[_EPOCH] = int(value)
+        self._array[_GENERATION] += 1
+
+    def begin_pass(self, worker: int) -> int:
+        """Called by each iterator of worker ``worker`` (0: the main process): the epoch it plans for,
+        the one set if this is the worker's first pass since, else one more than its last pass's."""
+        if not 0 <= worker < MAX_WORKERS:
+            raise ValueError(f"DataLoader worker {worker}: at most {MAX_WORKERS} workers per rank")
+        at, generation = _PASSES + 2 * worker, int(self._array[_GENERATION])
+        passes = int(self._array[at + 1]) + 1 if int(self._array[at]) == generation else 0
+        self._array[at + 1] = passes  # count before generation: the main process reads both
+        self._array[at] = generation
+        return int(self._array[_EPOCH]) + passes
+
+    def _passes(self, worker: int) -> int:
+        at = _PASSES + 2 * worker
+        return int(self._array[at + 1]) if int(self._array[at]) == int(self._array[_GENERATION]) else 0
 
     def new_windows(self) -> int:
         """Count a change of the windows; the generation the dataset setting them keeps."""

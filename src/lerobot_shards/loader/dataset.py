@@ -354,6 +354,7 @@ class EpisodePoolDataset(IterableDataset):
         """Reshuffle for ``epoch``; call before each epoch's iterator, like DistributedSampler.
 
         Works with ``persistent_workers=True`` too: workers read the epoch at every ``__iter__``.
+        Without it, each further pass moves to the next epoch (``control``: as MosaicML Streaming).
         """
         self._control.epoch = check_count("epoch", epoch, 0)
 
@@ -411,7 +412,8 @@ class EpisodePoolDataset(IterableDataset):
             return stale
         stats = self._stats.slot(worker)
         self._control.saw_workers(num_workers)
-        plan, sampler, skip = self._order.start(self.epoch, self._control.resume, worker, num_workers)
+        epoch = self._control.begin_pass(worker)
+        plan, sampler, skip = self._order.start(epoch, self._control.resume, worker, num_workers)
         stats.reset()
         start = time.perf_counter()
         sampler.skip(skip)
@@ -419,7 +421,7 @@ class EpisodePoolDataset(IterableDataset):
         stats.add("fast_forward_seconds", time.perf_counter() - start)
         # batched by the DataLoader as they come, with no wrapper between: frames may be staged
         stage = info is not None and info.dataset is self
-        return self.stream(plan, sampler, skip, stats, stage=stage, epoch=self.epoch)
+        return self.stream(plan, sampler, skip, stats, stage=stage, epoch=epoch)
 
     def stream(
         self,

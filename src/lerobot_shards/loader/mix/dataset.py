@@ -294,9 +294,10 @@ class MixtureDataset(IterableDataset):
         """Samples this rank yields this epoch with ``num_workers`` DataLoader workers."""
         return sum(self._order.rank_counts(self.epoch, self.rank, self.world_size, num_workers))
 
-    def plan(self, worker: int, num_workers: int) -> MixStart:
-        """This rank's worker's schedule and per-source samplers for the current epoch (pure; no I/O)."""
-        return self._order.start(self.epoch, self._control.resume, worker, num_workers)
+    def plan(self, worker: int, num_workers: int, epoch: int | None = None) -> MixStart:
+        """This rank's worker's schedule and per-source samplers for ``epoch`` (default: the current one;
+        pure; no I/O)."""
+        return self._order.start(self.epoch if epoch is None else epoch, self._control.resume, worker, num_workers)
 
     # -- iteration ------------------------------------------------------------------------------
 
@@ -309,21 +310,21 @@ class MixtureDataset(IterableDataset):
         stats = self._stats.slot(worker)
         self._control.saw_workers(num_workers)
         began = time.perf_counter()
-        start = self.plan(worker, num_workers)  # fast-forwards every source's sampler
+        epoch = self._control.begin_pass(worker)
+        start = self.plan(worker, num_workers, epoch)  # fast-forwards every source's sampler
         stats.reset()
         stats.add("fast_forward_samples", sum(p.skip for parts in start.parts for p in parts))
         stats.add("fast_forward_seconds", time.perf_counter() - began)
-        return self._interleave(start, stats)
+        return self._interleave(start, stats, epoch)
 
-    def _interleave(self, start: MixStart, stats: StatSlot) -> Iterator[dict[str, Any]]:
+    def _interleave(self, start: MixStart, stats: StatSlot, epoch: int) -> Iterator[dict[str, Any]]:
         """The schedule's samples, each from its source's stream in turn. A stream that ends before
         the schedule does is a source that dropped samples (``on_error="skip"``: the epoch comes out
         shorter, counted as ``samples_skipped``) or a plan its source does not keep: an error, not
         a silently shorter epoch."""
         # Each source's stream opens its source (and reader thread) when first asked for a sample.
         streams = [
-            _chain([ds.stream(*p, stats, epoch=self.epoch) for p in parts])
-            for ds, parts in zip(self.sources, start.parts)
+            _chain([ds.stream(*p, stats, epoch=epoch) for p in parts]) for ds, parts in zip(self.sources, start.parts)
         ]
         taken = [0] * len(streams)
         try:
