@@ -427,6 +427,11 @@ CONVERTED: list[tuple[str, Edit, str | None]] = [
         MANIFEST + r"format_version 2 carries no digests of its metadata .* legacy_format=True",
     ),
     ("manifest a list", lambda r: (r / "manifest.json").write_text("[]"), MANIFEST + "not a lerobot-shards file"),
+    (
+        "manifest nested 10^5 deep",
+        lambda r: (r / "manifest.json").write_text('{"x": ' + "[" * 100_000 + "]" * 100_000 + "}"),
+        MANIFEST + "nested too deeply to be a lerobot-shards file",
+    ),
     ("manifest a directory", lambda r: _to_dir(r / "manifest.json"), MANIFEST + "not a regular file"),
     ("sidecar: pts swapped", sidecar(_swap_pts), SIDECAR + r"frames\.pts is not strictly increasing"),
     (
@@ -504,6 +509,11 @@ RAW: list[tuple[str, Edit, str | None]] = [
         r"\(field 'length'\) would take frames 0\.\.7 at meta/info\.json's fps 15, which overlap episode 1's frames",
     ),
     ("features missing", info(lambda d: d.pop("features")), INFO + "missing field 'features'"),
+    (
+        "info nested 10^5 deep",
+        lambda r: (r / "meta/info.json").write_text('{"x": ' + "[" * 100_000 + "]" * 100_000 + "}"),
+        INFO + "nested too deeply to be a metadata file",
+    ),
     ("features a list", info(lambda d: put(d, features=[])), INFO + "features is not an object of feature specs"),
     ("feature dropped", info(lambda d: d["features"].pop(STATE)), HARMLESS),  # as LeRobot: the column is not read
     (
@@ -771,10 +781,10 @@ RAW: list[tuple[str, Edit, str | None]] = [
 
 
 def _reseal(root: Path) -> None:
-    """``reseal``, unless the edit left no manifest object to reseal (a list, a directory)."""
+    """``reseal``, unless the edit left no manifest object to reseal (a list, a directory, one too deep)."""
     try:
         reseal(root)
-    except (TypeError, IsADirectoryError):
+    except (TypeError, IsADirectoryError, RecursionError):
         pass
 
 

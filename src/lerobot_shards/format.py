@@ -838,6 +838,8 @@ def _load(text: str | bytes, where: str) -> dict[str, Any]:
         d = json.loads(text)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise FormatError(f"{where}: not valid JSON ({e})") from None
+    except RecursionError:  # [[[[...]]]] 100,000 deep: the parser's own limit, named with the file
+        raise FormatError(f"{where}: nested too deeply to be a {FORMAT_NAME} file") from None
     if not isinstance(d, dict):
         raise FormatError(f"{where}: not a {FORMAT_NAME} file (a JSON {type(d).__name__}, not an object)")
     check_version(d, where)

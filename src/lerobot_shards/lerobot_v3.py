@@ -120,6 +120,8 @@ def _read_json(fs: fsspec.AbstractFileSystem, path: str) -> dict[str, Any]:
         raise SourceError(f"{path}: file not found") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise SourceError(f"{path}: not valid JSON ({e})") from None
+    except RecursionError:  # [[[[...]]]] 100,000 deep: the parser's own limit, named with the file
+        raise SourceError(f"{path}: nested too deeply to be a metadata file") from None
     except LeRobotShardsError as e:  # not a regular file, or too large
         raise SourceError(str(e)) from None
     if not isinstance(d, dict):
