@@ -99,7 +99,7 @@ def choose_layout(cpus: int, ranks_per_node: int) -> tuple[int, int]:
     process (the fastest layout measured on 2 cores: frames never cross processes). More: half as
     many workers as cores (at most 8), each decoding a sample's cameras on the cores left to it
     (at most 8 threads): on 16 cores 8 workers x 2 threads read 609-724 samples/s, 14 x 1 618,
-    4 x 4 573, the training process's own 8-14 threads 237-307 (README, Recommended layout).
+    4 x 4 573, the training process's own 8-14 threads 237-307 (docs/transport.md, Recommended layout).
     """
     per_rank = max(1, cpus // max(1, ranks_per_node))
     if per_rank <= 4:

@@ -30,7 +30,7 @@ With ``pin_memory=True`` on a CUDA host, the main process page-locks each slab o
 (``cudaHostRegister``) so that the DataLoader's ``pin_memory`` finds its tensors already pinned and
 copies nothing; a pinned slab is marked free only after a CUDA event recorded at release time on
 the current stream has completed, so a ``non_blocking`` copy from it on that stream has finished
-(checked on an H200: ``benchmarks/gpu_check.py``'s ``slab`` section; README.md).
+(checked on an H200: ``benchmarks/gpu_check.py``'s ``slab`` section; docs/transport.md).
 """
 
 from __future__ import annotations
