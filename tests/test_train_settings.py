@@ -49,6 +49,8 @@ def test_every_setting_reads_its_type_and_refuses_a_bad_value_naming_it() -> Non
         "storage_options": ("[1]", r"--shards.storage_options .* must be a JSON object"),
         "equal_samples_per_rank": ("yes", r"--shards.equal_samples_per_rank must be true or false, got 'yes'"),
         "slab_layout": ("nchw", r"--shards.slab_layout .* must be 'sample' or 'contiguous', got 'nchw'"),
+        "frame_cache": (" ", r"--shards.frame_cache .* must be 'auto', 'off' or a directory, got ''"),
+        "partition": ("rack", r"--shards.partition .* must be 'auto' or 'global' or 'node', got 'rack'"),
     }
     assert sorted(bad) == sorted(f.name for f in dataclasses.fields(TrainSettings) if f.type != "str | None")
     for name, (text, message) in bad.items():

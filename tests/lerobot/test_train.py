@@ -84,7 +84,8 @@ def act_run(train_shards: str, s3_server, tmp_path_factory: pytest.TempPathFacto
     out = tmp_path_factory.mktemp("act") / "run"
     manifest = train_shards.removeprefix("s3://") + "/manifest.json"
     before = s3_server.requests("GET", manifest)
-    log = run([*CLI, "train", *_args(train_shards, out, ACT)], out.parent / "log.txt", _bucket_env(s3_server), TIMEOUT)
+    environ = _bucket_env(s3_server, TMPDIR=str(out.parent))  # where the decoded-frame cache goes by itself
+    log = run([*CLI, "train", *_args(train_shards, out, ACT)], out.parent / "log.txt", environ, TIMEOUT)
     return out, log, s3_server.requests("GET", manifest) - before
 
 
@@ -93,6 +94,10 @@ def test_act_trains_20_steps_from_a_bucket(act_run: tuple[Path, str, int]) -> No
     assert "lerobot-shards train: s3://train-shards/so101: 4 episodes, 1492 frames, rank 0/1" in log
     assert manifest_reads == 1  # the dataset is opened once: its windows are set after reading its meta
     assert "num_workers=0, decode_threads=" in log  # the layout it chose, reported
+    frames = out.parent / "lerobot-shards-frames"
+    assert f"decoded-frame cache on in {frames}, at most " in log  # the disk had room: on by itself
+    assert "partition=node (each node's caches hit from the second epoch), 1 node" in log
+    assert list(frames.rglob("*")), "the frame cache holds no entry"
     assert "step:20 " in log and "End of training" in log
     state = json.loads((out / "checkpoints/000020/training_state/lerobot_shards_data.json").read_text())
     assert (state["epoch"], state["batches_consumed"], state["batch_size"]) == (0, 20, 2)
@@ -264,12 +269,15 @@ def test_our_settings_are_arguments_recorded_in_the_checkpoint_and_restored(
         f"--shards.storage_options={json.dumps(options)}",
         f"--shards.cache_dir={cache}",
         "--shards.episode_pool_size=4",
+        "--shards.frame_cache=off",
     ]
-    run([*CLI, "train", *args], tmp_path / "a.txt", env(**shell), TIMEOUT)
+    first = run([*CLI, "train", *args], tmp_path / "a.txt", env(**shell), TIMEOUT)
+    assert "decoded-frame cache off (turned off;" in first
     checkpoint = out / "checkpoints/000002"
     state = json.loads((checkpoint / "training_state/lerobot_shards_data.json").read_text())
     assert state["episode_pool_size"] == 4
     assert state["settings"]["episode_pool_size"] == 4 and state["settings"]["cache_dir"] == str(cache)
+    assert state["settings"]["frame_cache"] == "off" and state["nodes"] == 1
     assert state["settings"]["storage_options"] == {"client_kwargs": {"endpoint_url": s3_server.endpoint_url}}
     assert not [p for p in out.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
     cached = {p.name for p in cache.rglob("*.tar")}

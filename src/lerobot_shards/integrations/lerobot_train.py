@@ -28,8 +28,10 @@ Forking leaves the global RNG untouched in both runs, so a resume continues bit-
 
 Our own settings beyond ``lerobot-train``'s arguments are ``--shards.NAME=VALUE`` arguments
 (``train_settings``: storage options, cache directory, pool size, equal counts, slab layout, sample
-log), each defaulting to ``LEROBOT_SHARDS_<NAME>``; the data state records them and a resume
-restores them. ``--shards.sample_log=DIR`` appends each batch's ``index`` values to
+log, decoded-frame cache, partition), each defaulting to ``LEROBOT_SHARDS_<NAME>``; the data state
+records them and a resume restores them. The decoded-frame cache is on by itself where the node's
+local disk has room for the frames, and the partition node-sticky (``frame_cache_choice``):
+``--shards.frame_cache=off`` turns the cache off. ``--shards.sample_log=DIR`` appends each batch's ``index`` values to
 ``DIR/rank<R>.txt`` (which frames each rank trained on).
 """
 
@@ -55,6 +57,7 @@ from ..loader.mix.spec import is_mixture_file
 from ..loader.transport.slabs import with_slabs
 from ..video import cores_per_rank
 from .eval_split import split_episodes
+from .frame_cache_choice import choose_frame_cache, choose_partition
 from .train_settings import TrainSettings, resolve, split_args, usage
 
 log = logging.getLogger(__name__)
@@ -217,6 +220,7 @@ class _Run:
     settings: TrainSettings = TrainSettings()
     eval_dataset: EpisodePoolDataset | None = None  # the held-out episodes (--dataset.eval_split)
     layout: str = ""
+    frame_cache: str = ""  # what the decoded-frame cache and the partition are, and why
     cfg: Any = None  # the trainer's config, and its dataset.streaming as the user gave it
     streaming: bool = False
 
@@ -315,6 +319,16 @@ def _eval_split(url: str, cfg: Any, common: Mapping[str, Any]) -> tuple[EpisodeP
     return whole, train, held
 
 
+def _frame_cache(dataset: EpisodePoolDataset | MixtureDataset, setting: str, partition: str) -> str:
+    """Turn the decoded-frame cache on where ``frame_cache_choice`` finds room for this node's frames
+    (its part under the node-sticky partition, else all of them); the line saying what it chose."""
+    nodes = dataset.epoch_order.nodes if isinstance(dataset, EpisodePoolDataset) else 1
+    choice = choose_frame_cache(setting, -(-dataset.decoded_bytes // nodes))
+    if choice.directory is not None:
+        dataset.set_frame_cache(choice.directory, choice.max_bytes)
+    return f"{choice.line()}; {partition}, {nodes} node{'s' if nodes > 1 else ''}"
+
+
 def _make_datasets(original: Any, run: type[_Run], argv: Sequence[str], given: Mapping[str, str]) -> Any:
     def make_train_eval_datasets(cfg: Any) -> Any:
         url = dataset_url(cfg)
@@ -370,6 +384,7 @@ def _make_datasets(original: Any, run: type[_Run], argv: Sequence[str], given: M
                 file=sys.stderr,
                 flush=True,
             )
+        common["partition"], partition_why = choose_partition(settings.partition, is_mixture_file(url), state)
         dataset = open_dataset(
             url,
             seed=cfg.seed if cfg.seed is not None else 0,
@@ -387,6 +402,9 @@ def _make_datasets(original: Any, run: type[_Run], argv: Sequence[str], given: M
                 f"num_workers={cfg.num_workers} ({why}), decode_threads={decode_threads} "
                 f"(for this rank's {cores} cores)"
             )
+        run.frame_cache = _frame_cache(
+            dataset, settings.frame_cache, f"partition={common['partition']} ({partition_why})"
+        )
         # the policy's windows need the dataset's metadata: opened once, its windows set after
         deltas = resolve_delta_timestamps(cfg.trainable_config, dataset.meta)
         dataset.set_delta_timestamps(deltas, cfg.tolerance_s)
@@ -414,6 +432,7 @@ def _make_datasets(original: Any, run: type[_Run], argv: Sequence[str], given: M
             file=sys.stderr,
             flush=True,
         )
+        print(run.frame_cache, file=sys.stderr, flush=True)
         if whole is None:
             return dataset, None
         held_out = EpisodePoolDataset(  # read in index order, every frame once, as LeRobot's eval loader

@@ -29,6 +29,7 @@ from ..redaction import split_secrets
 PREFIX = "--shards."
 ENV_PREFIX = "LEROBOT_SHARDS_"
 SlabLayout = Literal["sample", "contiguous"]
+TrainPartition = Literal["auto", "global", "node"]
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,12 @@ class TrainSettings:
     slab_layout: SlabLayout = "sample"
     # A directory where each rank appends the index of every batch it took (an audit trail).
     sample_log: str | None = field(default=None, metadata={"recorded": False})
+    # The node-local decoded-frame cache: "auto" (on in $TMPDIR when the node's disk has room for
+    # the decoded frames), "off", or a directory (on there, bounded by its room): frame_cache_choice.
+    frame_cache: str = "auto"
+    # "auto": node-sticky, each node reading its own part every epoch (a mixture: "global"; a resume:
+    # the checkpoint's); "global" for a run that must resume on another node count.
+    partition: TrainPartition = "auto"
 
     def __post_init__(self) -> None:
         if self.storage_options is not None and not isinstance(self.storage_options, dict):
@@ -62,6 +69,10 @@ class TrainSettings:
             raise ValueError(_bad("equal_samples_per_rank", "true, false or null", self.equal_samples_per_rank))
         if self.slab_layout not in typing.get_args(SlabLayout):
             raise ValueError(_bad("slab_layout", " or ".join(map(repr, typing.get_args(SlabLayout))), self.slab_layout))
+        if not isinstance(self.frame_cache, str) or not self.frame_cache.strip():
+            raise ValueError(_bad("frame_cache", "'auto', 'off' or a directory", self.frame_cache))
+        if self.partition not in typing.get_args(TrainPartition):
+            raise ValueError(_bad("partition", " or ".join(map(repr, typing.get_args(TrainPartition))), self.partition))
 
     def recorded(self) -> dict[str, Any]:
         """What a checkpoint keeps: every recorded field, the storage options without their secrets."""

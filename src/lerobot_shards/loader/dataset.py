@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import numbers
 import os
 import time
@@ -248,6 +249,23 @@ class EpisodePoolDataset(IterableDataset):
     def num_episodes(self) -> int:
         """Number of chosen episodes (``LeRobotDataset.num_episodes``)."""
         return sum(len(s.episodes) for s in self.shards)
+
+    @property
+    def decoded_bytes(self) -> int:
+        """Bytes of every frame of the chosen episodes and cameras, uint8 at the size the loader
+        returns them: what a decoded-frame cache holding them all needs (``lerobot-shards train``
+        sizes it so). Whole episodes: frames never sampled (``drop_n_last_frames``) are decoded too."""
+        chosen = {e for s in self.shards for e in s.episodes}
+        frames = sum(n for s in self._source_info.shards for e, n in zip(s.episodes, s.lengths) if e in chosen)
+        return frames * sum(math.prod(self.features[c]["shape"]) for c in self.cameras)
+
+    def set_frame_cache(self, directory: str | None, max_bytes: int | None = None) -> None:
+        """Turn the decoded-frame cache on in ``directory``, at most ``max_bytes`` (``None``: as
+        ``frame_cache_bytes``'s default), or off (``directory=None``), before any iteration: for a
+        caller that sizes it by ``decoded_bytes`` once the dataset is open (``lerobot-shards train``)."""
+        decode = dataclasses.replace(self._decode_given, frame_cache_dir=directory, frame_cache_bytes=max_bytes)
+        self._decode_given = resolve_frame_cache(decode)
+        self.select_cameras(self.cameras)
 
     @functools.cached_property
     def meta(self) -> DatasetMeta:

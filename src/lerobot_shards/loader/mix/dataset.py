@@ -188,6 +188,17 @@ class MixtureDataset(IterableDataset):
         return {k: v for k, v in stats.items() if k in self.layout.features}
 
     @property
+    def decoded_bytes(self) -> int:
+        """Bytes of every frame its sources decode (``EpisodePoolDataset.decoded_bytes``)."""
+        return sum(ds.decoded_bytes for ds in self.sources)
+
+    def set_frame_cache(self, directory: str | None, max_bytes: int | None = None) -> None:
+        """Every source's decoded-frame cache in ``directory``, one bound for all (entries are keyed
+        by content: the sources share the directory), before any iteration."""
+        for ds in self.sources:
+            ds.set_frame_cache(directory, max_bytes)
+
+    @property
     def samples_per_epoch(self) -> int:
         return sum(self._order.counts)
 
