@@ -336,3 +336,31 @@ def test_throughput_chart_shows_cold_and_warm_epochs_apart() -> None:
     assert [b["ratio"] for b in groups[1][1]] == [300.0 / 40.0, 400.0 / 40.0]
     assert {b["style"] for b in groups[0][1]} == {"ours cold epoch"}
     assert {b["style"] for _, bs in groups[1:3] for b in bs} == {"ours warm epoch"}
+
+
+def test_tiny_frame_cache_epochs_end_to_end(tmp_path: Path) -> None:
+    """A cold epoch fills the cache, the warm one after it reads every frame back: both whole, both ok,
+    split into decode and cache reads; the summary holds issue 31's targets."""
+    out = tmp_path / "results"
+    args = ["--size", "tiny", "--data-dir", str(tmp_path / "data"), "--out", str(out), "--modes", "act"]
+    args += ["--sources", "", "--frame-cache", "converted-local,converted-resized", "--resized-conversion", "48x64"]
+    args += ["--workers", "0", "--no-baselines", "--no-limits", "--batch-size", "4", "--pool-size", "2"]
+    args += ["--timeout", "240"]
+    run = subprocess.run([sys.executable, str(REPO / "benchmarks/bench.py"), *args], capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    results = {
+        (r["case"]["source"], r["case"]["epoch"]): r for r in map(json.loads, map(Path.read_text, out.glob("*.json")))
+    }
+    assert sorted(results) == [(s, e) for s in ("converted-local", "converted-resized") for e in ("cold", "warm")]
+    for (source, epoch), r in results.items():
+        assert r["status"] == "ok", (source, epoch, r.get("error"), r.get("log_tail"))
+        stats = r["loader_stats"]
+        assert r["samples"] == r["epoch_samples"] == r["config"]["dataset"]["frames"]  # the whole epoch
+        if epoch == "cold":
+            assert stats["frame_cache_fills"] > 0 and r["first_batch_s"] > 0
+        else:  # every frame read back from the cold epoch's entries
+            assert stats["frame_cache_fills"] == 0 and stats["frame_cache_misses"] == 0 and stats["frame_cache_hits"]
+            assert r["cpu_split_ms"]["cache_read_ms"] > 0
+    assert not (out / "cache" / "frames").exists() or not any((out / "cache" / "frames").iterdir())
+    summary = (out / "summary.md").read_text()
+    assert "cold epoch, converted-local >= 3x" in summary and "warm epoch, converted-resized >= 15x" in summary
