@@ -29,7 +29,10 @@ from .frame_cache import Entry, Fill, FrameCache, FrameCacheError, entry_key
 
 log = logging.getLogger(__name__)
 
-FILL_CHUNK = 8  # frames per fill step: one batched decode call
+# Frames per fill step (one batched decode call), queued between the samples' decodes: ~0.1 s of
+# 480p AV1. Measured on a cold epoch: 8 left 7x more frames decoded at emit than 32 (the fills lag
+# behind emission while the pool's first episodes all fill at once), 16 3.5x.
+FILL_CHUNK = 32
 FILL_AHEAD = 2 * FILL_CHUNK  # a request this far past the fill advances it instead of decoding at random
 # Clips whose episode left the pool before their fill was done are still filled (the next epoch
 # reads them), at most this many waiting per thread: each holds its clip's bytes.
@@ -68,6 +71,9 @@ class FrameServer:
         self.decoders = decoders
         self.clips: dict[tuple[str, int], _Clip] = {}
         self.queue: deque[tuple[str, int]] = deque()  # clips to fill, in admission order
+        # clips whose episode left the pool before their fill started: filled once ``queue`` is
+        # empty, so the fills of resident episodes (whose samples wait for them) come first
+        self.later: deque[tuple[str, int]] = deque()
         self.counters = dict.fromkeys(COUNTERS, 0.0)
 
     def admit(self, clip: ClipRef, length: int, size: tuple[int, int] | None) -> None:
@@ -75,6 +81,9 @@ class FrameServer:
         ident = (clip.cache_key, clip.first_frame)
         if ident in self.clips:  # back before its fill was done
             self.clips[ident].left = False
+            if ident in self.later:
+                self.later.remove(ident)
+                self.queue.append(ident)
             return
         key = entry_key(clip, length, size, self.decoders.decode.resize_mode)
         if key is None:
@@ -85,10 +94,12 @@ class FrameServer:
 
     def pending(self) -> bool:
         """Some admitted clip waits to be filled."""
-        return bool(self.queue)
+        return bool(self.queue or self.later)
 
     def fill_step(self) -> None:
         """Decode the next chunk of the first clip waiting (after taking its fill lock)."""
+        if not self.queue and self.later:
+            self.queue.append(self.later.popleft())
         while self.queue:
             state = self.clips.get(self.queue[0])
             if state is None or state.entry is not None:
@@ -110,7 +121,7 @@ class FrameServer:
 
     def drain(self) -> None:
         """Finish every fill waiting (the epoch's samples are all emitted; the next epoch reads them)."""
-        while self.queue:
+        while self.pending():
             self.fill_step()
 
     def _done(self, state: _Clip) -> None:
@@ -214,10 +225,11 @@ class FrameServer:
             self._forget(state)
             return
         state.left = True
-        waiting = [i for i in self.queue if self.clips[i].left and self.clips[i].fill is None]
-        for old in waiting[: max(0, len(waiting) - FILL_BACKLOG)]:
-            self.queue.remove(old)
-            self._forget(self.clips[old])
+        if state.fill is None:  # not started: after the resident episodes' fills
+            self.queue.remove(ident)
+            self.later.append(ident)
+            while len(self.later) > FILL_BACKLOG:
+                self._forget(self.clips[self.later.popleft()])
 
     def _forget(self, state: _Clip) -> None:
         del self.clips[(state.clip.cache_key, state.clip.first_frame)]
@@ -231,5 +243,6 @@ class FrameServer:
     def close(self) -> None:
         """Release every entry and abandon every fill (end of an iteration)."""
         self.queue.clear()
+        self.later.clear()
         for state in list(self.clips.values()):
             self._forget(state)
