@@ -179,9 +179,9 @@ def test_decode_lookahead_is_bounded(pair, monkeypatch) -> None:
     submitted = []
 
     class CountingPool(dataset_module.DecodePool):
-        def submit(self, clip, *args):
+        def submit(self, clip, *args, **kwargs):
             submitted.append(clip.cache_key)
-            return super().submit(clip, *args)
+            return super().submit(clip, *args, **kwargs)
 
     monkeypatch.setattr(dataset_module, "DecodePool", CountingPool)
     ds = EpisodePoolDataset(str(pair[1]), seed=13, episode_pool_size=2, decode_threads=2)
