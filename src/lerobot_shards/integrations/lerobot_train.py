@@ -50,7 +50,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from ..exceptions import LeRobotShardsError
-from ..loader import EpisodePoolDataset, MixtureDataset
+from ..loader import EpisodePoolDataset
+from ..loader.base import ResumableDataset
 from ..loader.decoding.decoders import MAX_AUTO_DECODE_THREADS
 from ..loader.mix.dataset import open_dataset
 from ..loader.mix.spec import is_mixture_file
@@ -182,7 +183,8 @@ class PositionedLoader:
 
     def __init__(self, loader: DataLoader, epoch: int = 0, batches: int = 0, sample_log: str | None = None) -> None:
         self.loader = loader
-        self.dataset: EpisodePoolDataset | MixtureDataset = loader.dataset  # type: ignore[assignment]
+        assert isinstance(loader.dataset, ResumableDataset)
+        self.dataset = loader.dataset
         self.epoch, self.batches = epoch, batches
         self.sample_log = sample_log
 
@@ -275,7 +277,7 @@ def _world_size() -> int:
     return int(text) if text.isdigit() else 1
 
 
-def _fit_layout(cfg: Any, dataset: Any, cores: int) -> str:
+def _fit_layout(cfg: Any, dataset: ResumableDataset, cores: int) -> str:
     """The chosen worker count, lowered when the ranks' workers outnumber the episodes (each
     worker reads episodes of its own: with fewer, the loader refuses); a line saying so."""
     sources = getattr(dataset, "sources", None) or [dataset]
@@ -464,9 +466,7 @@ def _accelerator_class(base: type, run: type[_Run]) -> type:
         """Accelerate's Accelerator that leaves our DataLoader to us (each rank reads its own share)."""
 
         def prepare(self, *args: Any, device_placement: Any = None) -> Any:
-            ours = [
-                isinstance(a, DataLoader) and isinstance(a.dataset, (EpisodePoolDataset, MixtureDataset)) for a in args
-            ]
+            ours = [isinstance(a, DataLoader) and isinstance(a.dataset, ResumableDataset) for a in args]
             rest = [a for a, mine in zip(args, ours) if not mine]
             prepared: Any = super().prepare(*rest, device_placement=device_placement) if rest else ()
             if len(rest) == 1:

@@ -25,20 +25,19 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute  # noqa: F401  (pa.compute)
 import torch
-from torch.utils.data import IterableDataset, get_worker_info
 
 from ..filesystems import resolve_source
 from ..lerobot_v3 import IMAGE_DTYPE
 from ..resize import camera_sizes, resized_features
 from ..video import cores_per_rank
 from .augment import SampleTransforms
-from .control import SharedControl
+from .base import ResumableDataset
 from .decoding.frame_cache import resolve_options as resolve_frame_cache
 from .emission import SampleLayout, stream_samples
 from .meta import DatasetMeta, Stats, dataset_meta, episode_stats_rows
 from .options import DecodeOptions, OrderOptions, ReadOptions, check_episodes, group_options
 from .plan.elastic import SubsetSampler
-from .plan.order import EpochOrder, check_count, shards_digest
+from .plan.order import EpochOrder, shards_digest
 from .plan.partition import (
     Consumer,
     ConsumerPlan,
@@ -53,10 +52,10 @@ from .plan.windows import delta_frame_offsets
 from .read.shard_cache import default_cache_bytes
 from .read.sources import EpisodeSource, ShardSource, SourceMetadata, open_source
 from .read.storage import StorageLocation
-from .stats import SharedStats, StatSlot
+from .stats import StatSlot
 
 
-class EpisodePoolDataset(IterableDataset):
+class EpisodePoolDataset(ResumableDataset):
     """A PyTorch IterableDataset over a converted dataset or a raw LeRobot v3.0 dataset.
 
     Args:
@@ -175,8 +174,6 @@ class EpisodePoolDataset(IterableDataset):
         if order.equal_samples_per_rank and self.num_episodes < self.world_size:  # some rank would read none
             one = Consumer(self.rank, self.world_size, 0, 1)
             raise ValueError(f"{self.source_url}: {too_few_episodes(self.num_episodes, one)}")
-        self._control = SharedControl()  # epoch, resume state, windows' generation: read by (persistent) workers
-        self._stats = SharedStats()
         self.set_delta_timestamps(delta_timestamps, tolerance_s)
         # this rank's cores, counted here in the rank's process: a DataLoader worker cannot tell its
         # rank's launcher (a forkserver worker's parent is the fork server)
@@ -214,7 +211,7 @@ class EpisodePoolDataset(IterableDataset):
         workers started before keep their copy of the dataset: they refuse to iterate again.
         """
         self.delta_offsets = self.frame_offsets(delta_timestamps, tolerance_s)
-        self._windows = self._control.new_windows()
+        self._new_windows()
         self._layout = SampleLayout(
             source_url=self.source_url,
             tasks=tuple(self.tasks),
@@ -363,40 +360,8 @@ class EpisodePoolDataset(IterableDataset):
             )
         return filter_shards(shards, wanted)
 
-    @property
-    def epoch(self) -> int:
-        """The epoch the next iterator plans for (shared with persistent workers)."""
-        return self._control.epoch
-
-    def set_epoch(self, epoch: int) -> None:
-        """Reshuffle for ``epoch``; call before each epoch's iterator, like DistributedSampler.
-
-        Works with ``persistent_workers=True`` too: workers read the epoch at every ``__iter__``.
-        Without it, each further pass moves to the next epoch (``control``: as MosaicML Streaming).
-        """
-        self._control.epoch = check_count("epoch", epoch, 0)
-
-    def state_dict(self, batches_consumed: int, batch_size: int) -> dict[str, Any]:
-        """The resume state, built by the training loop from the batches it has consumed.
-
-        It records the layout (``world_size``, and the DataLoader's ``num_workers`` as the
-        workers reported it; absent before the first iteration) and everything that fixes the
-        order (``checkpoint.OrderKey``) with its digest, so that resuming under other settings
-        fails loudly instead of replaying a different order.
-        """
-        return self._order.state_dict(
-            self.epoch, batches_consumed, batch_size, self._control.seen_workers, self._control.resume
-        )
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Resume: the next iterator of ``state['epoch']`` starts after ``batches_consumed`` batches.
-
-        The state is checked whole first (``checkpoint.parse_state``): a bad value or another
-        order raises one line naming the key, and nothing is changed.
-        """
-        resume = self._order.load(state)
-        self._control.epoch = resume.epoch
-        self._control.resume = resume
+    def _resume_order(self) -> EpochOrder:
+        return self._order
 
     # -- planning (pure) ------------------------------------------------------------------------
 
@@ -422,15 +387,12 @@ class EpisodePoolDataset(IterableDataset):
 
     # -- iteration ------------------------------------------------------------------------------
 
-    def __iter__(self) -> Iterator[dict[str, Any]]:
-        info = get_worker_info()
-        worker, num_workers = (0, 0) if info is None else (info.id, info.num_workers)
-        stale = self._control.stale_windows(self._windows, self.source_url)
-        if stale is not None:
-            return stale
-        stats = self._stats.slot(worker)
-        self._control.saw_workers(num_workers)
-        epoch = self._control.begin_pass(worker)
+    def _name(self) -> str:
+        return self.source_url
+
+    def _iterate(
+        self, worker: int, num_workers: int, epoch: int, stats: StatSlot, own: bool
+    ) -> Iterator[dict[str, Any]]:
         plan, sampler, skip = self._order.start(epoch, self._control.resume, worker, num_workers)
         stats.reset()
         start = time.perf_counter()
@@ -438,8 +400,7 @@ class EpisodePoolDataset(IterableDataset):
         stats.add("fast_forward_samples", skip)
         stats.add("fast_forward_seconds", time.perf_counter() - start)
         # batched by the DataLoader as they come, with no wrapper between: frames may be staged
-        stage = info is not None and info.dataset is self
-        return self.stream(plan, sampler, skip, stats, stage=stage, epoch=epoch)
+        return self.stream(plan, sampler, skip, stats, stage=own, epoch=epoch)
 
     def stream(
         self,
@@ -470,12 +431,6 @@ class EpisodePoolDataset(IterableDataset):
             stage=stage,
             transforms=None if transforms is None else SampleTransforms(transforms, keys, self.order.seed, epoch),
         )
-
-    # -- observability --------------------------------------------------------------------------
-
-    def stats(self) -> dict[str, Any]:
-        """Per-worker and total counters of the last iteration in this process tree (this rank)."""
-        return {"rank": self.rank, **self._stats.summary()}
 
 
 def _is_depth(feature: Mapping[str, Any]) -> bool:

@@ -21,16 +21,15 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from torch.utils.data import IterableDataset, get_worker_info
 
 from ...exceptions import LeRobotShardsError
 from ...lerobot_v3 import IMAGE_DTYPE, VIDEO_DTYPE
-from ..control import SharedControl
+from ..base import ResumableDataset
 from ..dataset import EpisodePoolDataset
 from ..meta import DatasetMeta, stats_to_numpy
 from ..options import DecodeOptions, OrderOptions, ReadOptions, group_options
-from ..plan.order import check_count
-from ..stats import SharedStats, StatSlot
+from ..plan.order import EpochOrder
+from ..stats import StatSlot
 from .layout import MixtureError, MixtureLayout, build_layout, mix_stats, rename_stats
 from .order import MixStart, MixtureOrder
 from .spec import Mixture, MixtureSource, is_mixture_file, load_mixture, source_counts
@@ -45,7 +44,7 @@ class MixtureResumeError(LeRobotShardsError, ValueError):
     """A resume state saved by another mixture (or by a single dataset); the message says what differs."""
 
 
-class MixtureDataset(IterableDataset):
+class MixtureDataset(ResumableDataset):
     """A PyTorch IterableDataset over a ``Mixture`` (or a mixture file: YAML or JSON, ``load_mixture``).
 
     Keywords as ``EpisodePoolDataset``'s (``delta_timestamps`` in seconds and in shared names, each
@@ -93,8 +92,6 @@ class MixtureDataset(IterableDataset):
         if cameras is not None:
             self._select_cameras(cameras)
         self._image_dtype = decode.image_dtype
-        self._control = SharedControl()  # epoch, resume state, windows' generation: read by (persistent) workers
-        self._stats = SharedStats()
         self.set_delta_timestamps(delta_timestamps, tolerance_s)
         try:
             counts = source_counts(self.mixture, [sum(s.frames for s in ds.epoch_order.shards) for ds in self.sources])
@@ -134,7 +131,7 @@ class MixtureDataset(IterableDataset):
         for ds, mine in zip(self.sources, per_source):
             ds.set_delta_timestamps(mine, tolerance_s)
         self.layout: MixtureLayout = layout
-        self._windows = self._control.new_windows()
+        self._new_windows()
 
     def _select_cameras(self, cameras: Sequence[str]) -> None:
         """Narrow every source to the chosen shared camera names it has (``select_cameras``); a source
@@ -257,19 +254,12 @@ class MixtureDataset(IterableDataset):
 
     # -- epoch and resume -----------------------------------------------------------------------
 
-    @property
-    def epoch(self) -> int:
-        return self._control.epoch
-
-    def set_epoch(self, epoch: int) -> None:
-        """As ``EpisodePoolDataset.set_epoch``: reschedule and reshuffle every source for ``epoch``."""
-        self._control.epoch = check_count("epoch", epoch, 0)
+    def _resume_order(self) -> EpochOrder:
+        return self._state_order
 
     def state_dict(self, batches_consumed: int, batch_size: int) -> dict[str, Any]:
         """As ``EpisodePoolDataset.state_dict``, plus the mixture's identity and each source's count."""
-        state = self._state_order.state_dict(
-            self.epoch, batches_consumed, batch_size, self._control.seen_workers, self._control.resume
-        )
+        state = super().state_dict(batches_consumed, batch_size)
         return {**state, MIXTURE_DIGEST: self.digest, MIXTURE_COUNTS: self.counts}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -296,10 +286,7 @@ class MixtureDataset(IterableDataset):
                 f"{_differences(state.get(MIXTURE_COUNTS), self.counts)}): the samples would differ; resume "
                 f"with the mixture that saved it, or start a new epoch without the state"
             )
-        rest = {k: v for k, v in state.items() if k not in (MIXTURE_DIGEST, MIXTURE_COUNTS)}
-        resume = self._state_order.load(rest)
-        self._control.epoch = resume.epoch
-        self._control.resume = resume
+        super().load_state_dict({k: v for k, v in state.items() if k not in (MIXTURE_DIGEST, MIXTURE_COUNTS)})
 
     def epoch_samples(self, num_workers: int) -> int:
         """Samples this rank yields this epoch with ``num_workers`` DataLoader workers."""
@@ -312,16 +299,13 @@ class MixtureDataset(IterableDataset):
 
     # -- iteration ------------------------------------------------------------------------------
 
-    def __iter__(self) -> Iterator[dict[str, Any]]:
-        info = get_worker_info()
-        worker, num_workers = (0, 0) if info is None else (info.id, info.num_workers)
-        stale = self._control.stale_windows(self._windows, "mixture")
-        if stale is not None:
-            return stale
-        stats = self._stats.slot(worker)
-        self._control.saw_workers(num_workers)
+    def _name(self) -> str:
+        return "mixture"
+
+    def _iterate(
+        self, worker: int, num_workers: int, epoch: int, stats: StatSlot, own: bool
+    ) -> Iterator[dict[str, Any]]:
         began = time.perf_counter()
-        epoch = self._control.begin_pass(worker)
         start = self.plan(worker, num_workers, epoch)  # fast-forwards every source's sampler
         stats.reset()
         stats.add("fast_forward_samples", sum(p.skip for parts in start.parts for p in parts))
@@ -354,10 +338,6 @@ class MixtureDataset(IterableDataset):
         finally:
             for stream in streams:
                 stream.close()  # type: ignore[attr-defined]
-
-    def stats(self) -> dict[str, Any]:
-        """Per-worker and total counters of the last iteration (every source's together)."""
-        return {"rank": self.rank, **self._stats.summary()}
 
 
 def _open(
