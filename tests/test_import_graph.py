@@ -46,7 +46,7 @@ def _imports(name: str, path: Path, modules: dict[str, Path]) -> tuple[set[str],
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     inside: set[str] = set()
     outside: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in _runtime_nodes(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             targets = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -65,6 +65,19 @@ def _imports(name: str, path: Path, modules: dict[str, Path]) -> tuple[set[str],
             else:
                 outside.add(target.split(".")[0])
     return inside, outside
+
+
+def _runtime_nodes(tree: ast.AST) -> list[ast.AST]:
+    """Every node but those under ``if TYPE_CHECKING:`` (imports for annotations only, never run)."""
+    out, todo = [], [tree]
+    while todo:
+        node = todo.pop()
+        out.append(node)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            todo.extend(node.orelse)
+        else:
+            todo.extend(ast.iter_child_nodes(node))
+    return out
 
 
 def _graph() -> dict[str, set[str]]:
