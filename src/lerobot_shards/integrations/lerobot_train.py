@@ -50,7 +50,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from ..exceptions import LeRobotShardsError
-from ..loader import EpisodePoolDataset
+from ..loader import EpisodePoolDataset, MixtureDataset
 from ..loader.base import ResumableDataset
 from ..loader.decoding.decoders import MAX_AUTO_DECODE_THREADS
 from ..loader.mix.dataset import open_dataset
