@@ -150,6 +150,26 @@ def test_vv_shows_the_traceback_of_a_checked_error(tmp_path: Path) -> None:
     assert result.stderr.rstrip().splitlines()[-1] == f"Error: {missing}/meta/info.json: file not found"
 
 
+def test_an_unguarded_script_with_workers_is_told_about_the_main_guard(source: Path, tmp_path: Path) -> None:
+    """convert_dataset(workers=2) at a script's top level: each spawned worker imports the script and
+    runs the conversion again; the parent's error says why, not just "a process terminated abruptly"."""
+    script = tmp_path / "convert_script.py"
+    script.write_text(
+        "from lerobot_shards.convert import ConvertOptions, convert_dataset\n"
+        f"convert_dataset({str(source)!r}, {str(tmp_path / 'out')!r}, ConvertOptions(episodes_per_shard=1), "
+        "workers=2, progress=False)\n"
+    )
+    result = subprocess.run([sys.executable, script.name], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("lerobot_shards.exceptions.ConvertError: ") and 'if __name__ == "__main__":' in last, (
+        result.stderr[-3000:]
+    )
+    call = script.read_text().splitlines()[1]
+    script.write_text(script.read_text().replace(call, f'if __name__ == "__main__":\n    {call}'))
+    assert subprocess.run([sys.executable, script.name], cwd=tmp_path, timeout=300).returncode == 0
+
+
 def test_error_mapping_and_redaction() -> None:
     assert explain(OSError(errno.ENOSPC, "No space left on device", "/data/out/shards/x.tar.tmp")) == (
         "/data/out/shards/x.tar.tmp: no space left on the device; free space or choose a destination with more room"

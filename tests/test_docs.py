@@ -6,13 +6,17 @@ namespace, from a working directory that holds ``out/demo/source`` (a LeRobot v3
 episodes), so an example a user copies after ``make demo`` is the example tested here. A ```yaml
 block whose first line is ``# NAME`` is written to ``NAME`` there before its page's Python blocks
 run. The endpoint ``http://minio:9000`` in a block stands for the suite's local S3 server (its
-credentials in ``AWS_*``), which has a bucket ``my-bucket``. A block preceded by
+credentials in ``AWS_*``), which has a bucket ``my-bucket``. A block that starts spawned processes
+(``convert_dataset``: its workers import the main script) runs as a script of its own in a
+subprocess, as a user's copy would, so a missing ``__main__`` guard fails here. A block preceded by
 ``<!-- not-run: reason -->`` is skipped: keep those rare, and say why.
 """
 
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +31,7 @@ NOT_RUN = re.compile(r"<!--\s*not-run:\s*\S.*-->")
 FILE_HEADER = re.compile(r"#\s*([\w.-]+\.(?:ya?ml|json))\s*$")
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 EXAMPLE_ENDPOINT, EXAMPLE_BUCKET = "http://minio:9000", "my-bucket"
+SPAWNING = ("convert_dataset(",)  # calls whose worker processes are spawned (they import the main script)
 
 
 @dataclass(frozen=True)
@@ -102,6 +107,12 @@ def test_python_block_runs(
         header = FILE_HEADER.match(other.code.splitlines()[0]) if other.lang in ("yaml", "json") else None
         if header:
             (workdir / header.group(1)).write_text(other.code)
+    if any(call in code for call in SPAWNING):
+        script = workdir / f"{block.page.stem}_{block.line}.py"
+        script.write_text(code)
+        result = subprocess.run([sys.executable, script.name], cwd=workdir, capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, f"{block.where} as a script:\n{result.stderr[-3000:]}"
+        return
     exec(compile(code, block.where, "exec"), {"__name__": "__main__"})
 
 

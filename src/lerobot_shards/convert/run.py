@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -317,7 +318,15 @@ def _run_shards(
                     done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
                     progress.drain(queue)
                     for future in done:
-                        future.result()
+                        try:
+                            future.result()
+                        except BrokenProcessPool as e:
+                            raise ConvertError(
+                                f"{dest.url}: a conversion worker process exited abruptly (killed, out of memory, or "
+                                "it could not start: the workers are spawned and import the main script, so a script "
+                                "calling convert_dataset with workers > 1 must call it under "
+                                '`if __name__ == "__main__":`); re-run to resume'
+                            ) from e
             except BaseException:
                 for future in pending:
                     future.cancel()
