@@ -360,7 +360,8 @@ def _handler(server: HubServer) -> type[BaseHTTPRequestHandler]:
             headers = {}
             if start + server.page_size < len(names):
                 params = {k: v[0] for k, v in query.items()} | {"cursor": str(start + server.page_size)}
-                next_url = f"{server.url}{urllib.parse.urlsplit(self.path).path}?{urllib.parse.urlencode(params)}"
+                host = self.headers.get("Host") or server.url.split("//", 1)[1]  # a proxy in front keeps its own
+                next_url = f"http://{host}{urllib.parse.urlsplit(self.path).path}?{urllib.parse.urlencode(params)}"
                 headers["Link"] = f'<{next_url}>; rel="next"'
             self._send(200, [self._entry(commit, p) for p in page], headers)
 
@@ -453,6 +454,7 @@ def hub(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactor
         yield server
     if (hub := sys.modules.get("lerobot_shards.integrations.hub")) is not None:  # a later server may get this port
         hub._listings.clear()
+        hub._found.clear()
         hub.HubFileSystem.clear_instance_cache()
 
 

@@ -138,12 +138,22 @@ def test_raw_streaming_from_the_hub_gives_the_local_samples(hub: HubServer, raw:
     assert not hub.requests("GET", "/tree/")  # the listing of the first open, inherited by forked workers
 
 
-def test_the_tree_is_listed_once_per_process_in_pages(hub: HubServer, raw: Path) -> None:
+def test_start_up_requests_are_the_same_with_workers_and_the_tree_is_listed_once(hub: HubServer, raw: Path) -> None:
+    from lerobot_shards.integrations import hub as hub_module
+
     hub.page_size = 3
     hub.add_dataset("me/ds", raw)
-    _stream("me/ds", num_workers=2)
-    pages = [p for _, p, _ in hub.requests("GET", "/tree/")]
-    assert len(pages) == len(set(pages)) == -(-len(list(raw.rglob("*"))) // 3)  # each page once
+    metadata = []
+    for workers in (0, 2):  # each a new job: nothing known in this process yet
+        hub_module._listings.clear()
+        hub_module._found.clear()
+        hub_module.HubFileSystem.clear_instance_cache()
+        hub.clear_log()
+        _stream("me/ds", num_workers=workers)
+        pages = [p for _, p, _ in hub.requests("GET", "/tree/")]
+        assert len(pages) == len(set(pages)) == -(-len(list(raw.rglob("*"))) // 3)  # each page once
+        metadata.append(sorted(p for _, p, _ in hub.requests() if "/resolve/" not in p or "/meta/" in p))
+    assert metadata[0] == metadata[1]  # forked workers resolve, list and read metadata nothing again
 
 
 def test_an_hf_url_reads_as_written(hub: HubServer, raw: Path) -> None:

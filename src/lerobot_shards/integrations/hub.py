@@ -125,6 +125,9 @@ def safe_version(repo_id: str, refs: Mapping[str, Any], target: str) -> str:
 # per thread) and every forked DataLoader worker reads them instead of listing again.
 _listings: dict[tuple[str, str], dict[str, list[dict[str, Any]]]] = {}
 _listings_lock = threading.Lock()
+# Commits found to exist, by (endpoint, repo type, repo id, commit), for every instance of the process.
+_found: set[tuple[str, str, str, str | None]] = set()
+_COMMIT = re.compile(r"^[0-9a-f]{40}$")
 
 
 def _after_fork() -> None:
@@ -229,6 +232,8 @@ class HubFileSystem(HfFileSystem):
         if repo_type != "dataset":
             return super()._repo_and_revision_exist(repo_type, repo_id, revision)
         key = (repo_type, repo_id, revision)
+        if (self.endpoint, *key) in _found:  # found by another instance (thread) of this process
+            self._repo_and_revision_exists_cache[key] = True, None
         if key not in self._repo_and_revision_exists_cache:
             try:
                 self.commit(repo_id, revision or constants.DEFAULT_REVISION)
@@ -236,6 +241,8 @@ class HubFileSystem(HfFileSystem):
                 self._repo_and_revision_exists_cache[key] = False, e
             else:
                 self._repo_and_revision_exists_cache[key] = True, None
+                if revision is not None and _COMMIT.match(revision):  # a commit never moves: kept for every instance
+                    _found.add((self.endpoint, *key))
         return self._repo_and_revision_exists_cache[key]
 
     def _ls_tree(
@@ -391,4 +398,6 @@ def repo_url(repo_id: str, revision: str | None = None, storage_options: Mapping
     wanted = revision or CODEBASE_VERSION
     if parse_version(wanted) is not None:
         wanted = safe_version(repo_id, fs.refs(repo_id), wanted)
-    return f"hf://datasets/{repo_id}@{fs.commit(repo_id, wanted)}"
+    commit = fs.commit(repo_id, wanted)
+    _found.add((fs.endpoint, "dataset", repo_id, commit))  # opening the URL asks no more
+    return f"hf://datasets/{repo_id}@{commit}"
