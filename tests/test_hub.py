@@ -183,12 +183,18 @@ def test_convert_inspect_and_verify_take_a_repo_id(hub: HubServer, fixture_root:
 # -- a private repo, a wrong token, a paused or failing Hub ---------------------------------------
 
 
-def test_a_private_repo_needs_the_token(hub: HubServer, raw: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_private_repo_needs_the_token(
+    hub: HubServer, raw: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     hub.add_dataset("me/private", raw, private=True)
     with pytest.raises(HubNotFound, match="private.*no token was given"):
         resolve_source("me/private")
     monkeypatch.setenv("HF_TOKEN", VALID_TOKEN)
     _assert_same(_stream(str(raw)), _stream("me/private"))
+    done = _cli("-vv", "convert", "me/private", str(tmp_path / "out"), "--episodes-per-shard", "2", "--no-progress")
+    assert done.returncode == 0, done.stderr
+    written = b"".join(p.read_bytes() for p in (tmp_path / "out").rglob("*") if p.is_file())
+    assert VALID_TOKEN.encode() not in written and VALID_TOKEN not in done.stdout + done.stderr
     token_file = Path(os.environ["HF_HOME"]) / "token"  # the stored login (hf auth login) works too
     token_file.write_text(VALID_TOKEN)
     monkeypatch.delenv("HF_TOKEN")
