@@ -239,7 +239,11 @@ class Fill(_Frames):
         self.digests = [b""] * frames
         tmp = f"{self.final}.{os.getpid()}.{threading.get_ident()}{TMP_SUFFIX}"
         with _locked(os.path.join(self.cache.root, GLOBAL_LOCK)):
-            plan = plan_evictions(scan(self.cache.root), self.layout.size, self.cache.max_bytes)
+            # which entries are in use (a lock probe each) is asked only when some must be evicted
+            entries = scan(self.cache.root, probe=False)
+            if sum(e.size for e in entries) + self.layout.size > self.cache.max_bytes:
+                entries = scan(self.cache.root)
+            plan = plan_evictions(entries, self.layout.size, self.cache.max_bytes)
             if plan is None:
                 return None
             for path in plan:
