@@ -235,6 +235,14 @@ def test_a_hub_pausing_mid_read_names_the_file(hub: HubServer, raw: Path) -> Non
         src.fs.cat_file(src._abs("data/chunk-000/file-000.parquet"))
 
 
+def test_offline_mode_asks_the_hub_nothing(hub: HubServer, raw: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    hub.add_dataset("me/ds", raw)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(HubUnavailable, match="me/ds: HF_HUB_OFFLINE is set"):
+        resolve_source("me/ds")
+    assert not hub.requests()
+
+
 def test_rate_limits_and_server_errors_are_retried(hub: HubServer, raw: Path) -> None:
     hub.add_dataset("me/ds", raw)
     hub.fail(429, path_contains="/refs", retry_after=1)

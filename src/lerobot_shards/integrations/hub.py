@@ -156,6 +156,10 @@ class HubFileSystem(HfFileSystem):
     def request(self, method: str, url: str, where: str, **kwargs: Any) -> Any:
         """One Hub request, retried with backoff (``Retry-After`` honoured) until it succeeds or the
         deadline passes; errors become one-line ``HubError``s naming ``where``."""
+        if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
+            raise HubUnavailable(
+                f"{where}: HF_HUB_OFFLINE is set, so the Hub is not asked; unset it or give a local copy"
+            )
         headers = {**build_hf_headers(token=self.token), **kwargs.pop("headers", {})}
         give_up = time.monotonic() + self.deadline
         backoff, tries, last = FIRST_BACKOFF_S, 0, ""
