@@ -72,6 +72,8 @@ def test_a_repo_id_is_told_apart_from_paths(tmp_path: Path, monkeypatch: pytest.
     monkeypatch.chdir(tmp_path)
     assert hub_repo_id("lerobot/pusht") == "lerobot/pusht"
     assert hub_repo_id("me/so101_v2.1-test") == "me/so101_v2.1-test"
+    (tmp_path / "out").mkdir()
+    assert hub_repo_id("out/demo") is None  # a mistyped path beside its folder is a path
     (tmp_path / "lerobot/pusht").mkdir(parents=True)  # a local folder of that name wins
     for not_a_repo in ("lerobot/pusht", "./a/b", "/a/b", "a/b/c", "s3://a/b", "hf://datasets/a/b", "a--b/c", "a/..b"):
         assert hub_repo_id(not_a_repo) is None, not_a_repo

@@ -87,11 +87,13 @@ def hub_repo_id(source: str) -> str | None:
     """``source`` when it names a Hub dataset repo (``lerobot/pusht``), else None.
 
     The rule: a URL (``scheme://``) is a URL; a path that exists locally is that path, even one
-    shaped like a repo id; otherwise ``namespace/name`` with the Hub's characters (one slash, no
-    leading ``.``, ``/`` or ``~``) is a repo id, and anything else a local path.
+    shaped like a repo id, and so is one whose first part is a local folder (``out/demo`` beside an
+    ``out/`` folder: a mistyped path is said missing, not looked up on the Hub); otherwise
+    ``namespace/name`` with the Hub's characters (one slash, no leading ``.``, ``/`` or ``~``) is a
+    repo id, and anything else a local path.
     """
     text = str(source)
-    if "://" in text or os.path.lexists(text) or not _REPO_ID.match(text):
+    if "://" in text or os.path.lexists(text) or not _REPO_ID.match(text) or os.path.isdir(text.split("/")[0]):
         return None
     return text
 
