@@ -158,6 +158,19 @@ def test_start_up_requests_are_the_same_with_workers_and_the_tree_is_listed_once
     assert metadata[0] == metadata[1]  # forked workers resolve, list and read metadata nothing again
 
 
+def test_a_mixture_file_takes_a_repo_id(hub: HubServer, raw: Path, tmp_path: Path) -> None:
+    from lerobot_shards.loader.mix.spec import load_mixture
+
+    sha = hub.add_dataset("me/ds", raw)
+    (tmp_path / "local").symlink_to(raw)
+    file = tmp_path / "mix.yaml"
+    file.write_text("sources:\n  - {source: me/ds, weight: 1}\n  - {source: local, weight: 1}\n")
+    assert [s.source for s in load_mixture(file).sources] == ["me/ds", str(tmp_path / "local")]
+    shown = _cli("inspect", str(file))
+    assert shown.returncode == 0 and f"hf://datasets/me/ds@{sha}" not in shown.stderr, shown.stderr
+    assert "me/ds" in shown.stdout
+
+
 def test_an_hf_url_reads_as_written(hub: HubServer, raw: Path) -> None:
     hub.add_dataset("me/ds", raw)
     assert resolve_source("hf://datasets/me/ds") == "hf://datasets/me/ds"

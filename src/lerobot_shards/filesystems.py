@@ -83,8 +83,9 @@ def warm_session() -> Any:
     return session
 
 
-def hub_repo_id(source: str) -> str | None:
-    """``source`` when it names a Hub dataset repo (``lerobot/pusht``), else None.
+def hub_repo_id(source: str, base: str | os.PathLike[str] = "") -> str | None:
+    """``source`` when it names a Hub dataset repo (``lerobot/pusht``), else None; local paths are
+    looked for under ``base`` (a mixture file's folder), else the working directory.
 
     The rule: a URL (``scheme://``) is a URL; a path that exists locally is that path, even one
     shaped like a repo id, and so is one whose first part is a local folder (``out/demo`` beside an
@@ -93,7 +94,8 @@ def hub_repo_id(source: str) -> str | None:
     repo id, and anything else a local path.
     """
     text = str(source)
-    if "://" in text or os.path.lexists(text) or not _REPO_ID.match(text) or os.path.isdir(text.split("/")[0]):
+    local = os.path.join(base, text)
+    if "://" in text or not _REPO_ID.match(text) or os.path.lexists(local) or os.path.isdir(os.path.dirname(local)):
         return None
     return text
 

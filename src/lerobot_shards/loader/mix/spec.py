@@ -25,6 +25,7 @@ import fsspec
 import yaml
 
 from ...exceptions import LeRobotShardsError
+from ...filesystems import hub_repo_id
 from ...format import FormatError
 from ...safe_io import read_small
 from ..options import check_episodes, plain_numbers
@@ -212,7 +213,8 @@ def load_mixture(path: str | os.PathLike[str]) -> Mixture:
     """A mixture from a YAML or JSON file (``.json``: JSON; anything else: YAML, which reads JSON too).
 
     Top-level keys: ``sources`` (a list of ``MixtureSource`` fields) and ``samples_per_epoch``.
-    A local source path that is not absolute is relative to the file's folder. Anything refused
+    A local source path that is not absolute is relative to the file's folder; a Hub dataset repo id
+    (``lerobot/pusht``, no such folder there) stays one. Anything refused
     raises ``MixtureFileError`` in one line naming the file and the key.
     """
     file = Path(path)
@@ -250,7 +252,8 @@ def load_mixture(path: str | os.PathLike[str]) -> Mixture:
         values = dict(entry)
         location = values["source"]
         if isinstance(location, str) and "://" not in location and not os.path.isabs(location):
-            values["source"] = os.path.normpath(file.parent / location)
+            if hub_repo_id(location, file.parent) is None:  # a Hub repo id stays one (filesystems' rule)
+                values["source"] = os.path.normpath(file.parent / location)
         try:
             sources.append(MixtureSource(**values))
         except ValueError as e:
