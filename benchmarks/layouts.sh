@@ -13,7 +13,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 py=${PYTHON:-}
 [[ -n "$py" ]] || { [[ -x .venv/bin/python ]] && py=.venv/bin/python || py=python3; }
-n=$("$py" -c "from lerobot_shards.video import usable_cpus; print(usable_cpus())")
+n=$("$py" -c "from lerobot_shards.cpus import usable_cpus; print(usable_cpus())")
 out=${1:-benchmarks/results/layouts-${n}c}
 size=${SIZE:-wide}
 quarter=$((n / 4 > 1 ? n / 4 : 1))

@@ -1,4 +1,4 @@
-"""How many cores each rank counts under real launchers on this machine (``video.cores_per_rank``).
+"""How many cores each rank counts under real launchers on this machine (``cpus.cores_per_rank``).
 
 Decode threads and the trainer's worker count are sized by a rank's share of the cores: its
 launcher's cores split among the ``LOCAL_WORLD_SIZE`` ranks it started, never more than the rank's
@@ -24,7 +24,7 @@ import json, os
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 from lerobot_shards.loader.decoding.decoders import auto_decode_threads
-from lerobot_shards.video import cores_per_rank
+from lerobot_shards.cpus import cores_per_rank
 
 class Ask(IterableDataset):
     def __init__(self):

@@ -324,9 +324,9 @@ def test_ranks_on_one_node_share_its_cores(monkeypatch) -> None:
     split them), never by more than its own mask: torchrun on a whole node, torchrun inside a
     partial allocation (the ranks inherit one mask), a rank pinned to cores of its own, NUMA
     binding (ranks split a node's cores). A DataLoader worker counts its rank's share."""
-    from lerobot_shards import video
+    from lerobot_shards import cpus
+    from lerobot_shards.cpus import cores_per_rank
     from lerobot_shards.loader.decoding.decoders import auto_decode_threads
-    from lerobot_shards.video import cores_per_rank
 
     masks: dict[str, set[int]] = {}
 
@@ -335,7 +335,7 @@ def test_ranks_on_one_node_share_its_cores(monkeypatch) -> None:
 
     monkeypatch.setattr(os, "cpu_count", lambda: 64)
     monkeypatch.setattr(os, "sched_getaffinity", affinity)
-    monkeypatch.setattr(video, "_launcher_cpus", lambda pid: len(masks["launcher"]))
+    monkeypatch.setattr(cpus, "_launcher_cpus", lambda pid: len(masks["launcher"]))
 
     def share(rank: set[int], launcher: set[int], local_world_size: str | None) -> int:
         masks.update(rank=rank, launcher=launcher)
@@ -354,10 +354,10 @@ def test_ranks_on_one_node_share_its_cores(monkeypatch) -> None:
     assert share({20, 21, 22}, node, None) == 3  # taskset for one process
     assert share(set(range(32)), node, "8") == 8  # NUMA binding: 4 ranks split a node's 32 cores
     assert share(node, node, "not a number") == 64
-    monkeypatch.setattr(video, "_launcher_cpus", lambda pid: None)  # the launcher's mask unreadable
+    monkeypatch.setattr(cpus, "_launcher_cpus", lambda pid: None)  # the launcher's mask unreadable
     assert share(allocation, node, "4") == 32 and share(node, node, "4") == 16
 
-    monkeypatch.setattr(video, "_launcher_cpus", lambda pid: len(masks["launcher"]))
+    monkeypatch.setattr(cpus, "_launcher_cpus", lambda pid: len(masks["launcher"]))
     assert share(node, {0, 1}, None) == 64  # one process started from a shell kept on 2 cores
     assert share(node, {0, 1}, "4") == 16  # a launcher kept off the ranks' cores: the node split
     assert share({20, 21, 22}, {0}, "4") == 3
@@ -382,17 +382,17 @@ def test_workers_decode_on_their_ranks_share_counted_where_the_dataset_was_built
 def test_launcher_cpus_reads_the_parent_process() -> None:
     """The real /proc read: a launcher narrowed to one CPU starts a rank that widens its own mask
     again; the rank reads its launcher's one CPU, and the launcher reads this process's mask."""
-    from lerobot_shards.video import _launcher_cpus
+    from lerobot_shards.cpus import _launcher_cpus
 
     assert _launcher_cpus(os.getpid()) == len(os.sched_getaffinity(os.getppid()))
     cpus = sorted(os.sched_getaffinity(0))
     rank = (
-        f"import os; os.sched_setaffinity(0, {cpus}); from lerobot_shards.video import _launcher_cpus; "
+        f"import os; os.sched_setaffinity(0, {cpus}); from lerobot_shards.cpus import _launcher_cpus; "
         "print(_launcher_cpus(os.getpid()), len(os.sched_getaffinity(0)))"
     )
     launcher = (
         "import os, subprocess, sys; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
-        "from lerobot_shards.video import _launcher_cpus; print(_launcher_cpus(os.getpid()), flush=True); "
+        "from lerobot_shards.cpus import _launcher_cpus; print(_launcher_cpus(os.getpid()), flush=True); "
         f"subprocess.run([sys.executable, '-c', {rank!r}], check=True)"
     )
     out = subprocess.run([sys.executable, "-c", launcher], capture_output=True, text=True, check=True).stdout.split()

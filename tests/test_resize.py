@@ -22,9 +22,10 @@ from lerobot_shards.convert.verify import verify_dataset
 from lerobot_shards.format import MANIFEST_NAME, SHARDS_DIR, ClipInfo, FormatError, FrameTransform, Manifest
 from lerobot_shards.lerobot_v3 import LeRobotV3Source
 from lerobot_shards.loader import EpisodePoolDataset
+from lerobot_shards.loader.decoding.transforms import transform_rgb
 from lerobot_shards.resize import parse_resize, parse_size, plan_transform, resized_features
 from lerobot_shards.synth import paint_identity, read_identity
-from lerobot_shards.video import decode_frames, encode_video, reencode_clip, transform_frame, transform_rgb
+from lerobot_shards.video import decode_frames, encode_video, reencode_clip, transform_frame
 
 FRONT, TOP = "observation.images.front", "observation.images.top"
 MODES = ("pad", "crop", "stretch")

@@ -59,8 +59,8 @@ def _key(obj: Any) -> str:
 
 def raw_dataset(data_dir: Path, size: str, codec: str = "av1", seed: int = 0) -> Path:
     """The raw dataset of ``size`` (built on first use)."""
+    from lerobot_shards.cpus import usable_cpus
     from lerobot_shards.synth import synth_dataset
-    from lerobot_shards.video import usable_cpus
 
     spec = dict(SIZES[size], cameras=CAMERAS, codec=codec, gop=2, crf=30, texture="realistic", seed=seed)
     root = data_dir / f"{size}-{_key(spec)}" / "raw"

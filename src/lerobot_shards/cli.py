@@ -147,8 +147,8 @@ def synth(
     import json
     from pathlib import Path
 
+    from .cpus import usable_cpus
     from .synth import synth_dataset
-    from .video import usable_cpus
 
     camera_keys = () if cameras.strip() == "0" else tuple(c.strip() for c in cameras.split(",") if c.strip())
     try:

@@ -60,6 +60,13 @@ def url_to_fs(url: str, **storage_options: Any) -> tuple[Any, str]:
     return fs, path
 
 
+def protocols(fs: Any) -> tuple[str, ...]:
+    """The names an fsspec file system answers to (``file`` and ``local`` for local disk; s3fs:
+    ``s3``, ``s3a``)."""
+    p = fs.protocol
+    return (p,) if isinstance(p, str) else tuple(p)
+
+
 def _makes_own_session(fs: Any) -> bool:
     """An s3fs file system with no session yet and no options meant for the session s3fs would make
     (s3fs keeps those in ``fs.kwargs``)."""

@@ -31,7 +31,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .exceptions import LeRobotShardsError
-from .filesystems import resolve_source, url_to_fs
+from .filesystems import protocols, resolve_source, url_to_fs
 from .format import UNREADABLE, feature_shape, unreadable_feature
 from .names import UnsafeNameError, check_name, check_relpath
 from .redaction import redact, without_credentials
@@ -831,9 +831,3 @@ class LeRobotV3Source:
         for ep, _ in self.iter_episode_tables(self.episodes):
             if videos:
                 self.check_episode_videos(ep)
-
-
-def protocols(fs: fsspec.AbstractFileSystem) -> tuple[str, ...]:
-    """The protocol names of an fsspec filesystem (``'file'`` for local disk)."""
-    p = fs.protocol
-    return (p,) if isinstance(p, str) else tuple(p)

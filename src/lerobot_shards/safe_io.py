@@ -14,16 +14,13 @@ from typing import Any
 
 from . import format as fmt
 from .exceptions import LeRobotShardsError
+from .filesystems import protocols
 from .format import FormatError
 from .timeouts import bounded
 
 
 class UnsafePathError(LeRobotShardsError, ValueError):
     """A path we were to write or delete leads through a symlink out of our own directory."""
-
-
-def _protocols(fs: Any) -> tuple[str, ...]:
-    return (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
 
 
 def read_small(fs: Any, path: str, limit: int, *, root: str | None = None, where: str | None = None) -> bytes:
@@ -35,7 +32,7 @@ def read_small(fs: Any, path: str, limit: int, *, root: str | None = None, where
     naming ``where`` (default ``path``); a missing file raises ``FileNotFoundError``.
     """
     where = where or path
-    if "file" not in _protocols(fs):
+    if "file" not in protocols(fs):
         data = bounded(fs, "cat_file", path, start=0, end=limit + 1)
         if len(data) > limit:
             raise FormatError(f"{where}: larger than {limit} bytes; not a metadata file of a converted dataset")

@@ -29,7 +29,7 @@ from typing import Any, BinaryIO, TypeVar
 from fsspec.callbacks import Callback
 
 from ..exceptions import LeRobotShardsError
-from ..filesystems import url_to_fs
+from ..filesystems import protocols, url_to_fs
 from ..format import MANIFEST_NAME, MAX_MANIFEST_BYTES, SHARDS_DIR, TMP_SUFFIX
 from ..names import check_relpath
 from ..redaction import redact, register_secrets, without_credentials
@@ -100,11 +100,6 @@ class DestinationBusy(LeRobotShardsError, RuntimeError):
     """Another conversion is writing the same shards into this destination."""
 
 
-def _protocols(fs: Any) -> frozenset[str]:
-    """The names a file system answers to (s3fs: ``s3``, ``s3a``; local: ``file``, ``local``)."""
-    return frozenset((fs.protocol,) if isinstance(fs.protocol, str) else fs.protocol)
-
-
 def _ancestors(path: str) -> Iterator[str]:
     """``path`` and every folder above it, up to the file system root."""
     while True:
@@ -144,8 +139,8 @@ def overlap(fs_a: Any, root_a: str, fs_b: Any, root_b: str) -> str | None:
     ``"holds"``; None when writing to one cannot touch the other. Local paths are resolved
     (symlinks, ``..``); URLs compare by protocol and normalized path (different endpoints with the
     same bucket count as the same place: a refusal, never a write into the source)."""
-    local_a, local_b = "file" in _protocols(fs_a), "file" in _protocols(fs_b)
-    if local_a != local_b or not (local_a or _protocols(fs_a) & _protocols(fs_b)):
+    local_a, local_b = "file" in protocols(fs_a), "file" in protocols(fs_b)
+    if local_a != local_b or not (local_a or set(protocols(fs_a)) & set(protocols(fs_b))):
         return None
     inside = _local_inside if local_a else _remote_inside
     a_in_b, b_in_a = inside(root_a, root_b), inside(root_b, root_a)
@@ -376,7 +371,7 @@ class Destination:
         """
         if not self.is_local:
             # a conditional PUT where this s3fs offers one (``mode="create"``); an older one lacks it
-            if "s3" in _protocols(self.fs) and "mode" in inspect.signature(self.fs._pipe_file).parameters:
+            if "s3" in protocols(self.fs) and "mode" in inspect.signature(self.fs._pipe_file).parameters:
                 try:
                     self.retrying(
                         f"{self.url}/{rel}",

@@ -49,6 +49,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
+from ..cpus import cores_per_rank
 from ..exceptions import LeRobotShardsError
 from ..loader import EpisodePoolDataset, MixtureDataset
 from ..loader.base import ResumableDataset
@@ -56,7 +57,6 @@ from ..loader.decoding.decoders import MAX_AUTO_DECODE_THREADS
 from ..loader.mix.dataset import open_dataset
 from ..loader.mix.spec import is_mixture_file
 from ..loader.transport.slabs import with_slabs
-from ..video import cores_per_rank
 from .eval_split import split_episodes
 from .frame_cache_choice import choose_frame_cache, choose_partition
 from .train_settings import TrainSettings, resolve, split_args, usage

@@ -26,10 +26,10 @@ import pyarrow as pa
 import pyarrow.compute  # noqa: F401  (pa.compute)
 import torch
 
+from ..cpus import cores_per_rank
 from ..filesystems import resolve_source
 from ..lerobot_v3 import IMAGE_DTYPE
 from ..resize import camera_sizes, resized_features
-from ..video import cores_per_rank
 from .augment import SampleTransforms
 from .base import ResumableDataset
 from .decoding.frame_cache import resolve_options as resolve_frame_cache

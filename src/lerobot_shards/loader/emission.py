@@ -189,7 +189,7 @@ def stream_samples(
     transforms: SampleTransforms | None = None,
 ) -> Iterator[dict[str, Any]]:
     """The consumer's samples after the ``emitted`` ones its sampler was fast-forwarded over
-    (``rank_cores``: this rank's cores as counted in its own process, ``video.cores_per_rank``).
+    (``rank_cores``: this rank's cores as counted in its own process, ``cpus.cores_per_rank``).
     ``stage``: these are the samples a DataLoader worker batches as they come (the worker's dataset
     itself, no wrapper, no mixture), so frames may be decoded into their batch's slab (``Staging``).
     ``transforms``: each sample's augmentation once its frames are decoded (``augment``)."""

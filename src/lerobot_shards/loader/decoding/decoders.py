@@ -32,15 +32,16 @@ import numpy as np
 import torch
 from torch.utils.data import get_worker_info
 
+from ...cpus import cores_per_rank
 from ...exceptions import LeRobotShardsError
 from ...redaction import redact
 from ...resize import plan_transform
 from ...timeouts import READ_HINT, is_timeout, open_bounded
 from ...torch_pair import VideoDecoder, set_cuda_backend
-from ...video import cores_per_rank, transform_rgb
 from ..options import DecodeOptions
 from ..read.sources import ClipRef
 from ..read.storage import StorageLocation
+from .transforms import transform_rgb
 
 if TYPE_CHECKING:
     from .frame_fill import FrameServer

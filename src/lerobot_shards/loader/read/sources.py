@@ -28,7 +28,8 @@ import pyarrow.parquet as pq
 
 from ... import format as fmt
 from ...episode_table import check_episode_table
-from ...lerobot_v3 import IMAGE_DTYPE, VIDEO_DTYPE, LeRobotV3Source, SourceError, numpy_of, protocols
+from ...filesystems import protocols
+from ...lerobot_v3 import IMAGE_DTYPE, VIDEO_DTYPE, LeRobotV3Source, SourceError, numpy_of
 from ...names import check_name
 from ...resize import feature_size
 from ...safe_io import check_local_file, read_sidecar, read_small

@@ -1,0 +1,51 @@
+"""How many CPUs a process may use, and a rank's share of its node's: what sizes the converter's
+encode pools and the loader's decode threads and workers."""
+
+from __future__ import annotations
+
+import os
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on: its affinity mask (a SLURM allocation, ``taskset``), not the
+    machine's; the CPU count where there is no mask (macOS, Windows). Sizes encode and decode pools."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def cores_per_rank() -> int:
+    """This rank's share of the node's cores, which sizes its decode threads and workers.
+
+    The cores its launcher (the rank's parent process: torchrun, slurmstepd, a shell) may use are
+    shared by the ``LOCAL_WORLD_SIZE`` ranks it started (one when unset), and a rank never counts
+    more than its own mask: torchrun pins nothing, so its ranks split its mask (the whole node, or
+    a SLURM allocation, ``taskset`` or container cpuset around it); ``srun --cpu-bind`` or
+    ``taskset`` per rank give each rank a mask of its own; NUMA binding gives ranks a node's
+    cores, which they split. Counted in the rank's own process (a DataLoader worker cannot tell
+    its rank's launcher: a forkserver worker's parent is the fork server). A single rank
+    (``LOCAL_WORLD_SIZE`` unset or 1) counts its own mask. Where the launcher's mask cannot be
+    read, or is narrower than the rank's (a launcher kept on housekeeping cores, SLURM core
+    specialization), a rank's mask narrower than the machine counts as its own, else the machine
+    is split among the ranks.
+    """
+    own = usable_cpus()
+    try:
+        ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        ranks = 1
+    if ranks == 1:
+        return own
+    launcher = _launcher_cpus(os.getpid())
+    if launcher is None or launcher < own:  # unreadable, or a launcher kept off the rank's cores
+        return own if own < (os.cpu_count() or own) else max(1, own // ranks)
+    return max(1, min(own, launcher // ranks))
+
+
+def _launcher_cpus(pid: int) -> int | None:
+    """How many CPUs the parent of process ``pid`` may use (``None`` where that cannot be read)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        parent = int(stat[stat.rindex(b")") + 2 :].split()[1])  # after "pid (comm) state": the parent's pid
+        return len(os.sched_getaffinity(parent)) if parent > 0 else None
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
