@@ -180,3 +180,33 @@ def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
         if v not in index:
             visit(v)
     return [group + [group[0]] for group in groups]
+
+
+def test_old_module_paths_import_the_moved_modules() -> None:
+    """Paths users' code and README named before the sub-packages still import, as the same modules."""
+    import importlib
+
+    from lerobot_shards.loader.transport import SlabCollate, slab_loader, with_slabs
+
+    moved = {
+        "cache": "read.shard_cache",
+        "checkpoint": "plan.order",
+        "decode": "decoding.decoders",
+        "mixture": "mix.dataset",
+        "mixture_spec": "mix.spec",
+        "sources": "read.sources",
+        "remote": "read.remote",
+        "feeder": "transport.feeder",
+    }
+    for old, new in moved.items():
+        assert importlib.import_module(f"{PACKAGE}.{old}") is importlib.import_module(f"{PACKAGE}.{new}"), old
+    assert importlib.import_module(f"{PACKAGE}.mixture").open_dataset is not None
+    assert (SlabCollate, slab_loader, with_slabs) == (
+        lerobot_shards.loader.SlabCollate,
+        lerobot_shards.loader.slab_loader,
+        lerobot_shards.loader.with_slabs,
+    )
+    assert (
+        importlib.import_module(f"{PACKAGE}.transport").Layout
+        is importlib.import_module(f"{PACKAGE}.transport.slabs").Layout
+    )
