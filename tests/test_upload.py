@@ -328,6 +328,8 @@ def test_a_shard_whose_every_put_is_refused_is_named_as_the_remote_object(
         return await real(self, lpath, rpath, *args, **kwargs)
 
     monkeypatch.setattr(s3fs.S3FileSystem, "_put_file", refused)
+    # A file system cached by an earlier test with these options mirrored the real method when made
+    s3fs.S3FileSystem.clear_instance_cache()
     monkeypatch.setattr(destination, "RETRY_FIRST_WAIT_S", 0.01)
     url = f"s3://{bucket}/ds"
     with pytest.raises(TransferError) as raised:
