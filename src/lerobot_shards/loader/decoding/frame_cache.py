@@ -50,7 +50,6 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 import xxhash
 
@@ -231,6 +230,7 @@ class Fill(_Frames):
         self.lock = lock
         self.tmp: str | None = None
         self.progress = 0
+        self._staged: torch.Tensor | None = None  # contiguous frames on their way to the file (``write``)
 
     def reserve(self, frames: int, shape: tuple[int, int, int]) -> int | None:
         """Make room for the whole entry and create its temporary file at full size: the number of
@@ -263,7 +263,15 @@ class Fill(_Frames):
             raise ValueError(
                 f"{self.final}: frames {tuple(frames.shape)} {frames.dtype} for an entry of {self.layout.shape}"
             )
-        flat = np.ascontiguousarray(frames.numpy()).reshape(len(frames), -1)
+        n = len(frames)
+        if self._staged is None or len(self._staged) < n:
+            self._staged = torch.empty((n, *self.layout.shape), dtype=torch.uint8)
+        # The decoder's (N, C, H, W) frames are a channels-last view: one blocked copy into a reused
+        # buffer lays them out contiguously (0.24 ms per 480p frame; np.ascontiguousarray of the view
+        # took 1.8 ms, as long as decoding the frame, and a fresh buffer pays its page faults again).
+        staged = self._staged[:n]
+        staged.copy_(frames)
+        flat = staged.numpy().reshape(n, -1)
         view = flat.data.cast("B")
         offset = self.layout.data + self.progress * self.layout.frame_bytes
         while view:
@@ -277,6 +285,7 @@ class Fill(_Frames):
         """Write the header and checksum table, then give the entry its final name (under the
         global lock: a reservation's scan never misses it mid-rename). The entry stays in use."""
         assert self.tmp is not None and self.progress == self.layout.frames
+        self._staged = None
         os.pwrite(self.fd, b"".join(self.digests), self.layout.table)
         os.pwrite(self.fd, _header(self.key, self.layout), 0)
         with _locked(os.path.join(self.cache.root, GLOBAL_LOCK)):
@@ -287,6 +296,7 @@ class Fill(_Frames):
 
     def abort(self) -> None:
         """Give up: the temporary file is deleted, the fill lock released."""
+        self._staged = None
         if self.tmp is not None:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.tmp)
