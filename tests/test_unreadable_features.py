@@ -1,5 +1,5 @@
-"""A LeRobot 0.6.1 feature kind lerobot-shards cannot read yet (a depth-map video, a language annotation
-column) is refused in one line naming it, by the loader and by convert: never returned wrong.
+"""A LeRobot 0.6.1 feature kind lerobot-shards cannot read yet (a depth-map video) is refused in one
+line naming it, by the loader and by convert: never returned wrong.
 (tests/lerobot/test_unreadable_features.py: on datasets LeRobot itself wrote.)"""
 
 from __future__ import annotations
@@ -30,13 +30,7 @@ def _depth(features: dict) -> None:
     features[CAM]["info"]["video.is_depth_map"] = True
 
 
-def _language(features: dict) -> None:
-    features["language_persistent"] = {"dtype": "language", "shape": [1], "names": None}
-
-
-@pytest.mark.parametrize(
-    ("edit", "name", "kind"), [(_depth, CAM, "depth"), (_language, "language_persistent", "language")]
-)
+@pytest.mark.parametrize(("edit", "name", "kind"), [(_depth, CAM, "depth")])
 def test_a_feature_we_cannot_read_is_refused_naming_it(small_synth: Path, tmp_path: Path, edit, name, kind) -> None:
     root = _edited(small_synth, tmp_path, edit)
     for attempt in (

@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .format import feature_shape
+from .language import is_language_feature, language_column
 from .lerobot_v3 import IMAGE_DTYPE, VIDEO_DTYPE, numpy_of
 
 # Declared dtypes whose values must not arrive as floats (a cast would truncate them silently).
@@ -40,7 +41,8 @@ def check_episode_table(
 ) -> None:
     """Raise ``error`` naming ``where`` and the column unless the episode's rows agree with its metadata.
 
-    ``length`` rows; no nulls in a feature's column; each row of a feature as many values as its
+    ``length`` rows; language columns as LeRobot's schema has them, within bounds (``language``); no
+    nulls in a feature's column; each row of a feature as many values as its
     ``shape`` holds; integer and bool features not stored as floats; ``episode_index`` the
     episode's, ``frame_index`` 0..length-1, every ``task_index`` a row of ``tasks`` and, when the
     episode lists its tasks (``episode_tasks``: a converted episode's own header), one of those;
@@ -51,6 +53,9 @@ def check_episode_table(
         raise error(f"{where}: {table.num_rows} rows, the metadata says the episode has {length} frames")
     for name, spec in features.items():
         if spec["dtype"] in (VIDEO_DTYPE, IMAGE_DTYPE) or name not in table.column_names:
+            continue
+        if is_language_feature(name, spec):  # lists of annotation rows: LeRobot's schema, bounded
+            language_column(table.column(name), name, where, error)
             continue
         _check_feature(table.column(name).combine_chunks(), name, spec, where, error)
     _check_index(table, "episode_index", np.full(length, episode_index), where, error)

@@ -143,18 +143,12 @@ UNREADABLE = {
         "is a depth-map video (12-bit codes LeRobot decodes with PyAV and dequantizes to mm or m), which "
         "lerobot-shards cannot read yet (its decoder would return them as colour frames): train with lerobot-train"
     ),
-    "language": (
-        "is a language annotation column (dtype 'language', LeRobot's lerobot_collate_fn), which lerobot-shards "
-        "cannot read yet: train with lerobot-train"
-    ),
 }
 
 
 def unreadable_feature(spec: dict[str, Any]) -> str | None:
     """Why a feature is one lerobot-shards cannot read (a key of ``UNREADABLE``), or None: refused where a
     dataset is opened or converted, never returned wrong."""
-    if spec.get("dtype") == "language":
-        return "language"
     info, video_info = spec.get("info") or {}, spec.get("video_info") or {}
     if not isinstance(info, dict) or not isinstance(video_info, dict):
         return None

@@ -33,6 +33,7 @@ import pyarrow.parquet as pq
 from .exceptions import LeRobotShardsError
 from .filesystems import protocols, resolve_source, url_to_fs
 from .format import UNREADABLE, feature_shape, unreadable_feature
+from .language import is_language_feature
 from .names import UnsafeNameError, check_name, check_relpath
 from .redaction import redact, without_credentials
 from .safe_io import read_small
@@ -340,7 +341,11 @@ class LeRobotV3Source:
             why = unreadable_feature(spec)
             if why is not None:
                 raise SourceError(f"{where}: feature {name!r} {UNREADABLE[why]}")
-            if dtype not in TABULAR_DTYPES and dtype not in (VIDEO_DTYPE, IMAGE_DTYPE):
+            if (
+                dtype not in TABULAR_DTYPES
+                and dtype not in (VIDEO_DTYPE, IMAGE_DTYPE)
+                and not is_language_feature(name, spec)
+            ):
                 raise SourceError(f"{where}: feature {name!r} has unknown dtype {dtype!r}")
             feature_shape(spec, f"{where}: feature {name!r}", SourceError)
             if dtype == VIDEO_DTYPE and not self.info.get("video_path"):

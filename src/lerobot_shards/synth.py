@@ -28,6 +28,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .format import CODECS, TMP_SUFFIX, FrameTransform
+from .language import LANGUAGE_COLUMNS, LANGUAGE_DTYPE, LANGUAGE_EVENTS, LANGUAGE_PERSISTENT, ROW_FIELDS
 from .resize import map_box
 from .video import HEVC_MIN_SIDE, concat_clips, encode_video
 
@@ -209,6 +210,72 @@ def identity_vector(episode_index: int, frame_index: int | np.ndarray) -> np.nda
 # ---------------------------------------------------------------- stats
 
 
+LANGUAGE_EVERY = 3  # with language=True, every third episode (e % 3 == 2) is left unannotated
+EVENT_EVERY = 5  # events fire on frames f % 5 == 2
+
+
+def language_rows(episode_index: int, frame_index: int, length: int, fps: float) -> dict[str, list[dict[str, Any]]]:
+    """The language columns ``synth_dataset(language=True)`` writes on a frame, as LeRobot 0.6.1's
+    dataset returns them: the episode's persistent rows (a plan, a subtask per third of the episode
+    starting at its timestamp, a unicode task rephrasing) on every frame, and on frames
+    ``f % EVENT_EVERY == 2`` an interjection naming (episode, frame) and a ``say`` tool call
+    answering it. Episodes ``e % LANGUAGE_EVERY == 2`` have none (empty lists)."""
+    e, f = episode_index, frame_index
+    if e % LANGUAGE_EVERY == 2:
+        return {LANGUAGE_PERSISTENT: [], LANGUAGE_EVENTS: []}
+    none = dict.fromkeys(ROW_FIELDS[LANGUAGE_PERSISTENT])
+
+    def at(frame: int) -> float:
+        return float(np.float32(frame / fps))
+
+    persistent = [
+        {
+            **none,
+            "role": "assistant",
+            "content": f"plan of episode {e}: reach, grasp, place",
+            "style": "plan",
+            "timestamp": 0.0,
+        },
+        *(
+            {
+                **none,
+                "role": "assistant",
+                "content": f"subtask {k} of episode {e}",
+                "style": "subtask",
+                "timestamp": at(k * length // 3),
+            }
+            for k in range(3)
+        ),
+        {**none, "role": "user", "content": f"épisode {e} ✓ — déplace le cube", "style": "task_aug", "timestamp": 0.0},
+    ]
+    events: list[dict[str, Any]] = []
+    if f % EVENT_EVERY == 2:
+        say = {"type": "function", "function": {"name": "say", "arguments": {"text": f"ok {e}/{f}", "n": f}}}
+        events = [
+            {"role": "assistant", "content": None, "style": None, "camera": None, "tool_calls": [say]},
+            {
+                "role": "user",
+                "content": f"stop at frame {f} of episode {e}",
+                "style": "interjection",
+                "camera": None,
+                "tool_calls": None,
+            },
+        ]
+    return {LANGUAGE_PERSISTENT: persistent, LANGUAGE_EVENTS: events}
+
+
+def _language_type(column: str) -> pa.DataType:
+    """LeRobot's row struct, ``tool_calls`` as JSON text (what its ``Json`` feature stores)."""
+    types = {"timestamp": pa.float32(), "tool_calls": pa.list_(pa.string())}
+    return pa.list_(pa.struct([(f, types.get(f, pa.string())) for f in ROW_FIELDS[column]]))
+
+
+def _stored_language(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [
+        {**r, "tool_calls": None if r["tool_calls"] is None else [json.dumps(c) for c in r["tool_calls"]]} for r in rows
+    ]
+
+
 def _episode_stats(values: np.ndarray, *, image: bool = False) -> dict[str, np.ndarray]:
     """min/max/mean/std/count/quantiles as LeRobot stores them: per dim, or per channel (3,1,1) for images.
 
@@ -345,6 +412,12 @@ def _hf_metadata(features: dict[str, dict[str, Any]], vector_storage: str, finge
             continue
         if ft["dtype"] == "image":
             hf[key] = {"_type": "Image"}
+        elif ft["dtype"] == LANGUAGE_DTYPE:  # lerobot.datasets.language's column feature
+            row: dict[str, Any] = {
+                f: {"dtype": "float32" if f == "timestamp" else "string", "_type": "Value"} for f in ROW_FIELDS[key]
+            }
+            row["tool_calls"] = {"feature": {"_type": "Json"}, "_type": "List"}
+            hf[key] = {"feature": row, "_type": "List"}
         elif key in VECTOR_KEYS:
             spec = {"feature": {"dtype": "float32", "_type": "Value"}, "_type": "List"}
             if vector_storage == "fixed_size_list":
@@ -426,6 +499,7 @@ def synth_dataset(
     bframes: int = 0,
     seed: int = 0,
     workers: int = 1,
+    language: bool = False,
 ) -> Path:
     """Write a LeRobot v3.0 dataset under ``root`` (which must be absent or empty) and return its path.
 
@@ -446,6 +520,7 @@ def synth_dataset(
     1e-4 s, when below it); ``codec_label`` is written to info.json as every camera's
     ``video.codec`` whatever the stream holds; ``bframes`` encodes H.264 with that many B-frames
     (keyframes still every ``gop`` frames). One episode per file is ``episodes_per_*_file=1``.
+    ``language`` adds LeRobot 0.6.1's annotation columns (``language_rows`` says what each frame holds).
 
     ``workers`` > 1 paints and encodes each camera's episodes in that many spawned processes
     (a realistic 480p episode costs seconds of a core); the files are byte-identical to
@@ -495,6 +570,8 @@ def synth_dataset(
     tasks = [f"task {k}" for k in range(min(num_tasks, num_episodes))]
     starts = np.concatenate([[0], np.cumsum(lengths)]).tolist()
     features = _features(cameras, image_keys, height, width, fps, codec_label or codec)
+    if language:
+        features.update({k: {"dtype": LANGUAGE_DTYPE, "shape": [1], "names": None} for k in LANGUAGE_COLUMNS})
     episodes: list[dict[str, Any]] = [
         {
             "episode_index": e,
@@ -567,7 +644,7 @@ def synth_dataset(
 
     _write_parquet(_episodes_table(episodes, stats, features, cameras), root / EPISODES_PATH)
     _write_parquet(_tasks_table(tasks), root / "meta/tasks.parquet")
-    dataset_stats = {key: _aggregate([st[key] for st in stats]) for key in features}
+    dataset_stats = {key: _aggregate([st[key] for st in stats]) for key in features if key not in LANGUAGE_COLUMNS}
     _write_json(
         {key: {s: v.tolist() for s, v in st.items()} for key, st in dataset_stats.items()}, root / "meta/stats.json"
     )
@@ -609,10 +686,14 @@ def _data_table(
         "int64": pa.int64(),
         "vector": pa.list_(pa.field("element", pa.float32()), size),
         "image": pa.struct([("bytes", pa.binary()), ("path", pa.string())]),
+        **{k: _language_type(k) for k in LANGUAGE_COLUMNS},
     }
     keys = [k for k, ft in features.items() if ft["dtype"] != "video"]
     schema = pa.schema(
-        [(k, types["vector" if k in VECTOR_KEYS else features[k]["dtype"]]) for k in keys],
+        [
+            (k, types[k if k in LANGUAGE_COLUMNS else "vector" if k in VECTOR_KEYS else features[k]["dtype"]])
+            for k in keys
+        ],
         metadata=metadata,
     )
     num_cameras = sum(ft["dtype"] == "video" for ft in features.values())
@@ -641,6 +722,10 @@ def _data_table(
             for i, img in enumerate(_painted(e, len(f), height, width, c, sample, texture, seed)):
                 columns[key].append({"bytes": _png(img), "path": f"frame-{i:06d}.png"})
             stats[e][key] = _episode_stats(np.stack(sample), image=True)
+        for i in f if LANGUAGE_PERSISTENT in columns else ():
+            written = language_rows(e, int(i), ep["length"], fps)
+            for key in LANGUAGE_COLUMNS:
+                columns[key].append(_stored_language(written[key]))
     return pa.table({k: pa.array(v, type=schema.field(k).type) for k, v in columns.items()}, schema=schema)
 
 
@@ -664,13 +749,15 @@ def _episodes_table(
         fields += [pa.field(f"videos/{camera}/{k}", pa.int64()) for k in ("chunk_index", "file_index")]
         fields += [pa.field(f"videos/{camera}/{k}", pa.float64()) for k in ("from_timestamp", "to_timestamp")]
     stat_names = ("min", "max", "mean", "std", "count", *QUANTILES)
-    for key, ft in features.items():  # features order, as LeRobot writes the stats columns
+    for key, ft in features.items():  # features order, as LeRobot writes the stats columns (none for language)
+        if ft["dtype"] == LANGUAGE_DTYPE:
+            continue
         fields += [pa.field(f"stats/{key}/{s}", _stats_type(s, ft["dtype"])) for s in stat_names]
     fields += [pa.field("meta/episodes/chunk_index", pa.int64()), pa.field("meta/episodes/file_index", pa.int64())]
     rows = []
     for ep, st in zip(episodes, stats):
         row = dict(ep, **{"meta/episodes/chunk_index": 0, "meta/episodes/file_index": 0})
-        row.update({f"stats/{key}/{s}": st[key][s].tolist() for key in features for s in stat_names})
+        row.update({f"stats/{key}/{s}": st[key][s].tolist() for key in st if key in features for s in stat_names})
         rows.append(row)
     return pa.Table.from_pylist(rows, schema=pa.schema(fields))
 

@@ -1,19 +1,17 @@
 """Feature kinds beyond cameras and vectors, on datasets LeRobot 0.6.1's own writer recorded: a string
 feature reads as LeRobot's dataset gives it, from shards and raw; the kinds lerobot-shards cannot read
 yet are refused in one line naming them, loader and convert alike, never returned wrong: a depth
-camera (12-bit HEVC, gray12le), and language annotation columns as LeRobot declares them."""
+camera (12-bit HEVC, gray12le). (Language columns: test_language.py.)"""
 
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from conftest import Dataset
 from lerobot_shards.convert.run import convert_dataset
 from lerobot_shards.format import UNREADABLE
 from lerobot_shards.loader import EpisodePoolDataset
@@ -79,14 +77,3 @@ def test_a_depth_camera_lerobot_wrote_is_refused(tmp_path: Path) -> None:
     info = json.loads((tmp_path / "raw/meta/info.json").read_text())["features"]["observation.images.depth"]["info"]
     assert info["is_depth_map"] and info["video.pix_fmt"] == "gray12le"
     _refused(tmp_path / "raw", tmp_path / "out", "observation.images.depth", "depth")
-
-
-def test_language_columns_are_refused(written: Dataset, tmp_path: Path) -> None:
-    from lerobot.datasets.language import language_feature_info
-
-    root = tmp_path / "raw"
-    shutil.copytree(written.raw, root)
-    info = json.loads((root / "meta/info.json").read_text())
-    info["features"].update({k: {**v, "shape": list(v["shape"])} for k, v in language_feature_info().items()})
-    (root / "meta/info.json").write_text(json.dumps(info))
-    _refused(root, tmp_path / "out", "language_persistent", "language")

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from .. import language
 from ..format import MANIFEST_NAME, SHARDS_DIR, FormatError, FrameTransform, Manifest
 from ..lerobot_v3 import LeRobotV3Source, SourceError
 from ..safe_io import read_sidecar
@@ -51,6 +52,7 @@ def inspect_source(source: LeRobotV3Source) -> str:
         f"  data files {len(files)} ({_mb(sum(source.file_size(p) for p in files))} MB), video files {len(videos)} "
         f"({_mb(sum(source.file_size(p) for p in videos))} MB)",
         f"  shards at the default {DEFAULT_SHARD_BYTES // 2**20} MB: {len(plan_shards(sizes))}",
+        *language.describe(source.features),
         "",
     ]
     rows = []
@@ -103,9 +105,7 @@ def inspect_converted(dest: Destination) -> str:
     if video.get("resize"):
         sizes = ", ".join(f"{'all' if c == '*' else c} {w}x{h}" for c, (h, w) in sorted(video["resize"].items()))
         lines.append(f"  resized ({video.get('resize_mode')}, re-encoded {video.get('codec')}): {sizes}")
-    lines += [
-        "",
-    ]
+    lines += [*language.describe(manifest.features), ""]
     if manifest.shards:
         record = manifest.shards[0]
         where = dest.path(posixpath.join(SHARDS_DIR, record.sidecar))

@@ -37,6 +37,7 @@ from ..format import (
     shard_name,
     table_member,
 )
+from ..language import language_column, language_keys
 from ..lerobot_v3 import EpisodeMeta, LeRobotV3Source, SourceError
 from ..mp4cut import Mp4CutUnsupported
 from ..shard_plan import PlannedShard
@@ -175,7 +176,10 @@ def episode_members(
         table = source.read_episode_table(ep)
         tasks = source.episode_tasks(ep, table)
         source.check_episode_videos(ep)  # first: an fps the files lack is named as such, not as every row's time
-        check_timestamps(table, source.fps, f"{_where(source, ep.data_path)}: episode {episode_index}", SourceError)
+        where = f"{_where(source, ep.data_path)}: episode {episode_index}"
+        check_timestamps(table, source.fps, where, SourceError)
+        for name in language_keys(source.features):  # carried as stored, once they are LeRobot's rows within bounds
+            language_column(table.column(name), name, where, SourceError)
     except SourceError as e:
         message = str(e) if f"episode {episode_index}" in str(e) else f"episode {episode_index}: {e}"
         raise ConvertError(message) from None

@@ -51,6 +51,7 @@ from torch.utils.data import DataLoader
 
 from ..cpus import cores_per_rank
 from ..exceptions import LeRobotShardsError
+from ..language import LANGUAGE_COLUMNS
 from ..loader import EpisodePoolDataset, MixtureDataset
 from ..loader.base import ResumableDataset
 from ..loader.decoding.decoders import MAX_AUTO_DECODE_THREADS
@@ -480,7 +481,7 @@ def _accelerator_class(base: type, run: type[_Run]) -> type:
                     if run.cfg is not None:  # built: the config LeRobot saves says what the user asked
                         run.cfg.dataset.streaming = run.streaming
                     state = run.resume or {}
-                    loader = with_slabs(arg, layout=run.settings.slab_layout)
+                    loader = with_slabs(arg, layout=run.settings.slab_layout, drop=_collate_drops(arg))
                     if loader is not arg:
                         print(
                             f"lerobot-shards train: {loader.num_workers} workers hand batches over in reused "
@@ -500,6 +501,15 @@ def _accelerator_class(base: type, run: type[_Run]) -> type:
             return tuple(out) if len(out) > 1 else out[0]
 
     return ShardsAccelerator
+
+
+def _collate_drops(loader: DataLoader) -> tuple[str, ...] | None:
+    """The keys LeRobot's ``lerobot_collate_fn`` leaves out of a batch when LeRobot's trainer chose it
+    (a dataset with language columns): on our samples (no ``None``, no rendered messages) it is
+    ``default_collate`` without its language columns, which ``SlabCollate(drop=...)`` gives."""
+    from lerobot.utils.collate import lerobot_collate_fn
+
+    return LANGUAGE_COLUMNS if loader.collate_fn is lerobot_collate_fn else None
 
 
 def _eval_loader(loader: DataLoader) -> DataLoader:

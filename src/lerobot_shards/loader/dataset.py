@@ -28,6 +28,7 @@ import torch
 
 from ..cpus import cores_per_rank
 from ..filesystems import resolve_source
+from ..language import is_language_feature
 from ..lerobot_v3 import IMAGE_DTYPE
 from ..resize import camera_sizes, resized_features
 from .augment import SampleTransforms
@@ -227,6 +228,12 @@ class EpisodePoolDataset(ResumableDataset):
     ) -> dict[str, np.ndarray]:
         """``delta_timestamps`` as frame offsets at this source's fps (``ValueError`` naming the key
         off the frame grid or unknown), without setting them."""
+        windowed = [k for k in delta_timestamps or {} if is_language_feature(k, self.features.get(k, {}))]
+        if windowed:
+            raise ValueError(
+                f"delta_timestamps[{windowed[0]!r}]: a language column is not windowed (LeRobot's dataset returns "
+                "the frame's own annotation rows, and fails on a window of them)"
+            )
         known = [k for k, v in self.features.items() if v["dtype"] != "video"] + list(self.cameras)
         return delta_frame_offsets(delta_timestamps or {}, self.fps, tolerance_s, known_keys=known)
 

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..language import LanguageColumn
 from .augment import SampleTransforms
 from .decoding.decoders import DecodePool, DecoderCache, auto_decode_threads, decode_image
 from .decoding.frame_cache import FrameCache
@@ -61,6 +62,9 @@ class SampleLayout:
         each camera's frames are written into the slot ``staging`` gives sample ``seq``."""
         item: dict[str, Any] = {}
         for name, column in episode.columns.items():
+            if isinstance(column, LanguageColumn):  # the frame's own rows, never windowed (as LeRobot's)
+                item[name] = column.row(frame)
+                continue
             offsets = self.delta_offsets.get(name)
             idx, pad = (frame, None) if offsets is None else window_indices(frame, episode.length, offsets)
             if name in self.image_keys:
@@ -90,7 +94,9 @@ class SampleLayout:
                     episode.clips[cam], idx.tolist(), size, self._finish(True, slot, staging), into=into
                 )
                 item[f"{cam}_is_pad"] = torch.from_numpy(pad)
-        item["task"] = self.tasks[int(episode.columns["task_index"][frame])]
+        task_index = episode.columns["task_index"]
+        assert isinstance(task_index, np.ndarray)
+        item["task"] = self.tasks[int(task_index[frame])]
         return item
 
     def images(self, frames: torch.Tensor) -> torch.Tensor:

@@ -18,12 +18,10 @@ from typing import Any
 
 import numpy as np
 
+from ..language import LANGUAGE_COLUMNS
 from ..lerobot_v3 import IMAGE_DTYPE, VIDEO_DTYPE, nested_stats
 
 Stats = dict[str, dict[str, np.ndarray]]
-# LeRobot's language annotation columns (lerobot.datasets.language.LANGUAGE_COLUMNS): the trainer
-# switches to its language-aware collate when a dataset declares one.
-LANGUAGE_COLUMNS = ("language_persistent", "language_events")
 
 
 def stats_to_numpy(stats: Mapping[str, Mapping[str, Any]]) -> Stats:

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from ...exceptions import LeRobotShardsError
+from ...language import LANGUAGE_DTYPE
 from ...lerobot_v3 import IMAGE_DTYPE, VIDEO_DTYPE
 from ..meta import Stats
 
@@ -80,6 +81,8 @@ class MixtureLayout:
         ft = self.features[key]
         if ft["dtype"] == "string":
             return ""
+        if ft["dtype"] == LANGUAGE_DTYPE:  # no annotation rows (and the key's _is_missing flag)
+            return []
         dtype = self.image_dtype if ft["dtype"] in VISUAL else getattr(torch, str(ft["dtype"]), torch.float32)
         lead = (self.windows[key],) if key in self.windows else ()
         return torch.zeros(lead + _emitted_shape(ft), dtype=dtype)

@@ -29,6 +29,7 @@ import pyarrow.parquet as pq
 from ... import format as fmt
 from ...episode_table import check_episode_table
 from ...filesystems import protocols
+from ...language import LanguageColumn, is_language_feature, language_column
 from ...lerobot_v3 import IMAGE_DTYPE, VIDEO_DTYPE, LeRobotV3Source, SourceError, numpy_of
 from ...names import check_name
 from ...resize import feature_size
@@ -79,7 +80,7 @@ class ResidentEpisode:
 
     episode_index: int
     length: int
-    columns: dict[str, np.ndarray]  # per tabular/image feature, first axis = frame
+    columns: dict[str, np.ndarray | LanguageColumn]  # per tabular/image/language feature, first axis = frame
     clips: dict[str, ClipRef]  # per camera
     nbytes: int  # bytes read to load it
     release: Callable[[], None] | None = None  # call when it leaves the pool (frees its cached mp4s)
@@ -105,16 +106,20 @@ class SourceInfo:
         return {cam: feature_size(self.features.get(cam, {})) for cam in self.cameras}
 
 
-def table_to_columns(table: pa.Table, features: dict[str, dict[str, Any]], where: str) -> dict[str, np.ndarray]:
-    """Parquet rows into per-feature numpy arrays; vectors become (N, D)."""
-    out: dict[str, np.ndarray] = {}
+def table_to_columns(
+    table: pa.Table, features: dict[str, dict[str, Any]], where: str
+) -> dict[str, np.ndarray | LanguageColumn]:
+    """Parquet rows into per-feature numpy arrays; vectors become (N, D); language columns stay in Arrow."""
+    out: dict[str, np.ndarray | LanguageColumn] = {}
     for name, spec in features.items():
         if spec["dtype"] == VIDEO_DTYPE:
             continue
         if name not in table.column_names:
             raise fmt.FormatError(f"{where}: feature {name!r} has no column (has {', '.join(table.column_names)})")
         col = table.column(name).combine_chunks()
-        if spec["dtype"] == IMAGE_DTYPE:
+        if is_language_feature(name, spec):
+            out[name] = language_column(col, name, where, fmt.FormatError)
+        elif spec["dtype"] == IMAGE_DTYPE:
             out[name] = np.array([v["bytes"] if isinstance(v, dict) else v for v in col.to_pylist()], dtype=object)
         elif pa.types.is_fixed_size_list(col.type) or pa.types.is_list(col.type) or pa.types.is_large_list(col.type):
             flat = numpy_of(col.flatten())
@@ -134,7 +139,7 @@ def checked_columns(
     where: str,
     error: type[Exception],
     episode_tasks: Sequence[str] = (),
-) -> dict[str, np.ndarray]:
+) -> dict[str, np.ndarray | LanguageColumn]:
     """``table_to_columns`` of an episode's rows once they agree with the metadata (``check_episode_table``)."""
     check_episode_table(
         table,

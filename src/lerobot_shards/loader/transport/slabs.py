@@ -43,7 +43,7 @@ import os
 import secrets
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -156,6 +156,10 @@ class SlabCollate:
             layout ``default_collate`` gives. Values are the same either way; ``.reshape`` (not
             ``.view``) or ``.contiguous()`` where code needs contiguous memory. ``DeviceFeeder``
             makes floats contiguous on the device as it converts them.
+        drop: keys left out of every batch, as LeRobot's ``lerobot_collate_fn`` leaves out its
+            language columns (``lerobot_shards.language.LANGUAGE_COLUMNS``).
+        lists: keys whose batch value is the plain list of the samples' values (language rows,
+            which ``default_collate`` cannot collate: lists of different lengths).
 
     Samples must be mappings (as ``EpisodePoolDataset`` emits); others are collated by
     ``collate`` (counted as fallbacks). In the main process (``num_workers=0``) there is no
@@ -169,6 +173,8 @@ class SlabCollate:
         pin_memory: bool = False,
         collate: Callable[[list[Any]], Any] = default_collate,
         layout: Layout = "sample",
+        drop: Collection[str] = (),
+        lists: Collection[str] = (),
     ) -> None:
         if isinstance(slabs, bool) or not isinstance(slabs, int) or slabs < 1:
             raise ValueError(f"slabs must be an int >= 1 (slabs per worker), got {slabs!r}")
@@ -178,6 +184,7 @@ class SlabCollate:
         self.pin_memory = bool(pin_memory)
         self.collate = collate
         self.layout: Layout = layout
+        self.drop, self.lists = frozenset(drop), frozenset(lists)
         self._counters = multiprocessing.Array("d", MAX_WORKERS * len(WORKER_FIELDS), lock=False)
         self._ring: _Ring | None = None  # this process's, made in the worker
 
@@ -192,6 +199,10 @@ class SlabCollate:
                 "SlabCollate collates batches (a list of samples), got one sample: use it with a batch_size "
                 "(batch_size=None hands the collate_fn single samples)"
             )
+        if (self.drop or self.lists) and all(isinstance(s, Mapping) for s in samples):
+            samples = [
+                {k: _AsIs(v) if k in self.lists else v for k, v in s.items() if k not in self.drop} for s in samples
+            ]
         info = get_worker_info()
         if info is None:  # the main process: nothing to transport, the batch is stacked here
             return _stack(samples, self.collate, self.layout)
@@ -222,12 +233,16 @@ def slab_loader(
     slabs: int | None = None,
     pin_memory: bool = False,
     layout: Layout = "sample",
+    drop: Collection[str] = (),
+    lists: Collection[str] = (),
     **kwargs: Any,
 ) -> DataLoader[Any]:
     """A stock ``DataLoader`` with ``SlabCollate`` as its ``collate_fn`` (``slabs`` default:
-    ``prefetch_factor + 2``; ``layout`` as ``SlabCollate``'s); every other keyword goes to the
-    DataLoader as is."""
-    collate = SlabCollate(prefetch_factor + 2 if slabs is None else slabs, pin_memory=pin_memory, layout=layout)
+    ``prefetch_factor + 2``; ``layout``, ``drop`` and ``lists`` as ``SlabCollate``'s); every other
+    keyword goes to the DataLoader as is."""
+    collate = SlabCollate(
+        prefetch_factor + 2 if slabs is None else slabs, pin_memory=pin_memory, layout=layout, drop=drop, lists=lists
+    )
     extra = dict(kwargs)
     if num_workers:
         extra["prefetch_factor"] = prefetch_factor
@@ -236,10 +251,15 @@ def slab_loader(
     )
 
 
-def with_slabs(loader: DataLoader[Any], slabs: int | None = None, layout: Layout = "sample") -> DataLoader[Any]:
+def with_slabs(
+    loader: DataLoader[Any], slabs: int | None = None, layout: Layout = "sample", drop: Collection[str] | None = None
+) -> DataLoader[Any]:
     """``loader`` itself, or, when it has workers and collates with torch's default (``collate_fn``
     unset or ``default_collate``), the same DataLoader with ``SlabCollate`` (``slabs`` default:
-    ``prefetch_factor + 2``; ``layout`` as ``SlabCollate``'s) and every other setting kept. For a loader built by someone else (a
+    ``prefetch_factor + 2``; ``layout`` as ``SlabCollate``'s) and every other setting kept. With
+    ``drop``, the loader's ``collate_fn`` is taken to be ``default_collate`` once those keys are left
+    out (LeRobot's ``lerobot_collate_fn`` on samples of ours: the caller knows which it is), and the
+    loader is rebuilt with ``SlabCollate(drop=drop)``. For a loader built by someone else (a
     trainer), before its first iterator; iterable datasets only (a map-style loader's sampler
     is not carried over).
 
@@ -247,7 +267,7 @@ def with_slabs(loader: DataLoader[Any], slabs: int | None = None, layout: Layout
     (``SlabCollate(pin_memory=True)``): the pin thread then finds every batch pinned and copies
     nothing, where it would otherwise copy each batch out of its slab.
     """
-    if not loader.num_workers or loader.collate_fn is not default_collate:
+    if not loader.num_workers or (loader.collate_fn is not default_collate and drop is None):
         return loader
     if not isinstance(loader.dataset, IterableDataset):
         raise TypeError("with_slabs: only a DataLoader over an IterableDataset is rebuilt (its sampler is not carried)")
@@ -258,7 +278,9 @@ def with_slabs(loader: DataLoader[Any], slabs: int | None = None, layout: Layout
         batch_size=loader.batch_size,
         drop_last=loader.drop_last,
         num_workers=loader.num_workers,
-        collate_fn=SlabCollate(prefetch + 2 if slabs is None else slabs, pin_memory=loader.pin_memory, layout=layout),
+        collate_fn=SlabCollate(
+            prefetch + 2 if slabs is None else slabs, pin_memory=loader.pin_memory, layout=layout, drop=drop or ()
+        ),
         pin_memory=loader.pin_memory,
         pin_memory_device=loader.pin_memory_device,
         timeout=loader.timeout,
@@ -307,6 +329,13 @@ class _Reserved:
     keys: set[str] = dataclasses.field(default_factory=set)
 
 
+@dataclass(frozen=True)
+class _AsIs:
+    """A sample's value of a ``lists`` key, which the batch carries in a plain list."""
+
+    value: Any
+
+
 @dataclass
 class _Batch:
     """A batch of mapping samples, planned: which keys stack as tensors (in what strides), the rest collated."""
@@ -326,7 +355,9 @@ class _Batch:
         for key in order:
             values = [s[key] for s in samples]  # a key missing from a sample raises, as in default_collate
             first = values[0]
-            if (
+            if isinstance(first, _AsIs):
+                others[key] = [v.value for v in values]
+            elif (
                 isinstance(first, torch.Tensor)
                 and first.device.type == "cpu"
                 and first.layout == torch.strided
