@@ -1,7 +1,8 @@
 """Language annotation columns on a dataset LeRobot 0.6.1 wrote and annotated itself (``LeRobotDataset``'s
 writer, then ``lerobot-annotate``'s staging, ``LanguageColumnsWriter`` and ``info.json`` update): every
 sample's ``language_persistent`` / ``language_events`` equal ``LeRobotDataset[i]``'s in value and type,
-and batches equal ``lerobot_collate_fn``'s, raw and converted, with and without workers."""
+and batches equal ``lerobot_collate_fn``'s, raw and converted, with and without workers; ``lerobot-shards
+train`` trains from it with 2 workers (their batches in slabs, as ``lerobot_collate_fn`` makes them)."""
 
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ def annotated(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     raw = base / "raw"
     features = {
         "observation.state": {"dtype": "float32", "shape": (2,), "names": ["a", "b"]},
+        "action": {"dtype": "float32", "shape": (2,), "names": ["a", "b"]},
         CAM: {"dtype": "video", "shape": (32, 48, 3), "names": ["height", "width", "channels"]},
     }
     ds = LeRobotDataset.create("local/annotated", fps=FPS, features=features, root=raw, use_videos=True)
@@ -41,6 +43,7 @@ def annotated(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             ds.add_frame(
                 {
                     "observation.state": np.array([ep, i], np.float32),
+                    "action": np.array([i, ep], np.float32),
                     CAM: np.full((32, 48, 3), 20 * i, np.uint8),
                     "task": f"task {ep}",
                 }
@@ -136,3 +139,13 @@ def test_batches_are_lerobot_collate_fns(annotated: dict[str, Path], num_workers
             _same(batch[key], value, f"batch {key}")
         frames += len(batch["index"])
     assert frames == theirs.num_frames
+
+
+def test_lerobot_shards_train_trains_from_annotated_shards(annotated: dict[str, Path], tmp_path: Path) -> None:
+    from procs import CLI, env, run
+    from test_train import ACT, TIMEOUT, _args
+
+    args = [*_args(str(annotated["shards"]), tmp_path / "run", ACT, steps=4, save_freq=4), "--num_workers=2"]
+    log = run([*CLI, "train", *args], tmp_path / "log.txt", env(), TIMEOUT)
+    assert "2 workers hand batches over in reused shared-memory slabs (SlabCollate)" in log
+    assert (tmp_path / "run/checkpoints/000004/pretrained_model/model.safetensors").is_file()
