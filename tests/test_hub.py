@@ -158,6 +158,27 @@ def test_start_up_requests_are_the_same_with_workers_and_the_tree_is_listed_once
     assert metadata[0] == metadata[1]  # forked workers resolve, list and read metadata nothing again
 
 
+def test_metadata_is_fetched_at_once_and_each_mp4_byte_once_per_reader(hub: HubServer, raw: Path) -> None:
+    """The first batch waits on round trips: the metadata files go out together after the listing,
+    and an mp4's blocks are kept while it is open (FFmpeg reads its start, its index at the end, then
+    seeks back: a single read-ahead range fetched the same bytes at every turn)."""
+    hub.add_dataset("me/ds", raw)
+    _assert_same(_stream(str(raw)), _stream("me/ds"))
+    meta = [p for _, p, _ in hub.requests("GET", "/resolve/") if "/meta/" in p]
+    assert len(meta) == len(set(meta)) == len(list((raw / "meta").rglob("*.*")))
+    mp4s = [p for _, p, _ in hub.requests("GET", ".mp4")]
+    for name in set(mp4s):  # its header read, then its decoder: one block each (the files are small)
+        assert mp4s.count(name) == 2, (name, mp4s.count(name))
+    fs, path = url_to_fs(resolve_source("me/ds"))
+    rel = "videos/observation.images.front/chunk-000/file-000.mp4"
+    hub.clear_log()
+    with fs.open(f"{path}/{rel}", block_size=4096) as f:  # FFmpeg's pattern: start, end, start again
+        got = [f.read(100), f.seek(-100, 2) and f.read(100), f.seek(10) and f.read(100), f.seek(-50, 2) and f.read(50)]
+    data = (raw / rel).read_bytes()
+    assert got == [data[:100], data[-100:], data[10:110], data[-50:]]
+    assert len(hub.requests("GET", ".mp4")) == 2  # the first block and the last
+
+
 def test_a_mixture_file_takes_a_repo_id(hub: HubServer, raw: Path, tmp_path: Path) -> None:
     from lerobot_shards.loader.mix.spec import load_mixture
 
@@ -177,9 +198,10 @@ def test_an_hf_url_reads_as_written(hub: HubServer, raw: Path) -> None:
     src = LeRobotV3Source("hf://datasets/me/ds@main")
     assert [e.episode_index for e in src.episodes] == [0, 1, 2, 3]
     fs, path = url_to_fs("hf://datasets/me/ds")
-    data = fs.cat_file(f"{path}/meta/info.json", start=2, end=9)
-    assert data == (raw / "meta/info.json").read_bytes()[2:9]
-    assert hub.requests("GET", "/resolve/")[-1][2] == 206  # one ranged GET
+    data = fs.cat_file(f"{path}/data/chunk-000/file-000.parquet", start=2, end=9)
+    assert data == (raw / "data/chunk-000/file-000.parquet").read_bytes()[2:9]
+    assert [s for _, _, s in hub.requests("GET", "data/chunk-000/file-000.parquet")] == [206]  # one ranged GET
+    assert fs.cat_file(f"{path}/meta/info.json", start=2, end=9) == (raw / "meta/info.json").read_bytes()[2:9]
 
 
 def test_convert_inspect_and_verify_take_a_repo_id(hub: HubServer, fixture_root: Path, tmp_path: Path) -> None:

@@ -65,6 +65,13 @@ class TokenBucket:
                 await asyncio.sleep(-self._tokens / self.rate)
 
 
+def _request_line(data: bytes) -> str:
+    """A request's first line, with its Range header if it has one (what was asked, for the log)."""
+    head = data.split(b"\r\n\r\n", 1)[0].decode("latin-1").split("\r\n")
+    ranged = [h.split(":", 1)[1].strip() for h in head[1:] if h.lower().startswith("range:")]
+    return " ".join(head[:1] + ranged)
+
+
 class ShapedProxy:
     """Forwards 127.0.0.1:``port`` to ``upstream`` with ``profile`` applied; counts bytes both ways."""
 
@@ -73,6 +80,7 @@ class ShapedProxy:
         self.bytes_down = 0  # upstream -> client (what storage delivered)
         self.bytes_up = 0
         self.requests = 0  # request bursts seen (a new request after a response began)
+        self.log: list[tuple[float, str]] = []  # (monotonic time, request line) of each request burst
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
@@ -129,6 +137,7 @@ class ShapedProxy:
                 if not asked_at:
                     asked_at.append(time.monotonic())
                     self.requests += 1
+                    self.log.append((asked_at[0], _request_line(data)))
                 await self._up.take(len(data))
                 self.bytes_up += len(data)
                 up_w.write(data)

@@ -37,6 +37,7 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from huggingface_hub import HfFileSystem, constants, get_token
@@ -52,6 +53,10 @@ REQUEST_TIMEOUT_S = 10.0  # connect and longest silence within one response (sto
 DEADLINE_S = 60.0  # one call, retries and their waits included (storage option ``deadline``)
 FIRST_BACKOFF_S = 0.5  # then doubled, at most MAX_BACKOFF_S; a Retry-After header wins
 MAX_BACKOFF_S = 8.0
+# Blocks an open file keeps: FFmpeg reads an mp4's start, its index at the end, then the frames (and
+# seeks back to them), so a single read-ahead range (HfFileSystemFile's) fetched the same bytes again
+# at every turn; 16 blocks hold a whole camera file of the usual sizes.
+FILE_BLOCKS = 16
 RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 # The HTTP client's failures worth another try, by class name: huggingface_hub 2.x uses httpx2,
 # 1.x (LeRobot 0.6.1's environment) httpx, with the same exception classes.
@@ -128,12 +133,21 @@ _listings_lock = threading.Lock()
 # Commits found to exist, by (endpoint, repo type, repo id, commit), for every instance of the process.
 _found: set[tuple[str, str, str, str | None]] = set()
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
+# The metadata files every reader of a LeRobot dataset reads right after the listing, fetched together
+# as soon as the listing names them (one round trip instead of one each, in turn), by (endpoint, hf://
+# name) with the listing's root: they are used while that listing is (forgetting it forgets them).
+METADATA = re.compile(r"^meta/(info\.json|stats\.json|tasks\.parquet|episodes/chunk-\d+/file-\d+\.parquet)$")
+METADATA_MAX_BYTES = 64 << 20  # a larger file is read when asked for, as any other
+_metadata: dict[tuple[str, str], tuple[str, Future[bytes]]] = {}
 
 
 def _after_fork() -> None:
-    """A child forked while another thread held the lock would wait on it forever: a new one."""
+    """A child forked while another thread held the lock would wait on it forever: a new one. A
+    metadata fetch still in flight has no thread in the child: it is dropped (read again if asked)."""
     global _listings_lock
     _listings_lock = threading.Lock()
+    for key in [k for k, (_, f) in _metadata.items() if not f.done()]:
+        del _metadata[key]
 
 
 os.register_at_fork(after_in_child=_after_fork)
@@ -315,6 +329,26 @@ class HubFileSystem(HfFileSystem):
                 del self.dircache[key]
             self.dircache.update(listings)
             _listings[self.endpoint, root] = listings
+            self._fetch_metadata(root, entries)
+
+    def _fetch_metadata(self, root: str, entries: list[dict[str, Any]]) -> None:
+        """Start fetching the repo's LeRobot metadata files at once (``METADATA``), for ``read_range``."""
+        wanted = [
+            f"{root}/{e['path']}"
+            for e in entries
+            if e.get("type") == "file" and METADATA.match(e["path"]) and int(e["size"]) <= METADATA_MAX_BYTES
+        ]
+        if not wanted:
+            return
+        pool = ThreadPoolExecutor(max_workers=len(wanted), thread_name_prefix="hub-metadata")
+        for path in wanted:
+            url, where = self.resolve_url(path)
+            fetch = pool.submit(self._content, url, where)
+            _metadata[self.endpoint, where] = root, fetch
+        pool.shutdown(wait=False)
+
+    def _content(self, url: str, where: str) -> bytes:
+        return bytes(self.request("GET", url, where).content)
 
     def resolve_url(self, path: str) -> tuple[str, str]:
         """(the file's ``resolve`` URL, ``hf://`` name for messages) of a dataset repo file."""
@@ -329,6 +363,9 @@ class HubFileSystem(HfFileSystem):
     def read_range(self, path: str, start: int | None, end: int | None) -> bytes:
         """Bytes [start, end) of a file in one (ranged) GET, their count checked."""
         url, where = self.resolve_url(path)
+        root, fetched = _metadata.get((self.endpoint, where), ("", None))
+        if fetched is not None and (self.endpoint, root) in _listings and fetched.exception() is None:
+            return fetched.result()[start:end]  # a failed fetch is asked again below, and fails there
         if start is None and end is None:
             return self.request("GET", url, where).content
         size = int(self.info(path)["size"])
@@ -358,6 +395,8 @@ class HubFileSystem(HfFileSystem):
         block_size = block_size if block_size is not None else self.block_size
         if block_size is not None:
             kwargs["block_size"] = block_size
+        kwargs.setdefault("cache_type", "blockcache")
+        kwargs.setdefault("cache_options", {"maxblocks": FILE_BLOCKS})
         return HubFile(self, path, mode=mode, **kwargs)
 
 
