@@ -334,6 +334,14 @@ def _frame_cache(dataset: EpisodePoolDataset | MixtureDataset, setting: str, par
 
 def _make_datasets(original: Any, run: type[_Run], argv: Sequence[str], given: Mapping[str, str]) -> Any:
     def make_train_eval_datasets(cfg: Any) -> Any:
+        if not cfg.dataset.root and getattr(cfg.dataset, "repo_type", "dataset") == "bucket":
+            print(
+                f"lerobot-shards train: --dataset.repo_type=bucket: LeRobot's own streaming dataset reads "
+                f"hf://buckets/{cfg.dataset.repo_id} (lerobot-shards does not read Storage Buckets yet)",
+                file=sys.stderr,
+                flush=True,
+            )
+            return original(cfg)
         url = dataset_url(cfg)
         state: dict[str, Any] | None = None
         state_path = Path(cfg.checkpoint_path) / "training_state" / DATA_STATE_NAME if cfg.resume else None
