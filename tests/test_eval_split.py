@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from lerobot_shards.integrations.eval_split import split_episodes
+from lerobot_shards.integrations.eval_split import eval_subset, split_episodes
 
 
 def test_the_last_episodes_of_each_first_task_are_held_out() -> None:
@@ -14,6 +14,14 @@ def test_the_last_episodes_of_each_first_task_are_held_out() -> None:
     assert split_episodes(range(7), tasks, 0.25) == ([0, 2, 3, 1], [6, 5, 4])
     assert split_episodes(range(7), tasks, 0.5) == ([0, 2, 1], [3, 6, 5, 4])
     assert split_episodes([6, 3, 2, 0], tasks, 0.25) == ([6, 3, 2], [0])  # the order given, as LeRobot's
+
+
+def test_max_eval_samples_takes_the_first_frames_of_each_task_by_task_index() -> None:
+    tasks = {3: ["b"], 5: ["a", "b"], 6: ["a"], 8: ["c"]}
+    index = {"a": 2, "b": 0, "c": 1, "d": 3}  # d: in no held-out episode
+    assert eval_subset([8, 6, 5, 3], tasks, index, 7) == (2, [(0, [3, 5]), (1, [8]), (2, [5, 6])])
+    assert eval_subset([3], tasks, index, 1) == (1, [(0, [3])])
+    assert eval_subset([3, 8], tasks, index, 1) == (1, [(0, [3]), (1, [8])])  # at least one frame per task
 
 
 def test_a_split_leaving_no_training_episode_is_refused() -> None:

@@ -1,6 +1,7 @@
 """``--dataset.eval_split``: the episodes LeRobot 0.6.1's ``make_train_eval_datasets`` holds out, from
 converted shards and from the raw source; ``lerobot-shards train`` evaluates them as LeRobot's own
-trainer does (the same eval loss, with the weights held still)."""
+trainer does (the same eval loss, with the weights held still), every held-out frame or the
+``--max_eval_samples`` subset."""
 
 from __future__ import annotations
 
@@ -61,7 +62,9 @@ def test_the_held_out_episodes_are_lerobots(written: Dataset, source: str, eval_
     assert split_episodes(sorted(tasks), tasks, eval_split) == _lerobots_split(written, eval_split)
 
 
-def test_the_eval_loss_is_lerobots(written: Dataset, tmp_path: Path) -> None:
+@pytest.mark.parametrize("max_eval_samples", [0, 5])
+def test_the_eval_loss_is_lerobots(written: Dataset, tmp_path: Path, max_eval_samples: int) -> None:
+    """Every held-out frame, or ``--max_eval_samples``: LeRobot's per-task subset of them."""
     args = [
         f"--dataset.repo_id={written.repo_id}",
         f"--dataset.root={written.raw}",
@@ -70,6 +73,7 @@ def test_the_eval_loss_is_lerobots(written: Dataset, tmp_path: Path) -> None:
         "--batch_size=8",
         "--steps=1",
         "--eval_steps=1",
+        f"--max_eval_samples={max_eval_samples}",
         "--save_checkpoint=false",
         "--num_workers=0",
         "--seed=7",
@@ -79,5 +83,7 @@ def test_the_eval_loss_is_lerobots(written: Dataset, tmp_path: Path) -> None:
     for name, cmd in (("ours", [*CLI, "train"]), ("lerobot", LEROBOT_TRAIN)):
         log = run([*cmd, *args, f"--output_dir={tmp_path / name}"], tmp_path / f"{name}.txt", env(), TIMEOUT)
         losses[name] = re.findall(r"step 1: eval_loss=([0-9.]+)", log)
-    assert "train/eval split: 1 train, 2 eval episodes" in (tmp_path / "ours.txt").read_text()
+    ours = (tmp_path / "ours.txt").read_text()
+    assert "train/eval split: 1 train, 2 eval episodes" in ours
+    assert ("frames of each of" in ours) == bool(max_eval_samples)
     assert losses["ours"] and losses["ours"] == losses["lerobot"]

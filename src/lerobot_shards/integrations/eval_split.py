@@ -30,3 +30,15 @@ def split_episodes(
     if not train:
         raise ValueError(f"eval_split={eval_split} leaves 0 training episodes from {len(episodes)} total")
     return train, held
+
+
+def eval_subset(
+    held: Sequence[int], tasks: Mapping[int, Sequence[str]], task_index: Mapping[str, int], max_eval_samples: int
+) -> tuple[int, list[tuple[int, list[int]]]]:
+    """``--max_eval_samples``: LeRobot's ``Subset`` of the held-out frames, as ``(per_task, [(task_index,
+    episodes), ...])``: ``max(1, max_eval_samples // tasks)`` frames of each task present among the
+    held-out episodes, the first in index order of the episodes holding it, tasks by ``task_index``."""
+    present = sorted({task_index[t] for e in held for t in tasks[e]})
+    per_task = max(1, max_eval_samples // max(len(present), 1))
+    by_index = {i: t for t, i in task_index.items()}
+    return per_task, [(i, [e for e in sorted(held) if by_index[i] in tasks[e]]) for i in present]

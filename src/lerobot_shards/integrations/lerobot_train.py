@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, IterableDataset
 
 from ..cpus import cores_per_rank
 from ..exceptions import LeRobotShardsError
@@ -58,7 +58,7 @@ from ..loader.decoding.decoders import MAX_AUTO_DECODE_THREADS
 from ..loader.mix.dataset import open_dataset
 from ..loader.mix.spec import is_mixture_file
 from ..loader.transport.slabs import with_slabs
-from .eval_split import split_episodes
+from .eval_split import eval_subset, split_episodes
 from .frame_cache_choice import choose_frame_cache, choose_partition
 from .train_settings import TrainSettings, resolve, split_args, usage
 
@@ -221,7 +221,7 @@ class _Run:
     loader: PositionedLoader | None = None
     resume: dict[str, Any] | None = None
     settings: TrainSettings = TrainSettings()
-    eval_dataset: EpisodePoolDataset | None = None  # the held-out episodes (--dataset.eval_split)
+    eval_dataset: EpisodePoolDataset | TaskSubset | None = None  # the held-out episodes (--dataset.eval_split)
     layout: str = ""
     frame_cache: str = ""  # what the decoded-frame cache and the partition are, and why
     cfg: Any = None  # the trainer's config, and its dataset.streaming as the user gave it
@@ -302,10 +302,11 @@ def _eval_split(url: str, cfg: Any, common: Mapping[str, Any]) -> tuple[EpisodeP
             "lerobot-shards train: --dataset.eval_split does not apply to a mixture file (hold episodes out "
             "with each source's episodes in the file)"
         )
-    if cfg.max_eval_samples > 0:
+    if cfg.max_eval_samples > 0 and _world_size() > 1:
         raise ValueError(
-            "lerobot-shards train: --max_eval_samples is not supported: the evaluation reads every held-out "
-            "frame (leave it at 0)"
+            "lerobot-shards train: --max_eval_samples takes one subset of the held-out frames, which LeRobot's "
+            "processes share batch by batch, where ours evaluate episodes of their own: evaluate every held-out "
+            "frame (leave it at 0) or run one process"
         )
     whole = EpisodePoolDataset(
         url, episodes=cfg.dataset.episodes, storage_options=common["storage_options"], cache_dir=common["cache_dir"]
@@ -464,8 +465,36 @@ def _make_datasets(original: Any, run: type[_Run], argv: Sequence[str], given: M
             )
         held_out.set_delta_timestamps(deltas, cfg.tolerance_s)
         held_out.__dict__["meta"] = meta
-        run.eval_dataset = held_out
-        return dataset, held_out
+        evaluated: EpisodePoolDataset | TaskSubset = held_out
+        if cfg.max_eval_samples > 0:
+            tasks = whole.episode_tasks()
+            per_task, plan = eval_subset(
+                held, tasks, {t: i for i, t in enumerate(whole.meta.tasks)}, cfg.max_eval_samples
+            )
+            parts = []
+            for task_index, episodes in plan:
+                part = EpisodePoolDataset(
+                    url,
+                    episodes=episodes,
+                    shuffle=False,
+                    equal_samples_per_rank=False,
+                    image_dtype=torch.uint8,
+                    tolerance_s=cfg.tolerance_s,
+                    episode_pool_size=settings.episode_pool_size,
+                    storage_options=options,
+                    cache_dir=settings.cache_dir,
+                )
+                part.set_delta_timestamps(deltas, cfg.tolerance_s)
+                parts.append((task_index, part))
+            evaluated = TaskSubset(parts, per_task, meta)
+            print(
+                f"lerobot-shards train: --max_eval_samples={cfg.max_eval_samples}: the first {per_task} held-out "
+                f"frames of each of {len(plan)} tasks, task after task (LeRobot's subset)",
+                file=sys.stderr,
+                flush=True,
+            )
+        run.eval_dataset = evaluated
+        return dataset, evaluated
 
     return make_train_eval_datasets
 
@@ -475,7 +504,11 @@ def _accelerator_class(base: type, run: type[_Run]) -> type:
         """Accelerate's Accelerator that leaves our DataLoader to us (each rank reads its own share)."""
 
         def prepare(self, *args: Any, device_placement: Any = None) -> Any:
-            ours = [isinstance(a, DataLoader) and isinstance(a.dataset, ResumableDataset) for a in args]
+            ours = [
+                isinstance(a, DataLoader)
+                and (isinstance(a.dataset, ResumableDataset) or (a.dataset is run.eval_dataset is not None))
+                for a in args
+            ]
             rest = [a for a, mine in zip(args, ours) if not mine]
             prepared: Any = super().prepare(*rest, device_placement=device_placement) if rest else ()
             if len(rest) == 1:
@@ -509,6 +542,31 @@ def _accelerator_class(base: type, run: type[_Run]) -> type:
             return tuple(out) if len(out) > 1 else out[0]
 
     return ShardsAccelerator
+
+
+class TaskSubset(IterableDataset):
+    """``--max_eval_samples``: the held-out frames LeRobot's ``Subset`` evaluates, task after task (by
+    ``task_index``), the first ``per_task`` frames of each in index order; each task's read by a
+    dataset of the held-out episodes holding it (``parts``), its other tasks' frames passed over."""
+
+    def __init__(self, parts: Sequence[tuple[int, EpisodePoolDataset]], per_task: int, meta: Any) -> None:
+        self.parts, self.per_task, self.meta = list(parts), per_task, meta
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        for task_index, part in self.parts:
+            taken = 0
+            samples = iter(part)
+            try:
+                for sample in samples:
+                    if int(sample["task_index"]) == task_index:
+                        yield sample
+                        taken += 1
+                        if taken == self.per_task:
+                            break
+            finally:
+                close = getattr(samples, "close", None)
+                if close is not None:
+                    close()
 
 
 def _collate_drops(loader: DataLoader) -> tuple[str, ...] | None:
