@@ -13,6 +13,15 @@ v3.0 folders as dataset repos on 127.0.0.1, with what the client checks:
   when unsatisfiable), headers ``X-Repo-Commit``, ``ETag``, ``X-Linked-Etag``/``X-Linked-Size`` for
   the files the Hub keeps in LFS (parquet, mp4), ``Content-Length``, ``Accept-Ranges``.
 
+Storage buckets (``add_bucket``), as ``HfFileSystem`` and our Hub file system read them:
+
+- ``GET /api/buckets/{bucket}``: bucket info;
+- ``GET /api/buckets/{bucket}/tree[/{prefix}]``: files whose path starts with the prefix (lexically, as
+  the Hub matches it), paginated as above; ``recursive=true``: files only, else files and folders one
+  level down;
+- ``HEAD``/``GET /buckets/{bucket}/resolve/{path}``: the file, ``Range`` as above (the real Hub
+  redirects to its Xet bridge; the bytes are the same).
+
 Errors as the Hub sends them (``X-Error-Code``/``X-Error-Message`` headers, which
 ``hf_raise_for_status`` reads): a missing or private repo without a token is 401 ``RepoNotFound``
 (404 with a valid token that may not see it), a token the server does not know is 401 "Invalid
@@ -88,6 +97,13 @@ class _Repo:
 
 
 @dataclass
+class _Bucket:
+    bucket_id: str
+    private: bool
+    files: dict[str, _File] = field(default_factory=dict)  # bucket path -> file
+
+
+@dataclass
 class _Failure:
     status: int
     times: int
@@ -121,6 +137,7 @@ class HubServer:
         self.bytes_per_s = 0.0  # 0: unlimited
         self.max_requests_per_s = 0.0  # 0: unlimited; beyond it 429 with Retry-After
         self._repos: dict[str, _Repo] = {}
+        self._buckets: dict[str, _Bucket] = {}
         self._failures: list[_Failure] = []
         self._log: list[tuple[str, str, int]] = []
         self._lock = threading.Lock()
@@ -153,6 +170,18 @@ class HubServer:
             repo.branches.update(dict.fromkeys(branches, commit.sha))
             repo.tags.update(dict.fromkeys(tags, commit.sha))
         return commit.sha
+
+    def add_bucket(self, bucket_id: str, folder: Path, *, prefix: str = "", private: bool = False) -> None:
+        """Put the files of ``folder`` into storage bucket ``bucket_id`` under ``prefix``."""
+        files = _snapshot(Path(folder)).files
+        with self._lock:
+            bucket = self._buckets.setdefault(bucket_id, _Bucket(bucket_id, private))
+            bucket.private = private
+            bucket.files.update({"/".join(p for p in (prefix.strip("/"), rel) if p): f for rel, f in files.items()})
+
+    def remove_from_bucket(self, bucket_id: str, path: str) -> None:
+        with self._lock:
+            del self._buckets[bucket_id].files[path]
 
     def fail(self, status: int, *, times: int = 1, path_contains: str = "", retry_after: float | None = None) -> None:
         """Answer the next ``times`` requests whose path contains ``path_contains`` with ``status``."""
@@ -234,6 +263,8 @@ _API = re.compile(
     r"^/api/datasets/(?P<repo>[^/]+/[^/]+?)(?:/(?P<op>refs|revision|tree|paths-info)(?:/(?P<rest>.*))?)?$"
 )
 _RESOLVE = re.compile(r"^/datasets/(?P<repo>[^/]+/[^/]+)/resolve/(?P<rev>[^/]+)/(?P<path>.+)$")
+_BUCKET_API = re.compile(r"^/api/buckets/(?P<bucket>[^/]+/[^/]+?)(?:/tree(?P<tree>/.*)?|(?P<tree_root>/tree))?$")
+_BUCKET_RESOLVE = re.compile(r"^/buckets/(?P<bucket>[^/]+/[^/]+)/resolve/(?P<path>.+)$")
 
 
 def _handler(server: HubServer) -> type[BaseHTTPRequestHandler]:
@@ -275,7 +306,30 @@ def _handler(server: HubServer) -> type[BaseHTTPRequestHandler]:
                 raise _Answer(failure.status, {"error": f"injected {failure.status}"}, headers)
             url = urllib.parse.urlsplit(self.path)
             query = urllib.parse.parse_qs(url.query)
-            if m := _RESOLVE.match(url.path):
+            if m := _BUCKET_RESOLVE.match(url.path):
+                bucket = self._bucket(m["bucket"])
+                f = bucket.files.get(urllib.parse.unquote(m["path"]))
+                if f is None:
+                    raise _error(404, "EntryNotFound", f"{urllib.parse.unquote(m['path'])} does not exist")
+                self._file_bytes(method, f, {"X-Xet-Hash": f.oid})
+            elif m := _BUCKET_API.match(url.path):
+                bucket = self._bucket(m["bucket"])
+                if m["tree"] is None and m["tree_root"] is None:
+                    size = sum(f.size for f in bucket.files.values())
+                    self._send(
+                        200,
+                        {
+                            "id": bucket.bucket_id,
+                            "private": bucket.private,
+                            "createdAt": "2026-01-01T00:00:00.000Z",
+                            "size": size,
+                            "totalFiles": len(bucket.files),
+                        },
+                    )
+                else:
+                    prefix = urllib.parse.unquote((m["tree"] or "").lstrip("/"))
+                    self._bucket_tree(bucket, prefix, query)
+            elif m := _RESOLVE.match(url.path):
                 repo, commit = self._open(m["repo"], urllib.parse.unquote(m["rev"]))
                 self._file(method, repo, commit, urllib.parse.unquote(m["path"]))
             elif m := _API.match(url.path):
@@ -314,6 +368,47 @@ def _handler(server: HubServer) -> type[BaseHTTPRequestHandler]:
             if commit is None:
                 raise _error(404, "RevisionNotFound", f"Invalid rev id: {revision}")
             return repo, commit
+
+        def _bucket(self, bucket_id: str) -> _Bucket:
+            """The bucket asked for, the token checked first (as ``_open``)."""
+            auth = self.headers.get("Authorization", "")
+            token = auth[len("Bearer ") :] if auth.startswith("Bearer ") else None
+            if token is not None and token not in server.tokens:
+                raise _error(401, None, INVALID_TOKEN)
+            bucket = server._buckets.get(urllib.parse.unquote(bucket_id))
+            if bucket is None or (bucket.private and token is None):
+                raise _error(401 if token is None else 404, "RepoNotFound", "Bucket not found")
+            return bucket
+
+        def _bucket_tree(self, bucket: _Bucket, prefix: str, query: dict[str, list[str]]) -> None:
+            recursive = query.get("recursive", ["false"])[0].lower() in ("1", "true")
+            entries: dict[str, dict[str, Any]] = {}
+            for path, f in sorted(bucket.files.items()):
+                if not path.startswith(prefix):
+                    continue
+                folder = prefix.rstrip("/")
+                rest = path[len(folder) + 1 :] if folder else path
+                if not recursive and "/" in rest:
+                    sub = f"{folder}/{rest.split('/')[0]}" if folder else rest.split("/")[0]
+                    entries[sub] = {"type": "directory", "path": sub, "uploadedAt": "2026-01-01T00:00:00.000Z"}
+                    continue
+                entries[path] = {
+                    "type": "file",
+                    "path": path,
+                    "size": f.size,
+                    "xetHash": f.oid,
+                    "mtime": "2026-01-01T00:00:00.000Z",
+                    "uploadedAt": "2026-01-01T00:00:00.000Z",
+                }
+            names = sorted(entries)
+            start = int(query.get("cursor", ["0"])[0])
+            headers = {}
+            if start + server.page_size < len(names):
+                params = {k: v[0] for k, v in query.items()} | {"cursor": str(start + server.page_size)}
+                host = self.headers.get("Host") or server.url.split("//", 1)[1]
+                next_url = f"http://{host}{urllib.parse.urlsplit(self.path).path}?{urllib.parse.urlencode(params)}"
+                headers["Link"] = f'<{next_url}>; rel="next"'
+            self._send(200, [entries[n] for n in names[start : start + server.page_size]], headers)
 
         def _refs(self, repo: _Repo) -> dict[str, Any]:
             def refs(names: dict[str, str], kind: str) -> list[dict[str, str]]:
@@ -369,14 +464,19 @@ def _handler(server: HubServer) -> type[BaseHTTPRequestHandler]:
             f = commit.files.get(rel)
             if f is None:
                 raise _error(404, "EntryNotFound", f"{rel} does not exist on {commit.sha}")
+            headers = {"X-Repo-Commit": commit.sha}
+            if f.sha256:
+                headers |= {"X-Linked-Etag": f'"{f.sha256}"', "X-Linked-Size": str(f.size)}
+            self._file_bytes(method, f, headers)
+
+        def _file_bytes(self, method: str, f: _File, extra: dict[str, str]) -> None:
+            """A file's bytes, or the range asked for (206; 416 when unsatisfiable)."""
             headers = {
-                "X-Repo-Commit": commit.sha,
                 "ETag": f'"{f.etag}"',
                 "Accept-Ranges": "bytes",
                 "Content-Type": "application/octet-stream",
+                **extra,
             }
-            if f.sha256:
-                headers |= {"X-Linked-Etag": f'"{f.sha256}"', "X-Linked-Size": str(f.size)}
             start, end, status = 0, f.size, 200
             if (ranged := self.headers.get("Range")) is not None:
                 m = re.fullmatch(r"bytes=(\d*)-(\d*)", ranged.strip())
@@ -455,6 +555,7 @@ def hub(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactor
     if (hub := sys.modules.get("lerobot_shards.integrations.hub")) is not None:  # a later server may get this port
         hub._listings.clear()
         hub._found.clear()
+        hub._bucket_roots.clear()
         hub.HubFileSystem.clear_instance_cache()
 
 

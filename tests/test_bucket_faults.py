@@ -19,7 +19,7 @@ from lerobot_shards.loader import EpisodePoolDataset, ReadOptions
 from lerobot_shards.loader.decoding.decoders import DecodeError, DecoderCache
 from lerobot_shards.loader.read.remote import with_timeouts
 from lerobot_shards.loader.read.sources import open_source
-from lerobot_shards.loader.read.storage import StorageLocation
+from lerobot_shards.storage import StorageLocation
 from s3_server import moto_server
 
 SECRET = "fault-test-secret-4e1b77"

@@ -13,11 +13,9 @@ from lerobot_shards.loader.options import DecodeOptions, ReadOptions
 
 ROOT = Path(lerobot_shards.loader.__file__).parent
 FIELDS = {f.name for cls in (ReadOptions, DecodeOptions) for f in dataclasses.fields(cls)}
-# (module, function, parameter) that are one value, not an option passed on: where the storage
-# location is built from the options, the cache size of a directory, a mixture's layout's dtype.
+# (module, function, parameter) that are one value, not an option passed on: the cache size of a
+# directory, a mixture's layout's dtype.
 ALLOWED = {
-    ("read/storage.py", "__init__", "storage_options"),
-    ("read/storage.py", "as_location", "storage_options"),
     ("read/shard_cache.py", "default_cache_bytes", "cache_dir"),
     ("mix/layout.py", "build_layout", "image_dtype"),
 }

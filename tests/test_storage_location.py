@@ -8,8 +8,8 @@ import pickle
 from pathlib import Path
 from typing import Any
 
-from lerobot_shards.loader.read.storage import StorageLocation
 from lerobot_shards.redaction import redact
+from lerobot_shards.storage import StorageLocation
 from lerobot_shards.timeouts import READ_TIMEOUT_S
 
 SECRET = "SECRETOFTHELOCATION"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from typing import Any
 
 import click
 
@@ -184,7 +185,7 @@ def synth(
     )
 
 
-def _storage_options(text: str | None) -> dict:
+def _storage_options(text: str | None, flag: str = "--storage-options") -> dict:
     import json
 
     from .redaction import register_secrets
@@ -194,9 +195,9 @@ def _storage_options(text: str | None) -> dict:
     try:
         value = json.loads(text)
     except json.JSONDecodeError as e:
-        raise click.BadParameter(f"not JSON ({e})", param_hint="--storage-options") from None
+        raise click.BadParameter(f"not JSON ({e})", param_hint=flag) from None
     if not isinstance(value, dict):
-        raise click.BadParameter("must be a JSON object", param_hint="--storage-options")
+        raise click.BadParameter("must be a JSON object", param_hint=flag)
     register_secrets(value)
     return value
 
@@ -228,6 +229,33 @@ _STORAGE_OPTIONS = click.option(
     metavar="JSON",
     help='fsspec options for remote URLs, e.g. \'{"client_kwargs": {"endpoint_url": "http://host:9000"}}\'.',
 )
+
+
+def _data_files_options(f: Any) -> Any:
+    """--data-files-root URL and its own --data-files-storage-options (the source's never go to it)."""
+    f = click.option(
+        "--data-files-storage-options",
+        metavar="JSON",
+        help="fsspec options for --data-files-root (the source's --storage-options are not sent there).",
+    )(f)
+    return click.option(
+        "--data-files-root",
+        metavar="URL",
+        help="Where the source's data/ and videos/ files (parquet, mp4) are, when not beside its meta/: a "
+        "bucket mirror (s3://...), hf://buckets/..., a local folder.",
+    )(f)
+
+
+def _data_files(root: str | None, options: str | None) -> Any:
+    """The data files root as one StorageLocation (None without --data-files-root)."""
+    if root is None:
+        if options:
+            raise click.BadParameter("given without --data-files-root", param_hint="--data-files-storage-options")
+        return None
+    from .storage import StorageLocation
+
+    given = _storage_options(options, "--data-files-storage-options")
+    return StorageLocation(root, _remote(root, given))
 
 
 @main.command()
@@ -315,6 +343,7 @@ _STORAGE_OPTIONS = click.option(
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Show a progress bar.")
 @_REVISION
 @_STORAGE_OPTIONS
+@_data_files_options
 def convert(
     source: str,
     dest: str,
@@ -336,6 +365,8 @@ def convert(
     progress: bool,
     revision: str | None,
     storage_options: str | None,
+    data_files_root: str | None,
+    data_files_storage_options: str | None,
 ) -> None:
     """Repack the LeRobot v3.0 dataset SOURCE (a path, an fsspec URL or a Hub dataset repo id) into episode-aligned tar shards at DEST (path or fsspec URL).
 
@@ -353,6 +384,7 @@ def convert(
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--resize") from None
     options = _storage_options(storage_options)
+    data_files = _data_files(data_files_root, data_files_storage_options)
     source = _hub_source(source, revision, options)
     try:
         convert_options = ConvertOptions(
@@ -381,6 +413,7 @@ def convert(
             overwrite=overwrite,
             source_options=_remote(source, options),
             dest_options=_remote(dest, options),
+            data_files_root=data_files,
             progress=progress,
         )
     except (ConvertError, SourceError, FormatError, ValueError) as e:
@@ -419,6 +452,7 @@ def convert(
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Show a progress bar.")
 @_REVISION
 @_STORAGE_OPTIONS
+@_data_files_options
 def verify(
     out: str,
     source: str | None,
@@ -428,12 +462,17 @@ def verify(
     progress: bool,
     revision: str | None,
     storage_options: str | None,
+    data_files_root: str | None,
+    data_files_storage_options: str | None,
 ) -> None:
     """Check a converted dataset: checksums, member offsets, frame counts, episode coverage, decoded frames."""
     from .convert.verify import verify_dataset
 
     _locations(source, out)
     options = _storage_options(storage_options)
+    data_files = _data_files(data_files_root, data_files_storage_options)
+    if data_files is not None and not source:
+        raise click.BadParameter("applies to --source", param_hint="--data-files-root")
     source = _hub_source(source, revision, options) if source else None
     try:
         report = verify_dataset(
@@ -445,6 +484,7 @@ def verify(
             source_options=_remote(source, options) if source else None,
             progress=progress,
             legacy_format=legacy_format,
+            data_files_root=data_files,
         )
     except FileNotFoundError as e:  # no such path: one line, no report of a dataset that is not there
         raise click.ClickException(str(e)) from None
@@ -491,7 +531,14 @@ def upload(out: str, url: str, workers: int, overwrite: bool, progress: bool, st
 @click.argument("path")
 @_REVISION
 @_STORAGE_OPTIONS
-def inspect_cmd(path: str, revision: str | None, storage_options: str | None) -> None:
+@_data_files_options
+def inspect_cmd(
+    path: str,
+    revision: str | None,
+    storage_options: str | None,
+    data_files_root: str | None,
+    data_files_storage_options: str | None,
+) -> None:
     """Summarise PATH, a LeRobot v3.0 dataset or a converted one: episodes, frames, cameras, codecs, shards.
 
     A mixture file (.yaml, .yml, .json): its sources, shares, samples per epoch and shared keys.
@@ -503,13 +550,16 @@ def inspect_cmd(path: str, revision: str | None, storage_options: str | None) ->
 
     _locations(path)
     options = _storage_options(storage_options)
+    data_files = _data_files(data_files_root, data_files_storage_options)
     try:
+        if data_files is not None and is_mixture_file(path):
+            raise ValueError(f"{path}: a mixture file gives each source's data_files_root itself")
         if not is_mixture_file(path):
             path = _hub_source(path, revision, options)
         if is_mixture_file(path):
             click.echo(inspect_mixture(path, storage_options=options))
         else:
-            click.echo(inspect_path(path, storage_options=_remote(path, options)))
+            click.echo(inspect_path(path, storage_options=_remote(path, options), data_files_root=data_files))
     except (SourceError, FormatError, ValueError) as e:
         raise click.ClickException(str(e)) from None
 

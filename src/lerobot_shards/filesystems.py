@@ -50,10 +50,9 @@ def url_to_fs(url: str, **storage_options: Any) -> tuple[Any, str]:
     a warm one instead (set on the instance, not in its options: pickling it for a spawned worker
     carries the options only)."""
     if fsspec.core.split_protocol(str(url))[0] == HUB_PROTOCOL:
-        from .integrations.hub import filesystem
+        from .integrations.hub import filesystem_for
 
-        hub = filesystem(storage_options)
-        return hub, hub._strip_protocol(str(url))
+        return filesystem_for(str(url), storage_options)
     fs, path = fsspec.core.url_to_fs(str(url), **storage_options)
     if _makes_own_session(fs):
         fs.session = warm_session()

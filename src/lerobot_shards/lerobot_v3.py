@@ -38,6 +38,7 @@ from .names import UnsafeNameError, check_name, check_relpath
 from .redaction import redact, without_credentials
 from .safe_io import read_small
 from .shard_plan import EpisodeSize
+from .storage import StorageLocation, as_location
 from .timeouts import bounded, open_bounded, with_timeouts
 
 log = logging.getLogger(__name__)
@@ -261,6 +262,11 @@ class LeRobotV3Source:
             ``StorageLocation``, its timeouts applied); ``storage_options`` are then unused.
         allow_missing_files: open a dataset with missing data/video files anyway (logged); an
             episode that needs one raises SourceError when it is read (so converters can skip it).
+        data_files: where the data files (``data/``, ``videos/``: parquet and mp4) are when not
+            under ``root`` (a bucket mirror ``s3://...``, ``hf://buckets/...``, a local folder): a
+            ``StorageLocation`` with its own storage options (the metadata's credentials never go
+            to it), or a URL or path opened with none. The names the metadata gives them are
+            checked as always (``_template_path``) before they are joined to it.
     """
 
     def __init__(
@@ -270,6 +276,7 @@ class LeRobotV3Source:
         storage_options: dict[str, Any] | None = None,
         allow_missing_files: bool = False,
         fs: Any = None,
+        data_files: StorageLocation | str | os.PathLike[str] | None = None,
     ) -> None:
         without_credentials(str(root))  # registers a URL's password as a secret: never printed
         if fs is None:
@@ -280,6 +287,7 @@ class LeRobotV3Source:
             path = fs._strip_protocol(str(root))
         self.fs, self.root = fs, path.rstrip("/")
         self.url = str(root)
+        self.data_files = None if data_files is None else as_location(data_files)
         self.info = self._read_info()
         self.fps = float(self.info["fps"])
         self.features: dict[str, dict[str, Any]] = self.info["features"]
@@ -300,6 +308,28 @@ class LeRobotV3Source:
 
     def _abs(self, rel: str) -> str:
         return posixpath.join(self.root, rel)
+
+    @property
+    def data_fs(self) -> Any:
+        """The file system of the data files: the metadata's, or the data files root's (this process's)."""
+        return self.fs if self.data_files is None else self.data_files.fs
+
+    @property
+    def data_root(self) -> str:
+        return self.root if self.data_files is None else self.data_files.root
+
+    @property
+    def data_url(self) -> str:
+        """The URL the data files' relative paths are joined to."""
+        return self.url if self.data_files is None else self.data_files.url.rstrip("/")
+
+    def data_path(self, rel: str) -> str:
+        """A data or video file's path in ``data_fs``."""
+        return posixpath.join(self.data_root, rel)
+
+    def data_files_note(self) -> str:
+        """For messages: where the metadata is, when the data files are elsewhere."""
+        return "" if self.data_files is None else f" (the data files root of {without_credentials(self.url)})"
 
     def _read_info(self) -> dict[str, Any]:
         where = self._abs("meta/info.json")
@@ -487,20 +517,20 @@ class LeRobotV3Source:
         sizes: dict[str, int] = {}
         # The folders the paths name (data/ and videos/ by default; info.json's templates may name others).
         for sub in sorted({"data", "videos", *(p.split("/", 1)[0] for p in needed if "/" in p)}):
-            top = self._abs(sub)
-            if bounded(self.fs, "isdir", top):
-                for path, detail in bounded(self.fs, "find", top, detail=True).items():
-                    sizes[posixpath.relpath(path, self.root)] = int(detail.get("size") or 0)
+            top = self.data_path(sub)
+            if bounded(self.data_fs, "isdir", top):
+                for path, detail in bounded(self.data_fs, "find", top, detail=True).items():
+                    sizes[posixpath.relpath(path, self.data_root)] = int(detail.get("size") or 0)
         missing = {p: ep for p, ep in needed.items() if p not in sizes}
         if missing:
-            local = "file" in protocols(self.fs)
+            local = "file" in protocols(self.data_fs)
 
             def why(rel: str) -> str:  # a file found only through a symlinked folder is not read
-                linked = local and os.path.exists(self._abs(rel))
+                linked = local and os.path.exists(self.data_path(rel))
                 return ", reached only through a symlink, which is not followed" if linked else ""
 
             listing = "; ".join(f"{p} (first needed by episode {ep}{why(p)})" for p, ep in sorted(missing.items()))
-            message = f"{self.url}: {len(missing)} missing file(s): {listing}"
+            message = f"{self.data_url}: {len(missing)} missing file(s){self.data_files_note()}: {listing}"
             if not allow_missing:
                 raise SourceError(message)
             log.warning(message)
@@ -523,7 +553,7 @@ class LeRobotV3Source:
 
     def _require_file(self, rel_path: str, episode_index: int) -> None:
         if rel_path in self.missing_files:
-            raise SourceError(f"{self._abs(rel_path)}: file not found (needed by episode {episode_index})")
+            raise SourceError(f"{self.data_path(rel_path)}: file not found (needed by episode {episode_index})")
 
     # -- public accessors -----------------------------------------------------------------------
 
@@ -543,16 +573,16 @@ class LeRobotV3Source:
     def open(self, rel_path: str) -> Any:
         """Open a file of the dataset for reading; from object storage every fetch is bounded
         (``timeouts.open_bounded``)."""
-        _regular(self.fs, self._abs(rel_path))
-        return open_bounded(self.fs, self._abs(rel_path))
+        _regular(self.data_fs, self.data_path(rel_path))
+        return open_bounded(self.data_fs, self.data_path(rel_path))
 
     def local_path(self, rel_path: str) -> str | None:
         """The file's local path when the root is on local disk, else None. A path that is not a
         regular file is refused here, before any reader opens it: a FIFO would block that forever."""
-        if "file" not in protocols(self.fs):
+        if "file" not in protocols(self.data_fs):
             return None
-        _regular(self.fs, self._abs(rel_path))
-        return self._abs(rel_path)
+        _regular(self.data_fs, self.data_path(rel_path))
+        return self.data_path(rel_path)
 
     def episode_sizes(self) -> list[EpisodeSize]:
         """Estimated shard bytes per episode, from metadata and file sizes only (for planning)."""
@@ -586,8 +616,8 @@ class LeRobotV3Source:
     def _data_file(self, rel_path: str) -> pa.Table:
         if self._data_cache is not None and self._data_cache[0] == rel_path:
             return self._data_cache[1]
-        where = self._abs(rel_path)
-        table = _read_parquet(self.fs, where)
+        where = self.data_path(rel_path)
+        table = _read_parquet(self.data_fs, where)
         missing = [k for k, v in self.features.items() if v["dtype"] != VIDEO_DTYPE and k not in table.column_names]
         if missing:
             raise SourceError(
@@ -607,7 +637,7 @@ class LeRobotV3Source:
     def read_episode_table(self, episode: EpisodeMeta | int) -> pa.Table:
         """The episode's rows in ``index`` order, with the source schema."""
         ep = self.episode(episode) if isinstance(episode, int) else episode
-        where = self._abs(ep.data_path)
+        where = self.data_path(ep.data_path)
         self._require_file(ep.data_path, ep.episode_index)
         table = self._data_file(ep.data_path)
         first = table.column("index")[0].as_py() if table.num_rows else 0
@@ -646,7 +676,7 @@ class LeRobotV3Source:
         ep = self.episode(episode) if isinstance(episode, int) else episode
         if "task_index" not in table.column_names or not table.num_rows:
             return ep.tasks
-        where = f"{self._abs(ep.data_path)}: episode {ep.episode_index}"
+        where = f"{self.data_path(ep.data_path)}: episode {ep.episode_index}"
         used = np.unique(_int64s(table.column("task_index"), f"{where}: column 'task_index'"))
         if used[0] < 0 or used[-1] >= len(self.tasks):
             bad = int(used[0] if used[0] < 0 else used[-1])
@@ -680,16 +710,16 @@ class LeRobotV3Source:
         if rel_path not in self._video_headers:
             import av
 
-            where = self._abs(rel_path)
+            where = self.data_path(rel_path)
             if local_path is None:
-                _regular(self.fs, where)
+                _regular(self.data_fs, where)
             try:
                 with contextlib.ExitStack() as stack:
                     f = (
                         local_path
                         if local_path is not None
                         else stack.enter_context(
-                            open_bounded(self.fs, self._abs(rel_path), block_size=HEADER_BLOCK_BYTES)
+                            open_bounded(self.data_fs, self.data_path(rel_path), block_size=HEADER_BLOCK_BYTES)
                         )
                     )
                     container = stack.enter_context(av.open(f))
@@ -729,7 +759,7 @@ class LeRobotV3Source:
             end = v.from_timestamp + ep.length / self.fps
             if v.from_timestamp < -slack or end > header.duration + slack:
                 raise SourceError(
-                    f"{self._abs(v.path)}: episode {ep.episode_index} field videos/{cam}/from_timestamp = "
+                    f"{self.data_path(v.path)}: episode {ep.episode_index} field videos/{cam}/from_timestamp = "
                     f"{v.from_timestamp:.4f} s plus its {ep.length} rows ends at {end:.4f} s, outside the video "
                     f"(duration {header.duration:.4f} s): the mp4 lacks frames of this episode"
                 )
@@ -762,7 +792,7 @@ class LeRobotV3Source:
             and abs(header.frames - header.duration * self.fps) > DURATION_SLACK_FRAMES
         ):
             raise SourceError(
-                f"{self._abs(rel_path)}: {at}: the mp4 holds {header.frames} frames over {header.duration:.4f} s "
+                f"{self.data_path(rel_path)}: {at}: the mp4 holds {header.frames} frames over {header.duration:.4f} s "
                 f"({header.frames / header.duration:.4g} fps), but meta/info.json has fps = {self.info['fps']!r}: "
                 "frames found at that rate would be other frames"
             )
@@ -780,7 +810,7 @@ class LeRobotV3Source:
             if other is not None:
                 first = v.first_frame(self.fps)
                 raise SourceError(
-                    f"{self._abs(v.path)}: episode {ep.episode_index} field videos/{cam}/from_timestamp = "
+                    f"{self.data_path(v.path)}: episode {ep.episode_index} field videos/{cam}/from_timestamp = "
                     f"{v.from_timestamp:.4f} s: its {ep.length} rows (field 'length') would take frames "
                     f"{first}..{first + ep.length - 1} at meta/info.json's fps {self.fps:g}, which overlap episode "
                     f"{other}'s frames in that file"

@@ -10,8 +10,10 @@ from typing import Any
 from .. import language
 from ..format import MANIFEST_NAME, SHARDS_DIR, FormatError, FrameTransform, Manifest
 from ..lerobot_v3 import LeRobotV3Source, SourceError
+from ..redaction import without_credentials
 from ..safe_io import read_sidecar
 from ..shard_plan import DEFAULT_SHARD_BYTES, plan_shards
+from ..storage import StorageLocation
 from .destination import LEROBOT_INFO, Destination
 
 
@@ -50,7 +52,8 @@ def inspect_source(source: LeRobotV3Source) -> str:
         f"  episodes {len(source.episodes)}, frames {source.total_frames}, fps {source.fps:g}, "
         f"tasks {len(source.tasks)}, robot {source.info.get('robot_type')}",
         f"  data files {len(files)} ({_mb(sum(source.file_size(p) for p in files))} MB), video files {len(videos)} "
-        f"({_mb(sum(source.file_size(p) for p in videos))} MB)",
+        f"({_mb(sum(source.file_size(p) for p in videos))} MB)"
+        + ("" if source.data_files is None else f" at {without_credentials(source.data_url)}"),
         f"  shards at the default {DEFAULT_SHARD_BYTES // 2**20} MB: {len(plan_shards(sizes))}",
         *language.describe(source.features),
         "",
@@ -145,13 +148,21 @@ def inspect_converted(dest: Destination) -> str:
     return "\n".join(lines)
 
 
-def inspect_path(path: str | Path, *, storage_options: dict[str, Any] | None = None) -> str:
-    """Summary of ``path``: a converted dataset when it has a manifest, else a LeRobot source."""
+def inspect_path(
+    path: str | Path,
+    *,
+    storage_options: dict[str, Any] | None = None,
+    data_files_root: StorageLocation | str | None = None,
+) -> str:
+    """Summary of ``path``: a converted dataset when it has a manifest, else a LeRobot source (its
+    data files at ``data_files_root`` when given: ``LeRobotV3Source``'s ``data_files``)."""
     dest = Destination(str(path), storage_options=storage_options)
     if dest.exists(MANIFEST_NAME):
+        if data_files_root is not None:
+            raise ValueError(f"{path}: a converted dataset holds its own files; --data-files-root is for a raw one")
         return inspect_converted(dest)
     if dest.exists(LEROBOT_INFO):
-        return inspect_source(LeRobotV3Source(str(path), storage_options=storage_options))
+        return inspect_source(LeRobotV3Source(str(path), storage_options=storage_options, data_files=data_files_root))
     raise SourceError(f"{path}: neither a converted dataset ({MANIFEST_NAME}) nor a LeRobot dataset (meta/info.json)")
 
 

@@ -46,6 +46,7 @@ from ..lerobot_v3 import LeRobotV3Source
 from ..redaction import quiet_storage_loggers, without_credentials
 from ..resize import resized_features
 from ..shard_plan import PlannedShard
+from ..storage import StorageLocation
 from .destination import LEROBOT_INFO, OWN_TOP_FILE, RUN_RECORD, Destination, DestinationBusy, overlap
 from .plan import DEFAULT_RUN, ConvertOptions, RunOptions, make_plan, plan_digest, task_share
 from .shard_status import shard_status
@@ -208,6 +209,7 @@ class _WorkerSetup:
     """What a spawned worker process needs to build shards, sent once when it starts."""
 
     source: tuple[str, dict[str, Any]]  # url, storage options
+    data_files: StorageLocation | None  # the source's data files root, with its own options
     dest: tuple[str, dict[str, Any]]
     options: ConvertOptions
     run: RunOptions
@@ -236,7 +238,10 @@ def _init_worker(setup: _WorkerSetup, queue: Any) -> None:
     quiet_storage_loggers()
     try:  # an initializer's error breaks the pool ("terminated abruptly"): raise it with the first task
         source = LeRobotV3Source(
-            setup.source[0], storage_options=setup.source[1], allow_missing_files=setup.run.skip_bad_episodes
+            setup.source[0],
+            storage_options=setup.source[1],
+            allow_missing_files=setup.run.skip_bad_episodes,
+            data_files=setup.data_files,
         )
         dest = Destination(setup.dest[0], storage_options=setup.dest[1])
     except Exception as e:
@@ -302,6 +307,7 @@ def _run_shards(
     queue = ctx.Queue()
     setup = _WorkerSetup(
         (source.url, source_options),
+        source.data_files,
         (dest.url, dest_options),
         options,
         run,
@@ -470,6 +476,7 @@ def convert_dataset(
     run: RunOptions | None = None,
     source_options: dict[str, Any] | None = None,
     dest_options: dict[str, Any] | None = None,
+    data_files_root: StorageLocation | str | None = None,
     **run_options: Any,
 ) -> Manifest | None:
     """Convert a LeRobot v3.0 dataset at ``source`` into tar shards at ``dest`` (both local or fsspec URLs).
@@ -479,14 +486,21 @@ def convert_dataset(
     is run. Re-running resumes. With ``num_tasks`` > 1 each task converts shards
     ``i % num_tasks == task_index``; the task that completes the plan writes the manifest and
     returns it, the others return None. ``finalize_only`` converts nothing and writes the
-    manifest (or fails naming missing shards).
+    manifest (or fails naming missing shards). ``data_files_root``: where the source's parquet and
+    mp4 files are when not beside its metadata (a ``StorageLocation`` with its own storage options,
+    or a URL or path opened with none; ``source_options`` never go to it).
     """
     if run is not None and run_options:
         raise ValueError(f"{sorted(run_options)} given as keywords and run= given too: set them in run=")
     run = run or RunOptions(**run_options)
     source_options, dest_options = source_options or {}, dest_options or {}
     options = options or ConvertOptions()
-    src = LeRobotV3Source(str(source), storage_options=source_options, allow_missing_files=run.skip_bad_episodes)
+    src = LeRobotV3Source(
+        str(source),
+        storage_options=source_options,
+        allow_missing_files=run.skip_bad_episodes,
+        data_files=data_files_root,
+    )
     _check_resize(src, options)
     plan = make_plan(src, options)
     share = task_share(plan, run.num_tasks, run.task_index)
@@ -541,6 +555,8 @@ def _refuse_source_as_output(src: LeRobotV3Source, out: Destination) -> None:
     written: shards, manifest and ``convert.json`` would be written into the user's dataset (and
     with ``--overwrite`` its files replaced), so no flag allows it."""
     relation = overlap(out.fs, out.root, src.fs, src.root)
+    if relation is None and src.data_files is not None:
+        relation = overlap(out.fs, out.root, src.data_fs, src.data_root)
     if relation is not None:
         raise ConvertError(
             f"{without_credentials(out.url)}: {relation} the source dataset {without_credentials(src.url)}; "

@@ -90,7 +90,7 @@ def parquet_bytes(table: pa.Table) -> bytes:
 
 
 def _where(source: LeRobotV3Source, rel_path: str) -> str:
-    return posixpath.join(source.url.rstrip("/"), rel_path)
+    return posixpath.join(source.data_url, rel_path)
 
 
 def _with_video(source: LeRobotV3Source, rel_path: str, fn: Callable[[Any], T]) -> T:

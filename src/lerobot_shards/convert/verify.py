@@ -51,6 +51,7 @@ from ..lerobot_v3 import LeRobotV3Source, SourceError
 from ..names import UnsafeNameError, check_name
 from ..redaction import redact
 from ..safe_io import check_local_file
+from ..storage import StorageLocation
 from ..tar_headers import TarHeaderError, member_header
 from ..timeouts import bounded, is_checksum_error, open_bounded, read_failure
 from ..video import ClipError, decode_frames, decoded_frames, probe_clip, transform_frame
@@ -550,6 +551,7 @@ def verify_dataset(
     source_options: dict[str, Any] | None = None,
     progress: bool = False,
     legacy_format: bool = False,
+    data_files_root: StorageLocation | str | None = None,
 ) -> VerifyReport:
     """Check every shard of a converted dataset; with ``source``, also coverage and decoded frames.
 
@@ -557,6 +559,7 @@ def verify_dataset(
     source's when given). Problems are collected, not raised: the report lists all of them.
     A format 1 or 2 dataset is checked, but is a problem unless ``legacy_format`` (the loader
     refuses it then too: nothing vouches that the version was not lowered by an edit).
+    ``data_files_root``: where the source's parquet and mp4 files are when not beside its metadata.
     """
     out = Destination(str(dest), storage_options=storage_options)
     report = VerifyReport(dest=out.url)
@@ -587,7 +590,7 @@ def verify_dataset(
     src = None
     if source is not None:
         try:
-            src = LeRobotV3Source(str(source), storage_options=source_options)
+            src = LeRobotV3Source(str(source), storage_options=source_options, data_files=data_files_root)
         except SourceError as e:
             report.problem(f"source: {e}")
             return report

@@ -18,8 +18,10 @@ retried with exponential backoff that honours ``Retry-After``, and each call giv
 deadline with one line naming the Hub. The whole repo tree is listed once per process (one paginated recursive listing) and kept for
 every instance's ``dircache``; DataLoader workers forked from the process that opened the dataset
 inherit it and list nothing (a spawned worker lists once more). ``cat_file`` with a range
-is one ranged GET (fsspec's default reads a 5 MB read-ahead block). Buckets (``hf://buckets/``)
-are left to ``HfFileSystem`` as it is.
+is one ranged GET (fsspec's default reads a 5 MB read-ahead block). Storage buckets
+(``hf://buckets/<namespace>/<bucket>/...``, a dataset's ``data_files_root`` say) get the same: the
+bucket's existence, its listing (the prefix first asked for, recursively, once per process: a later
+path under it lists nothing) and every ranged read are bounded and retried the same way.
 
 The token comes from where ``huggingface_hub`` looks (``HF_TOKEN``, the stored login of ``hf auth
 login``) or the storage option ``token``; it is registered with ``redaction`` and never written
@@ -42,7 +44,11 @@ from typing import Any
 
 from huggingface_hub import HfFileSystem, constants, get_token
 from huggingface_hub.errors import EntryNotFoundError
-from huggingface_hub.hf_file_system import HfFileSystemFile, HfFileSystemResolvedRepositoryPath
+from huggingface_hub.hf_file_system import (
+    HfFileSystemFile,
+    HfFileSystemResolvedBucketPath,
+    HfFileSystemResolvedRepositoryPath,
+)
 from huggingface_hub.utils import build_hf_headers, get_session
 
 from ..exceptions import LeRobotShardsError
@@ -130,6 +136,9 @@ def safe_version(repo_id: str, refs: Mapping[str, Any], target: str) -> str:
 # per thread) and every forked DataLoader worker reads them instead of listing again.
 _listings: dict[tuple[str, str], dict[str, list[dict[str, Any]]]] = {}
 _listings_lock = threading.Lock()
+# Bucket folders opened as a source or data files root (``filesystem_for``), by (endpoint, path): a
+# listing of a path inside one lists the whole folder, once, instead of each sub-folder asked for.
+_bucket_roots: set[tuple[str, str]] = set()
 # Commits found to exist, by (endpoint, repo type, repo id, commit), for every instance of the process.
 _found: set[tuple[str, str, str, str | None]] = set()
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
@@ -213,15 +222,16 @@ class HubFileSystem(HfFileSystem):
                 f"{where}: authentication error: the Hub refused the token from {token_origin(self.token)}; "
                 "check it or log in again (hf auth login)"
             )
+        bucket = where.startswith("hf://buckets/")
         if code == "RepoNotFound" or response.status_code == 401:
             return HubNotFound(
-                f"{where}: no such dataset repo on the Hub, or it is private or gated and "
+                f"{where}: no such {'bucket' if bucket else 'dataset repo'} on the Hub, or it is private or gated and "
                 f"{'no token was given (set HF_TOKEN or hf auth login)' if not self._has_token() else 'the token may not read it'}"
             )
         if code == "RevisionNotFound":
             return HubNotFound(f"{where}: no such revision in the repo (a branch, tag or commit)")
         if code == "EntryNotFound" or response.status_code == 404:
-            return HubNotFound(f"{where}: no such file in the repo")
+            return HubNotFound(f"{where}: no such file in the {'bucket' if bucket else 'repo'}")
         if response.status_code == 403:
             return HubAuthError(f"{where}: the Hub forbids it (HTTP 403: {message}); check the token's permissions")
         return HubError(f"{where}: the Hub refused the request (HTTP {response.status_code} {message})".rstrip())
@@ -263,6 +273,16 @@ class HubFileSystem(HfFileSystem):
                     _found.add((self.endpoint, *key))
         return self._repo_and_revision_exists_cache[key]
 
+    def _bucket_exists(self, bucket_id: str) -> tuple[bool, Exception | None]:
+        key = ("bucket", bucket_id, None)
+        if (self.endpoint, *key) in _found:
+            self._bucket_exists_cache[bucket_id] = True, None
+        if bucket_id not in self._bucket_exists_cache:  # a missing one raises our HubNotFound, which names it
+            self.request("GET", f"{self.endpoint}/api/buckets/{bucket_id}", f"hf://buckets/{bucket_id}")
+            self._bucket_exists_cache[bucket_id] = True, None
+            _found.add((self.endpoint, *key))
+        return self._bucket_exists_cache[bucket_id]
+
     def _ls_tree(
         self,
         path: str,
@@ -273,6 +293,11 @@ class HubFileSystem(HfFileSystem):
         maxdepth: int | None = None,
     ) -> Any:
         resolved = self.resolve_path(path, revision=revision)
+        if isinstance(resolved, HfFileSystemResolvedBucketPath):
+            self._list_bucket(resolved, refresh)
+            if resolved.unresolve() not in self.dircache:  # a file or nothing: HfFileSystem.ls asks the parent
+                raise EntryNotFoundError(resolved.unresolve())
+            return super()._ls_tree(path, recursive, False, revision, expand_info, maxdepth)
         if (
             not isinstance(resolved, HfFileSystemResolvedRepositoryPath)
             or resolved.repo_type != "dataset"
@@ -350,9 +375,69 @@ class HubFileSystem(HfFileSystem):
     def _content(self, url: str, where: str) -> bytes:
         return bytes(self.request("GET", url, where).content)
 
+    def _list_bucket(self, resolved: HfFileSystemResolvedBucketPath, refresh: bool) -> None:
+        """Everything under the bucket path into ``dircache``: one paginated recursive listing of its
+        prefix, unless a listing of this process already covers it."""
+        top = resolved.unresolve()
+        roots = [r for e, r in _bucket_roots if e == self.endpoint and top.startswith(r + "/")]
+        if roots:  # a folder inside a source opened here: the source's whole folder, listed once
+            top = max(roots, key=len)
+            root = self.resolve_path(top)
+            assert isinstance(root, HfFileSystemResolvedBucketPath)
+            resolved = root
+        with _listings_lock:
+            covering = [k for k in _listings if k[0] == self.endpoint and (top == k[1] or top.startswith(k[1] + "/"))]
+            if covering and not refresh:
+                self.dircache.update(_listings[covering[0]])
+                return
+            where = f"hf://{top}"
+            prefix = resolved.path.strip("/")
+            url: str | None = f"{self.endpoint}/api/buckets/{resolved.bucket_id}/tree" + (
+                "/" + urllib.parse.quote(prefix, safe="") if prefix else ""
+            )
+            params: dict[str, str] | None = {"recursive": "true"}
+            entries = []
+            while url is not None:
+                response = self.request("GET", url, where, params=params)
+                entries += response.json()
+                url, params = response.links.get("next", {}).get("url"), None
+            listings: dict[str, list[dict[str, Any]]] = {}
+            files = [e for e in entries if e.get("type") == "file"]
+            files = [e for e in files if not prefix or e["path"] == prefix or e["path"].startswith(prefix + "/")]
+            if any(e["path"] != prefix for e in files) or not files:
+                listings[top] = []  # a folder (or nothing: HfFileSystem's empty listing)
+            folders: set[str] = set()
+            for entry in files:
+                name = f"{resolved.root}/{entry['path']}"
+                folder = self._parent(name)
+                while folder != top and folder.startswith(top + "/") and folder not in folders:  # its folders
+                    folders.add(folder)
+                    listings.setdefault(folder, [])
+                    listings.setdefault(self._parent(folder), []).append(
+                        {"name": folder, "size": 0, "type": "directory", "uploaded_at": None}
+                    )
+                    folder = self._parent(folder)
+                listings.setdefault(self._parent(name), []).append(
+                    {
+                        "name": name,
+                        "size": int(entry["size"]),
+                        "type": "file",
+                        "xet_hash": None,  # read over HTTP ranges, never through xet
+                        "mtime": None,
+                        "uploaded_at": None,
+                    }
+                )
+            for key in [k for k in self.dircache if k == top or k.startswith(top + "/")]:
+                del self.dircache[key]
+            self.dircache.update(listings)
+            _listings[self.endpoint, top] = listings
+
     def resolve_url(self, path: str) -> tuple[str, str]:
-        """(the file's ``resolve`` URL, ``hf://`` name for messages) of a dataset repo file."""
+        """(the file's ``resolve`` URL, ``hf://`` name for messages) of a dataset repo or bucket file."""
         resolved = self.resolve_path(path)
+        if isinstance(resolved, HfFileSystemResolvedBucketPath):
+            url = f"{self.endpoint}/buckets/{resolved.bucket_id}/resolve/{urllib.parse.quote(resolved.path)}"
+            return url, f"hf://{resolved.unresolve()}"
         assert isinstance(resolved, HfFileSystemResolvedRepositoryPath)
         url = (
             f"{self.endpoint}/datasets/{resolved.repo_id}/resolve/"
@@ -383,8 +468,22 @@ class HubFileSystem(HfFileSystem):
             return super().cat_file(path, start=start, end=end, **kwargs)
         return self.read_range(path, start, end)
 
+    def exists(self, path: str, **kwargs: Any) -> bool:
+        """HfFileSystem's, except that a Hub that did not answer or refused the token is said so,
+        not taken for a missing file ("neither a converted dataset nor a LeRobot dataset")."""
+        try:
+            self.info(path, **kwargs)
+        except (HubUnavailable, HubAuthError):
+            raise
+        except OSError:
+            return False
+        return True
+
     def _is_repo_path(self, path: str) -> bool:
+        """A dataset repo's or a bucket's file: read by our bounded ranged GETs."""
         resolved = self.resolve_path(path)
+        if isinstance(resolved, HfFileSystemResolvedBucketPath):
+            return True
         return isinstance(resolved, HfFileSystemResolvedRepositoryPath) and resolved.repo_type == "dataset"
 
     def _open(
@@ -401,7 +500,7 @@ class HubFileSystem(HfFileSystem):
 
 
 class HubFile(HfFileSystemFile):
-    """A dataset-repo file read by bounded ranged GETs."""
+    """A dataset-repo or bucket file read by bounded ranged GETs."""
 
     fs: HubFileSystem
 
@@ -431,6 +530,16 @@ def filesystem(storage_options: Mapping[str, Any] | None = None) -> HubFileSyste
     HfFileSystem fills a missing one with the endpoint of import time (another server's).
     """
     return HubFileSystem(**{"endpoint": endpoint(), **dict(storage_options or {})})
+
+
+def filesystem_for(url: str, storage_options: Mapping[str, Any] | None = None) -> tuple[HubFileSystem, str]:
+    """(the Hub file system, the path in it) of an ``hf://`` URL that names a dataset (or its data
+    files): a bucket folder is remembered as one to list whole."""
+    fs = filesystem(storage_options)
+    path = str(fs._strip_protocol(url)).rstrip("/")
+    if path.startswith("buckets/") and path.count("/") > 2:
+        _bucket_roots.add((fs.endpoint, path))
+    return fs, path
 
 
 def repo_url(repo_id: str, revision: str | None = None, storage_options: Mapping[str, Any] | None = None) -> str:

@@ -31,6 +31,7 @@ from ..filesystems import resolve_source
 from ..language import is_language_feature
 from ..lerobot_v3 import IMAGE_DTYPE
 from ..resize import camera_sizes, resized_features
+from ..storage import StorageLocation
 from .augment import SampleTransforms
 from .base import ResumableDataset
 from .decoding.frame_cache import resolve_options as resolve_frame_cache
@@ -52,7 +53,6 @@ from .plan.sampling import PoolSampler
 from .plan.windows import delta_frame_offsets
 from .read.shard_cache import default_cache_bytes
 from .read.sources import EpisodeSource, ShardSource, SourceMetadata, open_source
-from .read.storage import StorageLocation
 from .stats import StatSlot
 
 
@@ -349,6 +349,12 @@ class EpisodePoolDataset(ResumableDataset):
         """The storage options sources and decoders open files with (the timeouts filled in)."""
         return dict(self.location.options) or None
 
+    @property
+    def _clips_location(self) -> StorageLocation:
+        """Where decoders open a raw dataset's mp4s: its data files root when it has one."""
+        root = self.read.data_files_root
+        return root if isinstance(root, StorageLocation) else self.location
+
     def _open_source(self) -> EpisodeSource:
         return open_source(self.location, self.read, episodes=self._episodes, metadata=self._metadata)
 
@@ -432,7 +438,7 @@ class EpisodePoolDataset(ResumableDataset):
             layout=self._layout,
             read=self.read,
             decode=self.decode,
-            location=self.location,
+            location=self._clips_location,
             equal_samples_per_rank=self._order.equal_samples_per_rank,
             rank_cores=self._rank_cores,
             stage=stage,

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from ..language import LanguageColumn
+from ..storage import StorageLocation
 from .augment import SampleTransforms
 from .decoding.decoders import DecodePool, DecoderCache, auto_decode_threads, decode_image
 from .decoding.frame_cache import FrameCache
@@ -35,7 +36,6 @@ from .plan.sampling import PoolSampler
 from .plan.windows import window_indices
 from .read.reader import EpisodeReader, ReaderClosed
 from .read.sources import EpisodeSource, ResidentEpisode
-from .read.storage import StorageLocation
 from .stats import StatSlot
 from .transport import shutdown
 from .transport.slabs import Staging

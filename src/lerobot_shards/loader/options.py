@@ -28,6 +28,7 @@ import torch
 
 from ..format import RESIZE_MODES
 from ..resize import check_mode, check_size
+from ..storage import StorageLocation, as_location
 from .transport.device import rank_device
 
 OnError = Literal["raise", "skip"]
@@ -149,9 +150,20 @@ class ReadOptions:
     # consistent goes unnoticed). Off: such a manifest is refused, so lowering the version of an
     # edited format 3 one cannot switch the checks off (``format.LEGACY_VERSIONS``).
     legacy_format: bool = False
+    # Where a raw dataset's data files (data/ and videos/: parquet, mp4) are when not beside its
+    # metadata: a bucket mirror (s3://...), hf://buckets/..., a local folder. A StorageLocation
+    # carries its own storage options (storage_options, the metadata's, never go to it); a URL or
+    # path is opened with none (credentials from the environment). Made a StorageLocation here, once.
+    data_files_root: StorageLocation | str | None = None
 
     def __post_init__(self) -> None:
         plain_numbers(self)
+        root = self.data_files_root
+        if root is not None:
+            root = os.fspath(root) if isinstance(root, os.PathLike) else root
+            if not isinstance(root, (StorageLocation, str)) or root == "":
+                raise ValueError(f"data_files_root must be a URL, a path or a StorageLocation, got {root!r}")
+            object.__setattr__(self, "data_files_root", as_location(root))
         if not isinstance(self.legacy_format, bool):
             raise ValueError(f"legacy_format must be True or False, got {self.legacy_format!r}")
         if self.storage_options is not None and not isinstance(self.storage_options, Mapping):

@@ -36,11 +36,11 @@ from ...cpus import cores_per_rank
 from ...exceptions import LeRobotShardsError
 from ...redaction import redact
 from ...resize import plan_transform
+from ...storage import StorageLocation
 from ...timeouts import READ_HINT, is_timeout, open_bounded
 from ...torch_pair import VideoDecoder, set_cuda_backend
 from ..options import DecodeOptions
 from ..read.sources import ClipRef
-from ..read.storage import StorageLocation
 from .transforms import transform_rgb
 
 if TYPE_CHECKING:

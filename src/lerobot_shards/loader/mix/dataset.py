@@ -24,6 +24,7 @@ import numpy as np
 
 from ...exceptions import LeRobotShardsError
 from ...lerobot_v3 import IMAGE_DTYPE, VIDEO_DTYPE
+from ...storage import StorageLocation
 from ..base import ResumableDataset
 from ..dataset import EpisodePoolDataset
 from ..meta import DatasetMeta, stats_to_numpy
@@ -351,6 +352,12 @@ def _open(
 ) -> EpisodePoolDataset:
     """One source's dataset: the mixture's options (their storage options for remote sources only), its
     own storage options over them, resize's camera names translated."""
+    if read.data_files_root is not None:
+        raise MixtureError(
+            "data_files_root is given per source in a mixture (MixtureSource.data_files_root), not for all of them"
+        )
+    data_files = spec.data_files_root
+    assert data_files is None or isinstance(data_files, StorageLocation)  # made one by MixtureSource
     remote = "://" in spec.source and not spec.source.startswith("file://")
     storage = {**((remote and read.storage_options) or {}), **(spec.storage_options or {})} or None
     if decode.resize:
@@ -363,7 +370,7 @@ def _open(
             rank=rank,
             world_size=world_size,
             order=order,
-            read=dataclasses.replace(read, storage_options=storage),
+            read=dataclasses.replace(read, storage_options=storage, data_files_root=data_files),
             decode=decode,
         )
     except LeRobotShardsError:

@@ -28,6 +28,7 @@ from ...exceptions import LeRobotShardsError
 from ...filesystems import hub_repo_id
 from ...format import FormatError
 from ...safe_io import read_small
+from ...storage import StorageLocation
 from ..options import check_episodes, plain_numbers
 from ..plan.order import digest
 
@@ -71,6 +72,9 @@ class MixtureSource:
     choose: int | None = None  # samples per epoch
     episodes: Sequence[int] | None = None  # subset of episode indices (default all)
     storage_options: Mapping[str, Any] | None = None  # fsspec options of this source (over the mixture's)
+    # A raw source's data files (parquet, mp4) when not beside its metadata (ReadOptions.data_files_root):
+    # a URL or path, a StorageLocation, or in a file {url: ..., storage_options: {...}} (its own options).
+    data_files_root: StorageLocation | str | Mapping[str, Any] | None = None
     key_map: Mapping[str, str] = field(default_factory=dict)  # {shared name: the source's key}
 
     def __post_init__(self) -> None:
@@ -92,6 +96,7 @@ class MixtureSource:
         object.__setattr__(self, "episodes", check_episodes(f"{where}: episodes", self.episodes))
         if self.storage_options is not None and not isinstance(self.storage_options, Mapping):
             raise ValueError(f"{where}: storage_options must be a dict, got {type(self.storage_options).__name__}")
+        object.__setattr__(self, "data_files_root", _data_files_root(where, self.data_files_root))
         if not isinstance(self.key_map, Mapping) or not all(
             isinstance(k, str) and isinstance(v, str) and k and v for k, v in self.key_map.items()
         ):
@@ -112,6 +117,24 @@ class MixtureSource:
             "episodes": None if self.episodes is None else list(self.episodes),
             "key_map": dict(sorted(self.key_map.items())),
         }
+
+
+def _data_files_root(where: str, root: Any) -> StorageLocation | None:
+    """A source's ``data_files_root`` as one ``StorageLocation`` (a mapping: its url and its own options)."""
+    if root is None or isinstance(root, StorageLocation):
+        return root
+    if isinstance(root, Mapping):
+        extra = sorted(set(root) - {"url", "storage_options"})
+        url, options = root.get("url"), root.get("storage_options")
+        if extra or not isinstance(url, str) or not url or not (options is None or isinstance(options, Mapping)):
+            raise ValueError(
+                f"{where}: data_files_root as a mapping holds url (a string) and storage_options (a dict), got "
+                f"{sorted(root)}"
+            )
+        return StorageLocation(url, options)
+    if isinstance(root, (str, os.PathLike)) and os.fspath(root):
+        return StorageLocation(root)
+    raise ValueError(f"{where}: data_files_root must be a URL or path, got {type(root).__name__}")
 
 
 @dataclass(frozen=True)
@@ -254,6 +277,11 @@ def load_mixture(path: str | os.PathLike[str]) -> Mixture:
         if isinstance(location, str) and "://" not in location and not os.path.isabs(location):
             if hub_repo_id(location, file.parent) is None:  # a Hub repo id stays one (filesystems' rule)
                 values["source"] = os.path.normpath(file.parent / location)
+        root = values.get("data_files_root")
+        url = root.get("url") if isinstance(root, Mapping) else root
+        if isinstance(url, str) and url and "://" not in url and not os.path.isabs(url):  # beside the file
+            url = os.path.normpath(file.parent / url)
+            values["data_files_root"] = {**root, "url": url} if isinstance(root, Mapping) else url
         try:
             sources.append(MixtureSource(**values))
         except ValueError as e:

@@ -35,6 +35,7 @@ from ...names import check_name
 from ...resize import feature_size
 from ...safe_io import check_local_file, read_sidecar, read_small
 from ...shard_plan import plan_shards
+from ...storage import StorageLocation, as_location
 from ...timeouts import bounded
 from ..meta import Stats, stats_to_numpy
 from ..options import ReadOptions
@@ -42,7 +43,6 @@ from ..plan.partition import ShardSpec
 from .integrity import IntegrityError, check_episode_bytes
 from .remote import LocalFile, Reader, RemoteFile, RemoteIO, close_when_open, ranged, reading, settled
 from .shard_cache import CHUNK_BYTES, CachedFile, IOCounters
-from .storage import StorageLocation, as_location
 
 log = logging.getLogger(__name__)
 # Shards opened ahead of the reader, by size: the next one, and more while they fit in this many
@@ -228,6 +228,11 @@ def _open_source(
     if isinstance(metadata, fmt.Manifest) or (
         metadata is None and bounded(fs, "exists", posixpath.join(path, fmt.MANIFEST_NAME))
     ):
+        if read.data_files_root is not None:
+            raise ValueError(
+                f"{location.url}: a converted dataset holds its own files; data_files_root applies to a raw "
+                "LeRobot v3.0 dataset only"
+            )
         return ShardSource(location, read, manifest=metadata)
     if metadata is not None or bounded(fs, "exists", posixpath.join(path, "meta/info.json")):
         return RawSource(location, read, episodes=episodes, src=metadata)
@@ -587,7 +592,9 @@ class RawSource:
         self.url = location.url.rstrip("/")
         # With a subset, only its episodes' files must exist (as LeRobot downloads only those).
         if src is None:
-            self.src = LeRobotV3Source(self.url, fs=location.fs, allow_missing_files=episodes is not None)
+            self.src = LeRobotV3Source(
+                self.url, fs=location.fs, allow_missing_files=episodes is not None, data_files=read.data_files_root
+            )
         else:  # its tables, with this process's filesystem (a forked worker may not use its parent's)
             self.src = copy.copy(src)
             self.src.fs = location.fs
@@ -597,7 +604,10 @@ class RawSource:
             missing = self.src.missing_files_for(e for e in episodes if e in known)
             if missing:
                 listing = "; ".join(f"{p} (needed by episode {ep})" for p, ep in sorted(missing.items()))
-                raise SourceError(f"{self.url}: {len(missing)} missing file(s) for the chosen episodes: {listing}")
+                raise SourceError(
+                    f"{self.src.data_url}: {len(missing)} missing file(s){self.src.data_files_note()} for the chosen "
+                    f"episodes: {listing}"
+                )
         if src is None:  # a given ``src`` was checked by the source that read it (a worker's parent)
             self._check_frames(episodes)
         plan = plan_shards(
@@ -617,8 +627,8 @@ class RawSource:
         )
         self.counters = IOCounters()
         self.remote = None
-        if read.cache_dir is not None and "file" not in protocols(self.src.fs):
-            self.remote = RemoteIO(self.url, read, self.counters)
+        if read.cache_dir is not None and "file" not in protocols(self.src.data_fs):
+            self.remote = RemoteIO(self.src.data_url, read, self.counters)  # the cache's names: the files' root
         self._files: dict[str, Future[CachedFile | None]] = {}  # mp4s downloading or held
         self._refs: dict[str, int] = {}  # resident episodes per held mp4
         self._lock = threading.Lock()  # episodes are released by the training thread
@@ -667,8 +677,8 @@ class RawSource:
 
     def _acquire(self, rel: str) -> CachedFile | None:
         assert self.remote is not None and self.remote.cache is not None
-        where = f"{self.url}/{rel}"
-        fetch = ranged(self.src.fs, posixpath.join(self.src.root, rel), where)
+        where = f"{self.src.data_url}/{rel}"
+        fetch = ranged(self.src.data_fs, self.src.data_path(rel), where)
         return self.remote.cache.acquire(fetch, f"{self.remote.prefix}/{rel}", self.src.file_size(rel), None, where)
 
     def prefetch(self, shard: int) -> None:
@@ -712,7 +722,7 @@ class RawSource:
         """Local paths of the held mp4s once downloaded; a failure names the file and the episode."""
         local = {}
         for rel, opening in held.items():
-            with reading(f"{self.url}/{rel}: episode {episode_index}"):
+            with reading(f"{self.src.data_url}/{rel}: episode {episode_index}"):
                 cached = opening.result()
                 if cached is not None:  # does not fit in the cache: decoded from storage
                     local[rel] = cached.wait()
@@ -728,13 +738,13 @@ class RawSource:
         ep = self.src.episode(episode_index)
         held = self._hold_videos(episode_index)
         files = list(held)
-        where = f"{self.url}/{ep.data_path}: episode {episode_index}"
+        where = f"{self.src.data_url}/{ep.data_path}: episode {episode_index}"
         try:
             local = self._local_videos(held, episode_index)
             self.src.read_video_headers([v.path for v in ep.videos.values()], local)
             for cam, v in ep.videos.items():  # a transport failure names the mp4; the file's own faults,
                 # named with the episode, come from the checks below (the headers are then read)
-                with reading(f"{self.url}/{v.path}: episode {episode_index} camera {cam}"):
+                with reading(f"{self.src.data_url}/{v.path}: episode {episode_index} camera {cam}"):
                     with contextlib.suppress(SourceError, FileNotFoundError):
                         self.src.video_header(v.path, local.get(v.path))
             self.src.check_episode_videos(ep, local)
@@ -746,7 +756,7 @@ class RawSource:
             raise
         clips = {}
         for cam, v in ep.videos.items():
-            url = self.src.local_path(v.path) or posixpath.join(self.url, v.path)
+            url = self.src.local_path(v.path) or posixpath.join(self.src.data_url, v.path)
             clips[cam] = ClipRef(
                 url,
                 None,

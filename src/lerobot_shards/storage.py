@@ -7,7 +7,9 @@ printed), and so does unpickling it: a spawned DataLoader worker starts with not
 Its file system is made on first use in each process, never inherited: a forked worker must not
 use its parent's (an s3fs event loop and its connections belong to the process that made them).
 Sources, the raw dataset's reader and the decoders all open files through it, so none of them
-rebuilds the storage from ``(url, storage_options)``.
+rebuilds the storage from ``(url, storage_options)``. A raw dataset whose data files (parquet, mp4)
+live apart from its metadata (``data_files_root``: a bucket mirror, a local folder) has a second
+one for them, with its own options: the converter and the loader both take it, hence top level.
 """
 
 from __future__ import annotations
@@ -16,9 +18,9 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from ...filesystems import url_to_fs
-from ...redaction import register_secrets, without_credentials
-from ...timeouts import with_timeouts
+from .filesystems import url_to_fs
+from .redaction import register_secrets, without_credentials
+from .timeouts import with_timeouts
 
 
 class StorageLocation:
