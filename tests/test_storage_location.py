@@ -1,4 +1,4 @@
-"""The storage location (loader/read/storage.py): built once, timeouts applied, secrets registered in
+"""The storage location (storage.py): built once, timeouts applied, secrets registered in
 every process it reaches, its file system never inherited across a fork."""
 
 from __future__ import annotations
