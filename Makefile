@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 DEMO   ?= out/demo
 
-.PHONY: setup demo test test-lerobot lint bench bench-convert lerobot-venv clean
+.PHONY: setup demo test test-slow test-lerobot lint bench bench-convert lerobot-venv clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	@command -v ffmpeg >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -qq ffmpeg; }
@@ -23,9 +23,14 @@ setup: $(VENV)/.installed
 demo: setup
 	$(VENV)/bin/lerobot-shards demo --out $(DEMO)
 
-## Lint (ruff, mypy) and the test suite.
+## Lint (ruff, mypy) and the test suite, less the tests marked `slow` (multi-process and fault-injection
+## runs of 10 s to a minute each: `make test-slow`, which CI runs too).
 test: setup lint
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+
+## The tests marked `slow`: gloo ranks, killed parents, paused servers, the benchmark harness end to end.
+test-slow: setup
+	$(PY) -m pytest -q -m slow $(PYTEST_ARGS)
 
 ## The suite against real LeRobot 0.6.1 (tests/lerobot) inside its Python 3.13 environment, built first
 ## when missing (tests/lerobot/env.sh: a Debian 13 root, ~10 min once, as root). Not part of `make test`.

@@ -180,6 +180,7 @@ def test_throughput_chart_has_one_labelled_bar_per_configuration_grouped_by_sour
     assert {b["style"] for b in groups[2][1]} == {"LeRobot"}
 
 
+@pytest.mark.slow
 def test_tiny_matrix_end_to_end(tmp_path: Path) -> None:
     """One source per kind (local raw, bucket converted), the limits, two batches each, in two rounds; then the summary."""
     out = tmp_path / "results"
@@ -338,6 +339,7 @@ def test_throughput_chart_shows_cold_and_warm_epochs_apart() -> None:
     assert {b["style"] for _, bs in groups[1:3] for b in bs} == {"ours warm epoch"}
 
 
+@pytest.mark.slow
 def test_tiny_frame_cache_epochs_end_to_end(tmp_path: Path) -> None:
     """A cold epoch fills the cache, the warm one after it reads every frame back: both whole, both ok,
     split into decode and cache reads; the summary holds issue 31's targets."""

@@ -74,6 +74,7 @@ def test_server_killed_mid_epoch_names_the_shard(synth_factory, tmp_path: Path) 
     assert "127.0.0.1" not in repr(ds.stats())
 
 
+@pytest.mark.slow
 def test_dead_endpoint_errors_name_the_file_and_episode_not_the_endpoint(synth_factory, tmp_path: Path) -> None:
     """Sources open on a bucket whose server then dies: a sidecar read, a shard read (ranged, or into
     the node cache), a raw dataset's episode read (mp4 into the node cache, parquet) and the decoding
@@ -133,6 +134,7 @@ def test_dead_endpoint_errors_name_the_file_and_episode_not_the_endpoint(synth_f
                 source.close()
 
 
+@pytest.mark.slow
 def test_raw_bucket_dies_mid_epoch_in_a_spawned_worker(synth_factory, tmp_path: Path) -> None:
     """A spawned DataLoader worker starts with nothing registered: it still hides the endpoint."""
     raw = synth_factory(num_episodes=6, cameras=(CAM,), length_range=(6, 9), episodes_per_data_file=1, seed=4)

@@ -261,6 +261,7 @@ def test_array_tasks_started_together_both_convert(src: Path, tmp_path: Path) ->
     assert (out / "manifest.json").is_file()
 
 
+@pytest.mark.slow
 def test_fifo_mp4_is_refused_in_one_line_not_read(src: Path, tmp_path: Path) -> None:
     fifo = src / FRONT / "file-000.mp4"
     fifo.unlink()

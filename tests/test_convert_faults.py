@@ -90,6 +90,7 @@ def test_missing_bucket_is_one_line(s3_server, source: Path) -> None:
     assert line == "Error: s3://no-such-bucket/ds: bucket 'no-such-bucket' does not exist; create it or correct the URL"
 
 
+@pytest.mark.slow
 def test_bad_endpoint_is_one_line_without_the_endpoint(source: Path, tmp_path: Path) -> None:
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
@@ -273,6 +274,7 @@ def test_a_parquet_read_timeout_is_a_storage_error_without_the_endpoint_not_a_ba
 # -- a killed parent takes its workers along ----------------------------------------------------
 
 
+@pytest.mark.slow
 def test_workers_die_with_a_killed_parent(synth_factory, tmp_path: Path) -> None:
     root = synth_factory(num_episodes=24, cameras=("cam",), length_range=(30, 40))
     out = tmp_path / "out"

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from lerobot_shards.cli import main
 
 
+@pytest.mark.slow
 def test_demo_runs_and_is_idempotent(tmp_path: Path) -> None:
     runner = CliRunner()
     args = ["demo", "--out", str(tmp_path / "demo"), "--batches", "3", "--workers", "1"]

@@ -118,6 +118,7 @@ def test_resized_with_workers_and_slabs(raw: Path, tmp_path: Path, workers: int)
     assert want[0][FRONT].shape[-2:] == (32, 48)
 
 
+@pytest.mark.slow
 def test_real_fixture_through_the_cache(fixture_root: Path, tmp_path: Path) -> None:
     opts: dict[str, Any] = {"episodes": [0], "cameras": [FRONT], "delta_timestamps": None, "image_dtype": torch.uint8}
     want = _batches(EpisodePoolDataset(str(fixture_root), **opts))
@@ -141,6 +142,7 @@ def test_a_mid_epoch_resume_through_the_cache(raw: Path, tmp_path: Path) -> None
     _same(full[cut:], _batches(resumed))
 
 
+@pytest.mark.slow
 def test_two_processes_on_one_directory_fill_each_entry_once(raw: Path, tmp_path: Path) -> None:
     """Two consumers started together on the same episodes: an entry one of them is filling is
     not filled by the other (it decodes its own samples meanwhile), so the fills the two report

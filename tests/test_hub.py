@@ -204,6 +204,7 @@ def test_an_hf_url_reads_as_written(hub: HubServer, raw: Path) -> None:
     assert fs.cat_file(f"{path}/meta/info.json", start=2, end=9) == (raw / "meta/info.json").read_bytes()[2:9]
 
 
+@pytest.mark.slow
 def test_convert_inspect_and_verify_take_a_repo_id(hub: HubServer, fixture_root: Path, tmp_path: Path) -> None:
     sha = hub.add_dataset("lerobot/so101", fixture_root)
     out = str(tmp_path / "out")

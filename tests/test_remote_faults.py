@@ -84,6 +84,7 @@ def test_timeout_defaults_are_seconds_and_overridable() -> None:
     assert with_timeouts("/local/ds", None) is None
 
 
+@pytest.mark.slow
 def test_paused_bucket_fails_naming_the_shard(own_server, synth_factory, tmp_path: Path) -> None:
     proc, opts = own_server
     raw = synth_factory(num_episodes=2, length_range=(6, 8), cameras=("observation.images.front",))
@@ -133,6 +134,7 @@ def _bucket(own_server, synth_factory, tmp_path: Path) -> tuple[dict, Path, Path
     return {**opts, "config_kwargs": FAST}, raw, out
 
 
+@pytest.mark.slow
 def test_paused_server_every_cli_command_fails_naming_the_file(own_server, synth_factory, tmp_path: Path) -> None:
     """inspect, verify, upload and convert to the bucket, all started against a paused server (at
     once, to keep the test short): each exits 1 within the guard, naming the object it waited for."""
