@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader
 from lerobot_shards.convert.plan import ConvertOptions
 from lerobot_shards.convert.run import convert_dataset
 from lerobot_shards.loader import EpisodePoolDataset, slab_loader
+from lerobot_shards.loader.decoding import frame_cache, frame_fill
 from lerobot_shards.loader.decoding.frame_cache import ALIGN, ENTRIES_DIR, FrameCache, _parse_header
 from lerobot_shards.loader.read.shard_cache import CacheDirError
 from lerobot_shards.synth import read_identity
@@ -116,6 +117,63 @@ def test_resized_with_workers_and_slabs(raw: Path, tmp_path: Path, workers: int)
         _same(want, _batches(ds, workers, slabs=True))
     assert _total(ds)["frames_decoded"] == 0
     assert want[0][FRONT].shape[-2:] == (32, 48)
+
+
+def _slab_batches(ds: EpisodePoolDataset, workers: int = 2) -> tuple[list[dict], dict[str, float]]:
+    """``_batches`` through slabs, with the workers' transport counters."""
+    loader = slab_loader(ds, batch_size=4, num_workers=workers)
+    out = [{k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in b.items()} for b in loader]
+    return out, loader.collate_fn.stats()["workers"]
+
+
+@pytest.mark.parametrize("chunk", [3, 32])
+def test_a_cold_epoch_waits_on_the_fills_and_reads_into_the_slabs(
+    raw: Path, tmp_path: Path, chunk: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every camera read of a cold epoch comes from its episode's fill (advanced to the frames a
+    sample asks for, however far ahead: ``chunk`` 3 makes most reads wait on several steps), none
+    decoded at random, and lands in its batch's slab as a warm read does: the same bits."""
+    monkeypatch.setattr(frame_fill, "FILL_CHUNK", chunk)  # the workers are forked: they see it too
+    monkeypatch.setattr(frame_fill, "STARTUP_READS", 0)  # every read waits, however far ahead
+    monkeypatch.setattr(frame_fill, "FILL_AHEAD", 0)
+    opts: dict[str, Any] = {"image_dtype": torch.uint8}
+    want = _batches(_dataset(raw, None, **opts), 2, slabs=True)
+    ds = _dataset(raw, tmp_path, **opts)
+    got, transport = _slab_batches(ds)
+    _same(want, got)
+    total = _total(ds)
+    assert total["frame_cache_misses"] == 0 and total["frames_decoded"] == 0
+    assert total["frame_cache_hits"] == 2 * total["frames_emitted"]
+    # every value given a slot was read into it (one not in its slot retires the slabs staged for
+    # batches ahead); how many get one depends on the slabs free when its sample is queued
+    assert transport["slabs_retired"] == 0 and transport["fallback_batches"] == 0
+    assert transport["staged_values"] > 0
+
+
+def test_a_fill_that_fails_falls_back_to_decoding(raw: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fill that fails mid-entry (a disk error on its second chunk) is abandoned, its partial
+    entry deleted, and the samples waiting on it decoded at emit: the same bits, in batches whose
+    layout does not change (no slab retired)."""
+    monkeypatch.setattr(frame_fill, "FILL_CHUNK", 4)
+    write = frame_cache.Fill.write
+
+    def failing(self: frame_cache.Fill, frames: torch.Tensor) -> None:
+        if self.progress > 0:
+            raise OSError(5, "injected disk error")
+        write(self, frames)
+
+    opts: dict[str, Any] = {"image_dtype": torch.uint8}
+    want = {w: _batches(_dataset(raw, None, **opts), w, slabs=True) for w in (0, 2)}
+    monkeypatch.setattr(frame_cache.Fill, "write", failing)
+    for workers in (0, 2):
+        ds = _dataset(raw, tmp_path / str(workers), **opts)
+        got, transport = _slab_batches(ds, workers) if workers else (_batches(ds, 0, slabs=True), None)
+        _same(want[workers], got)
+        total = _total(ds)
+        assert total["frame_cache_misses"] > 0 and total["frames_decoded"] > 0
+        assert total["frame_cache_fills"] == 0
+        assert glob.glob(str(tmp_path / str(workers) / ENTRIES_DIR / "*")) == []
+        assert transport is None or transport["slabs_retired"] == 0
 
 
 @pytest.mark.slow

@@ -6,8 +6,13 @@ state needs no lock. When an episode is admitted, each camera's entry is opened,
 filled; the thread fills one entry at a time, ``FILL_CHUNK`` frames in order per step, the steps
 queued between its samples' decodes (a fill never holds up the samples behind it by more than a
 chunk). A sample's frames come from the complete entry, from the part of the fill already
-written, from the fill advanced to them when they lie just ahead (sequential decoding is cheaper
-than a random access), or else are decoded as without the cache: the same bits, in the same
+written, or from the fill advanced to them there and then, however far ahead they lie: its frames
+are decoded in order once either way, so waiting on the fill costs no CPU, where decoding the
+window at random would cost 2.2-2.6 decoded frames per frame on top of the fill (only a
+consumer's first reads, ``STARTUP_READS``, decode frames far ahead at random, so that the first
+batch does not wait for whole episodes). Otherwise only a clip with
+no fill of this thread's to wait on (another consumer fills it, no room, a full disk, a decode
+error) is decoded as without the cache: the same bits, in the same
 order, whichever way they come (decoded by ``DecoderCache.uncounted``, resized by the same code).
 Another consumer filling the same entry (its lock is held) is not waited for: this one decodes
 its samples meanwhile and looks for the entry at each request.
@@ -33,7 +38,11 @@ log = logging.getLogger(__name__)
 # 480p AV1. Measured on a cold epoch: 8 left 7x more frames decoded at emit than 32 (the fills lag
 # behind emission while the pool's first episodes all fill at once), 16 3.5x.
 FILL_CHUNK = 32
-FILL_AHEAD = 2 * FILL_CHUNK  # a request this far past the fill advances it instead of decoding at random
+# A consumer's first reads (about a first batch's: 16 samples of 2 cameras) wait on a fill only
+# for frames up to FILL_AHEAD past it, and decode farther ones at random: the first batch waits
+# for a few windows, not for most of the pool's first episodes decoded in full (~1 s more).
+STARTUP_READS = 32
+FILL_AHEAD = 64
 # Clips whose episode left the pool before their fill was done are still filled (the next epoch
 # reads them), at most this many waiting per thread: each holds its clip's bytes.
 FILL_BACKLOG = 16
@@ -75,6 +84,7 @@ class FrameServer:
         # empty, so the fills of resident episodes (whose samples wait for them) come first
         self.later: deque[tuple[str, int]] = deque()
         self.counters = dict.fromkeys(COUNTERS, 0.0)
+        self.reads = 0  # camera reads asked of this thread (``STARTUP_READS``)
 
     def admit(self, clip: ClipRef, length: int, size: tuple[int, int] | None) -> None:
         """An episode's clip entered the pool: open its entry, or queue its fill."""
@@ -105,19 +115,34 @@ class FrameServer:
             if state is None or state.entry is not None:
                 self.queue.popleft()
                 continue
-            if state.fill is None:
-                try:
-                    got = self.store.begin_fill(state.key)
-                except OSError as e:  # its lock cannot be made (the directory changed under the run)
-                    self.store.full(e)
-                    got = None
-                if not isinstance(got, Fill):
-                    state.entry, state.elsewhere = got, got is None
-                    self._done(state)
-                    continue
-                state.fill = got
+            if state.fill is None and not self._begin(state):
+                continue
             self._advance(state)
             return
+
+    def _begin(self, state: _Clip) -> bool:
+        """Take the clip's fill lock: True to fill it; else (its entry was completed meanwhile,
+        another consumer fills it, fills are off) it leaves the queue."""
+        try:
+            got = self.store.begin_fill(state.key)
+        except OSError as e:  # its lock cannot be made (the directory changed under the run)
+            self.store.full(e)
+            got = None
+        if isinstance(got, Fill):
+            state.fill = got
+            return True
+        state.entry, state.elsewhere = got, got is None
+        self._done(state)
+        return False
+
+    def _fill_to(self, state: _Clip, top: int) -> None:
+        """Fill the clip's entry past frame ``top`` now, when its fill is this thread's to do
+        (queued or under way): the sample waits on the fill instead of decoding at random."""
+        ident = (state.clip.cache_key, state.clip.first_frame)
+        while state.entry is None and ident in self.queue and (state.fill is None or state.fill.progress <= top):
+            if state.fill is None and not self._begin(state):
+                return
+            self._advance(state)
 
     def drain(self) -> None:
         """Finish every fill waiting (the epoch's samples are all emitted; the next epoch reads them)."""
@@ -125,8 +150,10 @@ class FrameServer:
             self.fill_step()
 
     def _done(self, state: _Clip) -> None:
-        """The head of the queue is filled, or will not be: next; a clip whose episode left is forgotten."""
-        self.queue.popleft()
+        """The clip is filled, or will not be: out of the queue; a clip whose episode left is forgotten."""
+        ident = (state.clip.cache_key, state.clip.first_frame)
+        if ident in self.queue:
+            self.queue.remove(ident)
         if state.left:
             self._forget(state)
 
@@ -165,29 +192,32 @@ class FrameServer:
         if state.fill is not None:
             state.fill.abort()
             state.fill = None
-        if self.queue and self.clips.get(self.queue[0]) is state:
-            self._done(state)
+        self._done(state)
 
     def frames(
         self, clip: ClipRef, indices: Sequence[int], size: tuple[int, int] | None, into: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """Frames ``indices`` of the clip, uint8 (N, C, H, W): from the cache where they are
-        there (verified; read into ``into`` when it is such a tensor), else decoded
-        (``DecoderCache.frames``)."""
+        """Frames ``indices`` of the clip, uint8 (N, C, H, W), contiguous: from the cache, its fill
+        advanced to them first (verified; read into ``into`` when it is such a tensor), else
+        decoded (``DecoderCache.frames``)."""
         state = self.clips.get((clip.cache_key, clip.first_frame))
         if state is not None and state.size == size and indices:
             if state.entry is None and state.elsewhere:
                 state.entry = self.store.open(state.key)
                 state.elsewhere = state.entry is None
             top = max(int(i) for i in indices)
-            fill = state.fill
-            while fill is not None and state.fill is fill and fill.progress <= top < fill.progress + FILL_AHEAD:
-                self._advance(state)
+            self.reads += 1
+            if self.reads > STARTUP_READS or top < (state.fill.progress if state.fill else 0) + FILL_AHEAD:
+                self._fill_to(state, top)
             frames = self._read(state, indices, top, into)
             if frames is not None:
                 return frames
         self.counters["frame_cache_misses"] += 1
-        return self.decoders.frames(clip, indices, size)
+        frames = self.decoders.frames(clip, indices, size)
+        # contiguous as the cache's reads are (``into``: the caller copies them there): a batch's
+        # frames have one layout whichever way each came, or a slab transport's plan, learnt
+        # from one batch, would not fit the next (its staged slabs retired, its values copied)
+        return frames if into is not None else frames.contiguous()
 
     def _read(self, state: _Clip, indices: Sequence[int], top: int, into: torch.Tensor | None) -> torch.Tensor | None:
         source: Entry | Fill | None = state.entry
@@ -232,7 +262,7 @@ class FrameServer:
                 self._forget(self.clips[self.later.popleft()])
 
     def _forget(self, state: _Clip) -> None:
-        del self.clips[(state.clip.cache_key, state.clip.first_frame)]
+        self.clips.pop((state.clip.cache_key, state.clip.first_frame), None)
         if state.fill is not None:
             state.fill.abort()
             state.fill = None
