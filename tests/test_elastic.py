@@ -11,14 +11,16 @@ import itertools
 import random
 from pathlib import Path
 
+import numpy as np
 import pytest
 from torch.utils.data import DataLoader
 
 from lerobot_shards.loader import EpisodePoolDataset
-from lerobot_shards.loader.plan.elastic import Origin, emitted_frames, plan_elastic
+from lerobot_shards.loader.plan import elastic, progress
+from lerobot_shards.loader.plan.elastic import Origin, SubsetSampler, emitted_frames, plan_elastic
 from lerobot_shards.loader.plan.partition import Consumer, PlanOptions, ShardSpec, plan_consumer
 from lerobot_shards.loader.plan.resume import samples_to_skip
-from lerobot_shards.loader.plan.sampling import PoolSampler, consumer_rng
+from lerobot_shards.loader.plan.sampling import FILL_EVERY, UNIFORM_BLOCK, PoolSampler, consumer_rng, keyed_rng
 from lerobot_shards.synth import read_identity, synth_dataset
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create 3 worker processes")
@@ -209,3 +211,116 @@ def test_emitted_frames_read_off_the_state_equal_a_full_replay(shuffle: bool, eq
         assert {e: f for e, f in as_sets.items() if f} == slow, (case, origin)
         checked += 1
     assert checked >= 20
+
+
+def _progress_cases(count: int):
+    """Random plans (lengths, pool size, fill step) and cuts inside their first pass."""
+    rng = random.Random(11)
+    for case in range(count):
+        lengths = [rng.randint(1, 14) for _ in range(rng.randint(1, 30))]
+        if sum(lengths) > 1:
+            yield case, lengths, rng.randint(1, 7), rng.choice([0, 1, 3, FILL_EVERY]), rng.randint(1, sum(lengths) - 1)
+
+
+def _sampler_progress(lengths, pool_size, seed, skip, fill_every=FILL_EVERY, shuffle=True):
+    sampler = PoolSampler(lengths, pool_size, keyed_rng(seed), fill_every=fill_every, shuffle=shuffle)
+    sampler.skip(skip)
+    return sampler.progress()
+
+
+def _same(a, b) -> None:
+    assert a[0] == b[0] and a[1].keys() == b[1].keys()
+    assert all(np.array_equal(a[1][k], b[1][k]) for k in a[1])
+
+
+def test_the_compiled_loop_reaches_the_samplers_state() -> None:
+    """``progress._progress``, compiled and as plain Python, ends where ``PoolSampler.skip`` does: the
+    same admitted count, resident episodes and frames emitted of each, in order."""
+    kernel = progress._kernel()
+    assert kernel is not None  # numba is a dependency: the fast path is the one that runs
+    for case, lengths, pool_size, fill_every, skip in _progress_cases(150):
+        reference = _sampler_progress(lengths, pool_size, case, skip, fill_every)
+        for run in (kernel, progress._progress):
+            admitted, position, remaining, emitted, orders = run(
+                np.asarray(lengths, np.int64), pool_size, keyed_rng(case), skip, fill_every, UNIFORM_BLOCK
+            )
+            resident = {int(position[s]): orders[s][: emitted[s]] for s in range(pool_size) if remaining[s] > 0}
+            _same((admitted, resident), reference)
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_consumer_progress_equals_the_replay(monkeypatch, compiled: bool, shuffle: bool) -> None:
+    """With numba and without (the sampler replayed), shuffled and in order."""
+    if not compiled:
+        monkeypatch.setattr(progress, "_kernel", lambda: None)
+    for case, lengths, pool_size, _, skip in _progress_cases(60):
+        got = progress.consumer_progress(lengths, pool_size, keyed_rng(case), skip, shuffle=shuffle)
+        _same(got, _sampler_progress(lengths, pool_size, case, skip, shuffle=shuffle))
+    assert progress.consumer_progress([3, 4], 2, keyed_rng(0), 0) == (0, {})
+    with pytest.raises(ValueError, match=r"skip must be in \[0, 7\)"):
+        progress.consumer_progress([3, 4], 2, keyed_rng(0), 7)
+
+
+def _emitted_by_replay(shards, *, seed, epoch, options, pool_size, origin, drop_last, replay=None):
+    """The elastic resume's former ``emitted_frames``, kept as the oracle: each old consumer planned
+    on its own and its ``PoolSampler`` fast-forwarded emission by emission."""
+    assert replay is None
+    emitted: dict = {}
+    workers = max(1, origin.num_workers)
+    for rank in range(origin.world_size):
+        for w in range(workers):
+            consumer = Consumer(rank, origin.world_size, w, workers)
+            plan = plan_consumer(shards, seed=seed, epoch=epoch, consumer=consumer, options=options)
+            skip = samples_to_skip(origin.segments(), plan.rank_samples, w, drop_last)
+            rng = consumer_rng(seed, epoch, rank, w)
+            sampler = PoolSampler(plan.lengths, pool_size, rng, shuffle=options.shuffle, num_samples=plan.num_samples)
+            sampler.skip(skip)
+            if skip >= sum(plan.lengths):
+                emitted.update((e, None) for _, e in plan.episodes)
+                continue
+            admitted, partial = sampler.progress()
+            for position in range(admitted):
+                emitted[plan.episodes[position][1]] = partial.get(position)
+    return emitted
+
+
+@pytest.mark.parametrize("equal", [False, True])
+def test_summary_resume_equals_replay_resume(monkeypatch, equal: bool) -> None:
+    """Every new consumer's plan, frames and samples from the summaries equal those from replaying the
+    old consumers, on random datasets, resizes up and down (ranks and workers), cuts and batch sizes."""
+    rng, checked = random.Random(23), 0
+    for case in range(40):
+        shards = [
+            ShardSpec(i, tuple(range(4 * i, 4 * i + 4)), tuple(rng.randint(1, 12) for _ in range(4)))
+            for i in range(rng.randint(1, 6))
+        ]
+        old, new = (rng.randint(1, 4), rng.randint(0, 3)), (rng.randint(1, 4), rng.randint(0, 3))
+        options = PlanOptions(shuffle=rng.random() < 0.8, equal_samples_per_rank=equal)
+        batch, pool_size = rng.randint(1, 5), rng.randint(1, 4)
+        try:
+            batches = min(
+                -(-n // batch)
+                for c in (Consumer(r, old[0], 0, max(1, old[1])) for r in range(old[0]))
+                for n in [sum(plan_consumer(shards, seed=case, epoch=0, consumer=c, options=options).rank_samples)]
+            )
+        except ValueError:  # equal-count mode refuses consumers without frames
+            continue
+        origin = Origin(old[0], old[1], rng.randint(0, batches), batch)
+        kwargs = dict(seed=case, epoch=0, options=options, pool_size=pool_size, origin=origin, drop_last=False)
+        for index in range(new[0] * max(1, new[1])):
+            consumer = Consumer(index // max(1, new[1]), new[0], index % max(1, new[1]), max(1, new[1]))
+            try:
+                fast = plan_elastic(shards, consumer=consumer, **kwargs)
+            except ValueError as error:  # equal counts but a new consumer without remaining frames
+                assert "needs remaining frames on every consumer" in str(error)
+                break
+            with monkeypatch.context() as patched:
+                patched.setattr(elastic, "_emitted_frames_cached", _emitted_by_replay)
+                slow = plan_elastic(shards, consumer=consumer, **kwargs)
+            assert fast.plan == slow.plan and fast.loads == slow.loads, (case, consumer)
+            assert [list(f) for f in fast.frames] == [list(f) for f in slow.frames], (case, consumer)
+            samplers = [SubsetSampler(p, pool_size, seed=case, epoch=0, shuffle=options.shuffle) for p in (fast, slow)]
+            assert list(samplers[0]) == list(samplers[1])
+            checked += 1
+    assert checked >= 40

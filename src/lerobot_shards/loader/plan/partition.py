@@ -15,6 +15,7 @@ node reads in every epoch, while the ranks of each node still see other episodes
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import itertools
 from collections.abc import Callable, Sequence
@@ -405,15 +406,31 @@ def plan_consumer(
     is needed across ranks or workers. With ``options.nodes`` > 1 each node's consumers share
     that node's fixed part (``node_parts``), laid out anew every epoch.
     """
-    per_node = ranks_per_node(consumer.world_size, options.nodes) * consumer.num_workers
+    plans = plan_consumers(
+        shards,
+        seed=seed,
+        epoch=epoch,
+        world_size=consumer.world_size,
+        num_workers=consumer.num_workers,
+        options=options,
+    )
+    plan = plans[consumer.index]
+    return dataclasses.replace(plan, warnings=tuple(plan_warnings(shards, plans)))
+
+
+def plan_consumers(
+    shards: Sequence[ShardSpec], *, seed: int, epoch: int, world_size: int, num_workers: int, options: PlanOptions
+) -> list[ConsumerPlan]:
+    """Every consumer's plan for ``epoch`` (rank-major, ``Consumer.index``) from one layout, without
+    warnings: an elastic resume plans every old consumer, and one layout each would cost
+    consumers x shards."""
+    first = Consumer(0, world_size, 0, num_workers)
+    per_node = ranks_per_node(world_size, options.nodes) * num_workers
     parts = node_parts(shards, options.nodes, seed=seed, shuffle=options.shuffle)
     units = node_layout(parts, per_node, seed=seed, epoch=epoch, shuffle=options.shuffle)
-    pieces = [s for mine in units for s in mine]
-    shard_frames = [s.frames for s in pieces]
-    starts = [0, *itertools.accumulate(len(mine) for mine in units)]
-    assignment = [list(range(a, b)) for a, b in itertools.pairwise(starts)]
+    loads = [sum(s.frames for s in mine) for mine in units]
     if options.equal_samples_per_rank:
-        if not all(consumer_frames(assignment, shard_frames)):
+        if not all(loads):
             fewest = min(sum(len(s.episodes) for s in part) for part in parts)
             if options.nodes > 1:
                 raise ValueError(
@@ -422,24 +439,37 @@ def plan_consumer(
                     f"equal-count mode: use fewer DataLoader workers, partition='global', or "
                     f"equal_samples_per_rank=False"
                 )
-            raise ValueError(too_few_episodes(sum(len(s.episodes) for s in shards), consumer))
-        counts = [equal_sample_count(assignment, shard_frames)] * len(assignment)
+            raise ValueError(too_few_episodes(sum(len(s.episodes) for s in shards), first))
+        counts = [sum(loads) // len(loads)] * len(loads)
     else:
-        counts = consumer_frames(assignment, shard_frames)
-    mine = units[consumer.index]
-    first = consumer.rank * consumer.num_workers
-    return ConsumerPlan(
-        consumer=consumer,
-        episodes=tuple((s.index, e) for s in mine for e in s.episodes),
-        lengths=tuple(n for s in mine for n in s.lengths),
-        num_samples=counts[consumer.index],
-        rank_samples=tuple(counts[first : first + consumer.num_workers]),
-        warnings=tuple(
-            assignment_warnings(
-                assignment,
-                shard_frames,
-                slack=max((n for s in shards for n in s.lengths), default=0),
-                episode_lengths=[n for s in shards for n in s.lengths],
-            )
-        ),
+        counts = loads
+    return [
+        ConsumerPlan(
+            consumer=Consumer(index // num_workers, world_size, index % num_workers, num_workers),
+            episodes=tuple((s.index, e) for s in mine for e in s.episodes),
+            lengths=tuple(n for s in mine for n in s.lengths),
+            num_samples=counts[index],
+            rank_samples=tuple(counts[index - index % num_workers : index - index % num_workers + num_workers]),
+            warnings=(),
+        )
+        for index, mine in enumerate(units)
+    ]
+
+
+def plan_warnings(shards: Sequence[ShardSpec], plans: Sequence[ConsumerPlan]) -> list[str]:
+    """``assignment_warnings`` of every consumer's plan (idle or unbalanced consumers), its pieces of
+    shards being the runs of one shard in its reading order."""
+    assignment: list[list[int]] = []
+    piece_frames: list[int] = []
+    for plan in plans:
+        mine = []
+        for _, run in itertools.groupby(zip(plan.episodes, plan.lengths), key=lambda item: item[0][0]):
+            mine.append(len(piece_frames))
+            piece_frames.append(sum(n for _, n in run))
+        assignment.append(mine)
+    return assignment_warnings(
+        assignment,
+        piece_frames,
+        slack=max((n for s in shards for n in s.lengths), default=0),
+        episode_lengths=[n for s in shards for n in s.lengths],
     )

@@ -16,7 +16,7 @@ import numpy as np
 PARTITION_STREAM = 0x5041_5254  # "PART"
 SAMPLER_STREAM = 0x5341_4D50  # "SAMP"
 
-_UNIFORM_BLOCK = 1024  # uniforms drawn per refill: one numpy call instead of one per emission
+UNIFORM_BLOCK = 1024  # uniforms drawn per refill: one numpy call instead of one per emission
 # A pass starts with one resident episode and admits one more every FILL_EVERY emissions until
 # the pool is full: the first batch then waits for one episode's bytes, not the whole pool's.
 FILL_EVERY = 8
@@ -212,7 +212,7 @@ class PoolSampler(Iterator[Emission]):
 
     def _uniform(self) -> float:
         if self._uniform_cursor == len(self._uniforms):
-            self._uniforms = self._rng.random(_UNIFORM_BLOCK)
+            self._uniforms = self._rng.random(UNIFORM_BLOCK)
             self._uniform_cursor = 0
         u = self._uniforms[self._uniform_cursor]
         self._uniform_cursor += 1
