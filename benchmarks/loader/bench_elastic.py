@@ -1,24 +1,28 @@
-"""Elastic resume's replay cost on large metadata: seconds and peak memory per frame.
+"""Elastic resume's start-up cost on large metadata: seconds per new consumer at 1M, 10M and 100M frames.
 
-    .venv/bin/python benchmarks/loader/bench_elastic.py                       # 1k, 10k, 100k episodes
-    .venv/bin/python benchmarks/loader/bench_elastic.py --episodes 1000 --tag quick
+    .venv/bin/python benchmarks/loader/bench_elastic.py                        # 1M, 10M, 100M frames
+    .venv/bin/python benchmarks/loader/bench_elastic.py --frames 1000000 --tag quick
 
-A resume under another world size or worker count (``loader/plan/elastic.py``) recomputes the frames
-the interrupted run emitted by replaying every old consumer's sampler (``emitted_frames``), then
-lays the rest out over the new consumers (``plan_elastic``). Every new consumer does this at its
-``__iter__``, on tables alone, before its first sample, so its cost is start-up time and memory of
-each DataLoader worker. This measures both on synthetic metadata (no video): episodes of
-``--length-range`` frames in shards of ``--episodes-per-shard``, an interrupted run of
-``--from-layout`` (world size x workers) stopped ``--fraction`` of the way through its epoch,
-resumed as ``--to-layout``. Time is measured without tracing; peak memory of Python objects in a
-second pass under ``tracemalloc`` (which slows that pass down). Writes
-``results/elastic[-TAG].{json,md}`` and prints the table.
+A resume under another world size or worker count (``loader/plan/elastic.py``) finds where every
+old consumer stopped (``emitted_frames``: each one's plan, from one layout, and its sampler's state
+at the cut, ``plan/progress.py``), then lays the rest out over the new consumers (``plan_elastic``).
+Every new consumer does this at its ``__iter__``, on tables alone, before its first sample, so its
+cost is start-up time and memory of each DataLoader worker. This measures both on synthetic
+metadata (no video: ``plan/`` is pure): episodes of ``--length-range`` frames in shards of
+``--episodes-per-shard``, an interrupted run of ``--from-layout`` (world size x workers) stopped
+``--fraction`` of the way through its epoch, resumed as ``--to-layout``. The former way, every old
+consumer planned alone and its ``PoolSampler`` fast-forwarded sample by sample (the tests' oracle),
+runs beside it up to ``--replay-up-to`` frames (interleaved: replay, summary, per size). numba's
+compile is excluded (done once before, and cached on disk after the first run on a machine);
+its cached load is reported. Peak memory of Python objects is measured in a second pass under
+``tracemalloc``. Writes ``results/elastic[-TAG].{json,md}`` and prints the table.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import time
 import tracemalloc
@@ -28,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from lerobot_shards.loader.plan import elastic, progress
 from lerobot_shards.loader.plan.elastic import Origin, emitted_frames, plan_elastic
 from lerobot_shards.loader.plan.partition import Consumer, PlanOptions, ShardSpec, plan_consumer
 
@@ -48,10 +53,11 @@ def _layout(text: str) -> tuple[int, int]:
     return world, workers
 
 
-def _timed(fn: Callable[[], Any]) -> tuple[Any, float]:
-    start = time.perf_counter()
+def _timed(fn: Callable[[], Any]) -> tuple[Any, float, float]:
+    """``fn()``, its wall seconds and this process's CPU seconds (the machine is shared: CPU is the steadier)."""
+    start, cpu = time.perf_counter(), time.process_time()
     out = fn()
-    return out, time.perf_counter() - start
+    return out, time.perf_counter() - start, time.process_time() - cpu
 
 
 def _peak_bytes(fn: Callable[[], Any]) -> int:
@@ -64,10 +70,12 @@ def _peak_bytes(fn: Callable[[], Any]) -> int:
         tracemalloc.stop()
 
 
-def measure(args: argparse.Namespace, episodes: int) -> dict[str, Any]:
-    """One dataset size: replay (``emitted_frames``) and one new consumer's whole plan (``plan_elastic``)."""
-    shards = make_shards(episodes, args.length_range, args.episodes_per_shard, args.seed)
-    frames = sum(s.frames for s in shards)
+def measure(args: argparse.Namespace, frames: int) -> dict[str, Any]:
+    """One dataset size: one new consumer's whole plan (``plan_elastic``), by summaries and, up to
+    ``--replay-up-to`` frames, by replay; the emitted frames of both compared."""
+    mean = sum(args.length_range) / 2
+    shards = make_shards(round(frames / mean), args.length_range, args.episodes_per_shard, args.seed)
+    total = sum(s.frames for s in shards)
     options = PlanOptions(shuffle=True, equal_samples_per_rank=False)
     world, workers = args.from_layout
     rank_samples = sum(
@@ -78,70 +86,88 @@ def measure(args: argparse.Namespace, episodes: int) -> dict[str, Any]:
     new_world, new_workers = args.to_layout
     consumer = Consumer(0, new_world, 0, new_workers)
 
-    def replay() -> dict[int, np.ndarray | None]:
-        return emitted_frames(shards, **common)
-
     def plan() -> Any:
+        elastic._emitted_frames_cached.cache_clear()  # a new consumer's process: nothing planned yet
         return plan_elastic(shards, consumer=consumer, **common)
 
-    emitted, replay_s = _timed(replay)
-    elastic, plan_s = _timed(plan)
-    replay_peak, plan_peak = _peak_bytes(replay), _peak_bytes(plan)
+    def replayed() -> Any:
+        kernel, progress._kernel = progress._kernel, lambda: None  # PoolSampler.skip, sample by sample
+        try:
+            return plan()
+        finally:
+            progress._kernel = kernel
+
+    row: dict[str, Any] = {"episodes": sum(len(s.episodes) for s in shards), "shards": len(shards), "frames": total}
+    if total <= args.replay_up_to:
+        slow, replay_s, replay_cpu = _timed(replayed)
+        row.update(replay_s=round(replay_s, 2), replay_cpu_s=round(replay_cpu, 2))
+    result, summary_s, summary_cpu = _timed(plan)
+    if total <= args.replay_up_to:
+        assert result == slow, "the summaries and the replay disagree"
+    emitted = emitted_frames(shards, **common)
     lengths = {e: n for s in shards for e, n in zip(s.episodes, s.lengths)}
-    done = sum(lengths[e] if v is None else len(v) for e, v in emitted.items())  # None: emitted whole
-    return {
-        "episodes": episodes,
-        "shards": len(shards),
-        "frames": frames,
-        "emitted_frames": done,
-        "batches_consumed_per_rank": origin.batches_consumed,
-        "replay_s": round(replay_s, 3),
-        "plan_elastic_s": round(plan_s, 3),
-        "plan_elastic_us_per_frame": round(plan_s / frames * 1e6, 3),
-        "replay_peak_mb": round(replay_peak / 2**20, 1),
-        "plan_elastic_peak_mb": round(plan_peak / 2**20, 1),
-        "plan_elastic_peak_bytes_per_frame": round(plan_peak / frames, 1),
-        "consumer_samples": elastic.plan.num_samples,
-    }
+    row.update(
+        emitted_frames=sum(lengths[e] if v is None else len(v) for e, v in emitted.items()),  # None: whole
+        batches_consumed_per_rank=origin.batches_consumed,
+        seconds_per_consumer=round(summary_s, 2),
+        cpu_seconds_per_consumer=round(summary_cpu, 2),
+        cpu_ns_per_frame=round(summary_cpu / total * 1e9, 1),
+        peak_mb=round(_peak_bytes(plan) / 2**20, 1),
+        consumer_samples=result.plan.num_samples,
+    )
+    if "replay_s" in row:
+        row["cpu_speedup"] = round(replay_cpu / summary_cpu, 1)
+    return row
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--episodes", default="1000,10000,100000", help="dataset sizes, in episodes")
-    ap.add_argument("--length-range", type=lambda t: tuple(int(x) for x in t.split(",")), default=(10, 50))
-    ap.add_argument("--episodes-per-shard", type=int, default=50)
+    ap.add_argument("--frames", default="1000000,10000000,100000000", help="dataset sizes, in frames")
+    ap.add_argument("--length-range", type=lambda t: tuple(int(x) for x in t.split(",")), default=(200, 400))
+    ap.add_argument("--episodes-per-shard", type=int, default=10)
     ap.add_argument("--from-layout", type=_layout, default=(8, 4), help="interrupted run: WORLDxWORKERS")
     ap.add_argument("--to-layout", type=_layout, default=(4, 2), help="resumed run: WORLDxWORKERS")
     ap.add_argument("--fraction", type=float, default=0.5, help="how far through the epoch the run stopped")
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--pool-size", type=int, default=8)
+    ap.add_argument("--replay-up-to", type=int, default=10_000_000, help="frames up to which the replay runs too")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tag", default="", help="results/elastic-TAG.* instead of results/elastic.*")
     args = ap.parse_args()
 
+    load_start = time.perf_counter()
+    assert progress._kernel() is not None, "numba is not installed: the summaries would replay"
+    progress.consumer_progress([2, 3], 2, np.random.default_rng(0), 1)  # compiled, or loaded from numba's cache
+    kernel_s = time.perf_counter() - load_start
     rows = []
-    for episodes in (int(x) for x in args.episodes.split(",")):
-        rows.append(measure(args, episodes))
+    for frames in (int(x) for x in args.frames.split(",")):
+        rows.append(measure(args, frames))
         print(json.dumps(rows[-1]), flush=True)
     (fw, fn), (tw, tn) = args.from_layout, args.to_layout
+    load = os.getloadavg()
     lines = [
-        f"# Elastic resume: replay cost ({fw}x{fn} -> {tw}x{tn} consumers, stopped at {args.fraction:.0%} of the "
-        f"epoch, batch {args.batch_size}, pool {args.pool_size}, episodes of {args.length_range[0]}-"
-        f"{args.length_range[1]} frames, {args.episodes_per_shard} per shard; {platform.machine()}, shared machine)",
+        f"# Elastic resume: seconds per new consumer ({fw}x{fn} -> {tw}x{tn} consumers, stopped at "
+        f"{args.fraction:.0%} of the epoch, batch {args.batch_size}, pool {args.pool_size}, episodes of "
+        f"{args.length_range[0]}-{args.length_range[1]} frames, {args.episodes_per_shard} per shard; "
+        f"{platform.machine()}, {os.cpu_count()} cores, load average {load[0]:.1f} at the end: shared machine)",
         "",
-        "| episodes | frames | emitted | replay s | plan_elastic s | us per frame | peak MB | bytes per frame |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"numba's compiled loop loaded in {kernel_s:.2f} s (once per process; the first run on a machine compiles it).",
+        "",
+        "| frames | episodes | emitted | per consumer: wall s | CPU s | CPU ns per frame | replay: wall s | CPU s "
+        "| CPU speedup | peak MB |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     lines += [
-        f"| {r['episodes']:,} | {r['frames']:,} | {r['emitted_frames']:,} | {r['replay_s']:.2f} | "
-        f"{r['plan_elastic_s']:.2f} | {r['plan_elastic_us_per_frame']:.2f} | {r['plan_elastic_peak_mb']:.1f} | "
-        f"{r['plan_elastic_peak_bytes_per_frame']:.0f} |"
+        f"| {r['frames']:,} | {r['episodes']:,} | {r['emitted_frames']:,} | {r['seconds_per_consumer']:.2f} | "
+        f"{r['cpu_seconds_per_consumer']:.2f} | {r['cpu_ns_per_frame']:.0f} | {r.get('replay_s', '-')} | "
+        f"{r.get('replay_cpu_s', '-')} | {r.get('cpu_speedup', '-')} | {r['peak_mb']:.1f} |"
         for r in rows
     ]
     name = f"elastic-{args.tag}" if args.tag else "elastic"
     RESULTS.mkdir(parents=True, exist_ok=True)
     settings = {k: list(v) if isinstance(v, tuple) else v for k, v in vars(args).items()}
-    (RESULTS / f"{name}.json").write_text(json.dumps({"settings": settings, "rows": rows}, indent=1) + "\n")
+    meta = {"kernel_load_s": round(kernel_s, 2), "load_average": [round(x, 1) for x in load]}
+    (RESULTS / f"{name}.json").write_text(json.dumps({"settings": settings, **meta, "rows": rows}, indent=1) + "\n")
     (RESULTS / f"{name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
