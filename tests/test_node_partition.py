@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from torch.utils.data import DataLoader
 
+from lerobot_shards.cpus import local_world_size
 from lerobot_shards.loader import EpisodePoolDataset, MixtureDataset
 from lerobot_shards.loader.mix.spec import Mixture, MixtureSource
 from lerobot_shards.loader.plan.partition import Consumer, PlanOptions, ShardSpec, node_parts, plan_consumer
@@ -95,7 +96,7 @@ def raw(tmp_path_factory) -> Path:
     )
 
 
-def _dataset(root: Path, rank: int, world: int = WORLD, local: int = LOCAL, **kwargs) -> EpisodePoolDataset:
+def _dataset(root: Path, rank: int, world: int = WORLD, local: int | None = LOCAL, **kwargs) -> EpisodePoolDataset:
     kwargs.setdefault("cameras", [])
     kwargs.setdefault("equal_samples_per_rank", False)
     return EpisodePoolDataset(
@@ -203,6 +204,51 @@ def test_a_global_state_without_nodes_still_resumes(raw: Path) -> None:
 def test_local_world_size_that_does_not_divide_the_world_is_named(raw: Path) -> None:
     with pytest.raises(ValueError, match=r"local_world_size ranks, but 3 \(given\) does not divide world_size=4"):
         _dataset(raw, 0, 4, 3)
+
+
+SLURM = ("SLURM_LOCALID", "SLURM_NODEID", "SLURM_STEP_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE", "LOCAL_WORLD_SIZE")
+
+
+@pytest.mark.parametrize(
+    ("env", "want"),
+    [
+        ({}, None),
+        ({"LOCAL_WORLD_SIZE": "4", "SLURM_LOCALID": "0", "SLURM_NTASKS_PER_NODE": "2"}, (4, "LOCAL_WORLD_SIZE")),
+        ({"SLURM_NTASKS_PER_NODE": "2"}, None),  # a batch script, not a task srun started
+        ({"SLURM_LOCALID": "1", "SLURM_NTASKS_PER_NODE": "2"}, (2, "SLURM_NTASKS_PER_NODE")),
+        (
+            {
+                "SLURM_LOCALID": "0",
+                "SLURM_NODEID": "3",
+                "SLURM_STEP_TASKS_PER_NODE": "2(x3),1",
+                "SLURM_NTASKS_PER_NODE": "2",
+            },
+            (1, "SLURM_STEP_TASKS_PER_NODE"),
+        ),
+    ],
+)
+def test_the_ranks_per_node_come_from_torchrun_or_an_srun_task(
+    env: dict[str, str], want: tuple[int, str] | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in SLURM:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert local_world_size() == want
+
+
+def test_srun_tasks_group_ranks_into_nodes_and_a_bad_count_is_named(raw: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in SLURM:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("SLURM_LOCALID", "0")
+    monkeypatch.setenv("SLURM_NTASKS_PER_NODE", "2")
+    assert _dataset(raw, 0, 4, None).epoch_order.nodes == 2
+    monkeypatch.setenv("SLURM_NTASKS_PER_NODE", "3")
+    with pytest.raises(ValueError, match=r"but 3 \(SLURM_NTASKS_PER_NODE\) does not divide world_size=4"):
+        _dataset(raw, 0, 4, None)
+    monkeypatch.setenv("SLURM_NTASKS_PER_NODE", "two")
+    with pytest.raises(ValueError, match=r"environment variable SLURM_NTASKS_PER_NODE='two' is not a count of ranks"):
+        _dataset(raw, 0, 4, None)
 
 
 def test_a_mixture_refuses_the_node_partition_in_one_line(raw: Path) -> None:

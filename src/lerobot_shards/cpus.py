@@ -12,11 +12,45 @@ def usable_cpus() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+def local_world_size() -> tuple[int, str] | None:
+    """The ranks on this node as their launcher tells them, and the variable that told: torchrun's
+    ``LOCAL_WORLD_SIZE``; else, in a task ``srun`` started (``SLURM_LOCALID`` set: not a batch
+    script, whose allocation may hold tasks it never starts), its step's tasks on this node
+    (``SLURM_STEP_TASKS_PER_NODE``, as ``2(x3),1``: this node's by ``SLURM_NODEID``), else
+    ``SLURM_NTASKS_PER_NODE``; None when none says. A value that is not a count raises, naming it."""
+    env = os.environ
+    if env.get("LOCAL_WORLD_SIZE", "").strip():
+        return _count("LOCAL_WORLD_SIZE", env["LOCAL_WORLD_SIZE"]), "LOCAL_WORLD_SIZE"
+    if not env.get("SLURM_LOCALID", "").strip():
+        return None
+    for name in ("SLURM_STEP_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE"):
+        text = env.get(name, "").strip()
+        if not text:
+            continue
+        per_node: list[str] = []
+        for part in text.split(","):  # "2(x3),1": 2 tasks on each of 3 nodes, then 1
+            count, _, times = part.partition("(x")
+            per_node += [count] * (_count(name, times.rstrip(")"), text) if times else 1)
+        node = _count("SLURM_NODEID", env.get("SLURM_NODEID", "0") or "0", zero=True)
+        return _count(name, per_node[min(node, len(per_node) - 1)], text), name
+    return None
+
+
+def _count(name: str, text: str, whole: str | None = None, zero: bool = False) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < (0 if zero else 1):
+        raise ValueError(f"environment variable {name}={whole or text!r} is not a count of ranks")
+    return value
+
+
 def cores_per_rank() -> int:
     """This rank's share of the node's cores, which sizes its decode threads and workers.
 
     The cores its launcher (the rank's parent process: torchrun, slurmstepd, a shell) may use are
-    shared by the ``LOCAL_WORLD_SIZE`` ranks it started (one when unset), and a rank never counts
+    shared by the ``local_world_size()`` ranks it started (one when unknown), and a rank never counts
     more than its own mask: torchrun pins nothing, so its ranks split its mask (the whole node, or
     a SLURM allocation, ``taskset`` or container cpuset around it); ``srun --cpu-bind`` or
     ``taskset`` per rank give each rank a mask of its own; NUMA binding gives ranks a node's
@@ -29,9 +63,10 @@ def cores_per_rank() -> int:
     """
     own = usable_cpus()
     try:
-        ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-    except ValueError:
-        ranks = 1
+        found = local_world_size()
+    except ValueError:  # said where the dataset is built (its node partition); here: one rank
+        found = None
+    ranks = 1 if found is None else found[0]
     if ranks == 1:
         return own
     launcher = _launcher_cpus(os.getpid())

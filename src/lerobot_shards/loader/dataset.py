@@ -27,6 +27,7 @@ import pyarrow.compute  # noqa: F401  (pa.compute)
 import torch
 
 from ..cpus import cores_per_rank
+from ..cpus import local_world_size as launcher_local_world_size
 from ..filesystems import resolve_source
 from ..language import is_language_feature
 from ..lerobot_v3 import IMAGE_DTYPE
@@ -476,18 +477,20 @@ def _distributed(rank: int | None, world_size: int | None) -> tuple[int, int]:
 
 def _nodes(partition: str, world_size: int, local_world_size: int | None) -> int:
     """Nodes of a node-sticky partition (1 for the global one): ``world_size // local_world_size``,
-    the ranks per node as given, else ``LOCAL_WORLD_SIZE``, else 1."""
+    the ranks per node as given, else as the launcher says (``cpus.local_world_size``: torchrun's
+    ``LOCAL_WORLD_SIZE``, an srun task's SLURM variables), else 1."""
     if local_world_size is not None and (
         isinstance(local_world_size, bool) or not isinstance(local_world_size, numbers.Integral)
     ):
         raise ValueError(f"local_world_size must be an int, got {local_world_size!r}")
     if partition != "node":
         return 1
-    local = int(local_world_size) if local_world_size is not None else _env_int("LOCAL_WORLD_SIZE", 1)
+    found = (int(local_world_size), "given") if local_world_size is not None else launcher_local_world_size()
+    local, told = found if found is not None else (1, "no LOCAL_WORLD_SIZE nor srun task")
     if local < 1 or world_size % local:
         raise ValueError(
             f"partition='node' groups ranks into nodes of local_world_size ranks, but {local} "
-            f"({'given' if local_world_size is not None else 'LOCAL_WORLD_SIZE'}) does not divide world_size={world_size}"
+            f"({told}) does not divide world_size={world_size}"
         )
     return world_size // local
 
