@@ -94,9 +94,18 @@ def _json_value(value: Any, stored_as_json: bool) -> Any:
     """A ``tool_calls`` entry as datasets' ``Json`` feature decodes it."""
     if value is None:
         return None
-    if stored_as_json:
-        return json.loads(value)
+    if stored_as_json:  # the text as datasets decodes it: pandas' ujson_loads, whose floats may differ
+        parsed = json.loads(value)  # from Python's in the last bit (it reads them imprecisely)
+        return _ujson_loads(value) if _has_float(parsed) else parsed
     return _ujson_round(value)
+
+
+def _ujson_loads(text: str) -> Any:
+    try:
+        from pandas.io.json import ujson_loads
+    except ImportError:
+        return json.loads(text)
+    return ujson_loads(text)
 
 
 def _ujson_round(value: Any) -> Any:
