@@ -1,35 +1,62 @@
 """Training throughput with LeRobot 0.6.1's own trainer: ``lerobot-train`` on LeRobot's dataset against
-``lerobot-shards train`` on the same data converted to shards; same policy, batch size, workers, CPU.
+``lerobot-shards train`` on the same data converted to shards; same policy, batch size, seed, CPU.
 
 Runs inside the LeRobot environment (tests/lerobot/env.sh), from the repository root::
 
     PYTHONPATH=$PWD/src bash tests/lerobot/env.sh run $PWD -- benchmarks/train_throughput.py
 
 The data: a synthetic LeRobot v3.0 dataset with the weight of real footage (``synth --texture
-realistic``, two 640x480 AV1 cameras at LeRobot's g=2, crf=30, about 21 KB a frame), built once under
-``data/train-throughput/`` with its stream-copied conversion. The policy: a small Diffusion policy
-whose encoder sees an 84x84 crop, so the step is bound by reading and decoding two past frames of
-two cameras per sample rather than by the model, which is where a loader shows.
+realistic``: two 640x480 AV1 cameras at LeRobot's g=2, crf=30, about 21 KB a frame), 4 episodes of
+30-40 frames, built once under ``data/train-throughput/`` with its stream-copied conversion. It is
+small so that every run of 24 steps spans more than one epoch (1.6 for Diffusion, 1.3 for ACT): ``lerobot-shards train`` turns its decoded-frame cache on by itself, so its first epoch
+decodes and fills the cache and the later ones read it, as in a real training run. Each run gets a
+``$TMPDIR`` of its own, so each starts with an empty cache; the first epoch is reported apart.
+
+The policies, small so that a step is bound by the data, not the model (the loader is what is
+measured; on a GPU the model's share shrinks further):
+- Diffusion: two past frames of each camera per sample, its encoder (a ResNet18 with group norm)
+  sees an 84x84 random crop of each, the U-Net is narrow (``down_dims=[32,64]``).
+- ACT: one frame of each camera per sample and a 10-step action chunk, a 1-layer 32-wide
+  transformer. ACT's image encoder is a ResNet18 over each whole frame (no crop option, and its
+  config accepts ResNets only): at 640x480 its forward and backward cost 1.6-1.8 CPU s per frame
+  here, 3.5 s per sample, which would measure the ResNet, not the data. So its ``input_features``
+  leave the cameras out and give it an environment state instead (``observation.state`` copied as
+  ``observation.environment_state``, ``add_environment_state``: ACT needs an image or one): both
+  trainers still read, decode and (with transforms on) augment both cameras of every sample, as in
+  any ACT run (LeRobot's dataset and ours return every camera a dataset holds).
+Image transforms on is ``--dataset.image_transforms.enable=true``: LeRobot's default set (three of
+brightness, contrast, saturation, hue, sharpness and affine per camera value), applied per sample
+in LeRobot's DataLoader workers and in ours (seeded per sample, bit-identical to LeRobot's).
+
+Loader layouts: ``lerobot-train`` with ``--num_workers`` (default 2, its best on 2 cores);
+``lerobot-shards train`` without ``--num_workers``, so in the layout it picks by itself (printed in
+its log and recorded).
 
 Measured from the first log window's line to the last one's (``--log-freq`` steps each; the first
-window, with worker start-up and the first decoders, is left out), as each line arrives: wall-clock
-steps/s and samples/s, and the CPU seconds the whole process tree (trainer and DataLoader workers)
-spent per sample, which a shared machine's load disturbs less. LeRobot's own per-window averages
-(``updt_s``, ``data_s``) are kept too. Runs alternate between the two trainers (``--repeats``) and
-the load average is recorded around each: the machine is shared.
-Results: ``benchmarks/results/train_throughput.json``.
+window, with start-up and the first decoders, is left out), as each line arrives: wall-clock
+samples/s, and the CPU seconds the whole process tree (trainer and DataLoader workers) spent per
+sample, read from /proc at each line: on a shared machine, load moves it least. The epoch that
+holds the first window's end is "the first epoch" (its windows are reported apart: cold cache for
+ours); "later epochs" are the windows after it. The load average is recorded around each run.
+Runs alternate: for each repeat, each policy and transforms setting, LeRobot's run then ours, so a
+change in the machine's load falls on both. Figures are medians over the repeats.
+Results: ``benchmarks/results/train_throughput.json`` and ``train_throughput.md``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import re
+import shutil
+import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -38,60 +65,111 @@ REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "data/train-throughput"
 RESULTS = REPO / "benchmarks/results/train_throughput.json"
 SYNTH = dict(
-    num_episodes=8,
+    num_episodes=4,
     cameras=("observation.images.front", "observation.images.top"),
     height=480,
     width=640,
-    length_range=(150, 250),
+    length_range=(30, 40),
     codec="av1",
     gop=2,
     crf=30,
     texture="realistic",
-    episodes_per_video_file=8,  # one mp4 per camera, as LeRobot writes a dataset this small
-    episodes_per_data_file=8,
+    episodes_per_video_file=4,  # one mp4 per camera, as LeRobot writes a dataset this small
+    episodes_per_data_file=4,
     seed=0,
 )
-# A small Diffusion policy (tests/lerobot/test_train.py trains a like one on 48x64 frames); its encoder
-# sees an 84x84 random crop of each 480x640 frame, so the model's cost stays below the loader's.
-POLICY = {
-    "type": "diffusion",
-    "n_obs_steps": 2,
-    "horizon": 16,
-    "n_action_steps": 8,
-    "down_dims": "[32,64]",
-    "diffusion_step_embed_dim": 32,
-    "spatial_softmax_num_keypoints": 8,
-    "crop_shape": "[84,84]",
-    "use_group_norm": "true",
-    "pretrained_backbone_weights": "null",
+ENV = "observation.environment_state"  # ACT's model input in place of its cameras (see above)
+POLICIES: dict[str, dict[str, str]] = {
+    "diffusion": {
+        "type": "diffusion",
+        "n_obs_steps": "2",
+        "horizon": "16",
+        "n_action_steps": "8",
+        "down_dims": "[32,64]",
+        "diffusion_step_embed_dim": "32",
+        "spatial_softmax_num_keypoints": "8",
+        "crop_shape": "[84,84]",
+        "use_group_norm": "true",
+        "pretrained_backbone_weights": "null",
+    },
+    "act": {
+        "type": "act",
+        "dim_model": "32",
+        "n_heads": "2",
+        "dim_feedforward": "64",
+        "n_encoder_layers": "1",
+        "n_decoder_layers": "1",
+        "n_vae_encoder_layers": "1",
+        "latent_dim": "8",
+        "chunk_size": "10",
+        "n_action_steps": "10",
+        "pretrained_backbone_weights": "null",
+        "input_features": json.dumps(
+            {"observation.state": {"type": "STATE", "shape": [6]}, ENV: {"type": "ENV", "shape": [6]}}
+        ),
+    },
 }
+DROP_N_LAST = {"diffusion": 7, "act": 0}  # LeRobot's EpisodeAwareSampler never samples these
 WINDOW = re.compile(r"step:(\d+)\s.*?updt_s:([\d.]+)\s+data_s:([\d.]+)")
 
 
-def datasets() -> tuple[Path, Path]:
-    """The raw dataset and its conversion (built on first use; a build killed half-way is redone)."""
+def datasets() -> tuple[Path, Path, list[int]]:
+    """The raw dataset, its conversion and its episode lengths (built on first use, and again when
+    SYNTH changed or a build was killed half-way)."""
     from lerobot_shards.convert.run import convert_dataset
     from lerobot_shards.synth import synth_dataset
 
-    raw, shards = DATA / "raw", DATA / "shards"
-    if not (raw / "meta/info.json").is_file():
-        import shutil
-
+    raw, shards, stamp = DATA / "raw", DATA / "shards", DATA / "synth.json"
+    wanted = json.dumps({**SYNTH, "added": ENV}, sort_keys=True)
+    if not (raw / "meta/info.json").is_file() or not stamp.is_file() or stamp.read_text() != wanted:
         shutil.rmtree(DATA, ignore_errors=True)
         print(f"building {raw} (once)", flush=True)
         synth_dataset(raw, workers=os.cpu_count() or 1, **SYNTH)  # type: ignore[arg-type]
+        add_environment_state(raw)
     if not (shards / "manifest.json").is_file():
         print(f"converting into {shards} (once)", flush=True)
         convert_dataset(raw, shards, progress=False)
-    return raw, shards
+    stamp.write_text(wanted)
+    import pyarrow.parquet as pq
+
+    episodes = pq.read_table(next((raw / "meta/episodes").rglob("*.parquet")), columns=["length"])
+    return raw, shards, [int(n) for n in episodes.column("length").to_pylist()]
 
 
-def tree_cpu_s(proc: Any) -> float:
-    """CPU seconds (user + system) of a process and every descendant, live or reaped."""
+def add_environment_state(raw: Path) -> None:
+    """``observation.state`` copied as ``observation.environment_state`` (values, schema, stats), so
+    ACT can train without its cameras: it needs an image or an environment state."""
+    import pyarrow.parquet as pq
+
+    for name in ("info.json", "stats.json"):
+        meta = json.loads((raw / "meta" / name).read_text())
+        table = meta["features"] if name == "info.json" else meta
+        table[ENV] = table["observation.state"]
+        (raw / "meta" / name).write_text(json.dumps(meta, indent=4))
+    for path in (raw / "data").rglob("*.parquet"):
+        data = pq.read_table(path)
+        hf = json.loads(data.schema.metadata[b"huggingface"])
+        hf["info"]["features"][ENV] = hf["info"]["features"]["observation.state"]
+        data = data.append_column(ENV, data["observation.state"])
+        pq.write_table(data.replace_schema_metadata({b"huggingface": json.dumps(hf).encode()}), path)
+    for path in (raw / "meta/episodes").rglob("*.parquet"):
+        episodes = pq.read_table(path)
+        for column in [c for c in episodes.column_names if c.startswith("stats/observation.state/")]:
+            episodes = episodes.append_column(column.replace("observation.state", ENV), episodes[column])
+        pq.write_table(episodes, path)
+
+
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) of a process and every descendant, live or reaped (a reaped
+    child's time is in its parent's children_* fields)."""
     import psutil
 
     total = 0.0
-    for p in [proc, *proc.children(recursive=True)]:
+    try:
+        root = psutil.Process(pid)
+    except psutil.NoSuchProcess:  # exited and reaped: no figure for a line read after that
+        return math.nan
+    for p in [root, *root.children(recursive=True)]:
         try:
             t = p.cpu_times()
         except psutil.NoSuchProcess:
@@ -100,18 +178,15 @@ def tree_cpu_s(proc: Any) -> float:
     return total
 
 
-def run_one(trainer: str, root: Path, out: Path, args: argparse.Namespace) -> dict[str, Any]:
-    """One training run, measured between its first and last log windows: wall clock per step (read as
-    each window's log line arrives), CPU seconds of the whole process tree, and LeRobot's own averages."""
-    import psutil
-
+def command(trainer: str, policy: str, transforms: bool, root: Path, out: Path, args: argparse.Namespace) -> list[str]:
     cmd = [sys.executable, "-m", "lerobot.scripts.lerobot_train" if trainer == "lerobot" else "lerobot_shards.cli"]
     if trainer != "lerobot":
         cmd.append("train")
     cmd += [
         "--dataset.repo_id=local/train-throughput",
         f"--dataset.root={root}",
-        *(f"--policy.{k}={v}" for k, v in POLICY.items()),
+        f"--dataset.image_transforms.enable={str(transforms).lower()}",
+        *(f"--policy.{k}={v}" for k, v in POLICIES[policy].items()),
         "--policy.device=cpu",
         "--policy.push_to_hub=false",
         f"--batch_size={args.batch_size}",
@@ -122,132 +197,225 @@ def run_one(trainer: str, root: Path, out: Path, args: argparse.Namespace) -> di
         "--wandb.enable=false",
         f"--output_dir={out}",
     ]
-    if args.num_workers is not None and trainer != "lerobot-shards-auto":
+    if trainer == "lerobot":
         cmd.append(f"--num_workers={args.num_workers}")
-    environ = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled", "HF_LEROBOT_HOME": str(DATA / "home")}
+    return cmd
+
+
+def _end_session_after(proc: subprocess.Popen[str]) -> None:
+    proc.wait()
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def segment(marks: list[tuple[int, float, float]], batch: int) -> dict[str, float] | None:
+    """samples/s and CPU s per sample between the first and the last of ``marks`` (step, wall, CPU)."""
+    if len(marks) < 2:
+        return None
+    (s0, t0, c0), (s1, t1, c1) = marks[0], marks[-1]
+    samples = (s1 - s0) * batch
+    return {"steps": s1 - s0, "samples_per_s": samples / (t1 - t0), "cpu_s_per_sample": (c1 - c0) / samples}
+
+
+def run_one(
+    trainer: str, policy: str, transforms: bool, root: Path, epoch_steps: int, args: argparse.Namespace, tag: str
+) -> dict[str, Any]:
+    """One training run, measured between its first and last log windows, and the first epoch apart."""
+    out = DATA / "runs" / tag
+    shutil.rmtree(out.parent / f"{tag}.tmp", ignore_errors=True)
+    shutil.rmtree(out, ignore_errors=True)
+    tmp = out.parent / f"{tag}.tmp"  # a $TMPDIR of its own: the frame cache starts empty
+    tmp.mkdir(parents=True)
+    environ = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "WANDB_MODE": "disabled",
+        "HF_LEROBOT_HOME": str(DATA / "home"),
+        "TMPDIR": str(tmp),
+    }
     load_before = os.getloadavg()
     started = time.monotonic()
-    marks: list[tuple[int, float, float, float, float]] = []  # step, wall, tree CPU, LeRobot's updt_s, data_s
+    marks: list[tuple[int, float, float]] = []  # step, wall, tree CPU
+    lerobot_avg: list[tuple[float, float]] = []  # LeRobot's own updt_s, data_s per window
     log = []
-    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=environ) as proc:
-        tree = psutil.Process(proc.pid)
+    cmd = command(trainer, policy, transforms, root, out, args)
+    popen = dict(stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=environ, start_new_session=True)
+    with subprocess.Popen(cmd, **popen) as proc:  # type: ignore[call-overload]
+        # Once the trainer exits, whatever it left behind (DataLoader workers orphaned by a crash hold
+        # the log pipe open and spin) goes with it: its own session, ended by id.
+        threading.Thread(target=_end_session_after, args=(proc,), daemon=True).start()
         assert proc.stdout is not None
         for line in proc.stdout:
             log.append(line)
             window = WINDOW.search(line)
-            if window:
-                step, updt, data = int(window[1]), float(window[2]), float(window[3])
-                marks.append((step, time.monotonic(), tree_cpu_s(tree), updt, data))
+            if window and not math.isnan(cpu := tree_cpu_s(proc.pid)):
+                marks.append((int(window[1]), time.monotonic(), cpu))
+                lerobot_avg.append((float(window[2]), float(window[3])))
             if time.monotonic() - started > args.timeout:
                 proc.kill()
         rc = proc.wait()
     wall = time.monotonic() - started
     text = "".join(log)
-    (out.parent / f"{out.name}.log").write_text(text)
+    (out.parent / f"{tag}.log").write_text(text)
+    shutil.rmtree(tmp, ignore_errors=True)
     if rc != 0:
-        raise SystemExit(f"{trainer} exited {rc}; log tail:\n{text[-3000:]}")
-    if len(marks) < 2:
-        raise SystemExit(f"{trainer}: fewer than two log windows in its log:\n{text[-3000:]}")
-    (s0, t0, c0, _, _), (s1, t1, c1, _, _) = marks[0], marks[-1]  # the first window holds the start-up
-    steps = s1 - s0
-    steady = marks[1:]
+        raise SystemExit(f"{tag} exited {rc}; log tail:\n{text[-3000:]}")
+    steady = segment(marks, args.batch_size)
+    if steady is None:
+        raise SystemExit(f"{tag}: fewer than two log windows in its log:\n{text[-3000:]}")
+    first_end = max(epoch_steps, marks[0][0])  # the epoch holding the first window's end
+    first = [m for m in marks if m[0] <= first_end]
+    later = [m for m in marks if m[0] >= first_end]
     layout = re.search(r"num_workers=\d+(?: \(given\))?, decode[ _]threads[ =]\w+", text)
+    cache = re.search(r"frame cache[^\n]*", text)
     return {
         "trainer": trainer,
-        "dataset_root": str(root),
-        "measured_steps": f"{s0 + 1}-{s1}",
-        "steps_per_s": steps / (t1 - t0),
-        "samples_per_s": steps * args.batch_size / (t1 - t0),
-        "cpu_s_per_sample": (c1 - c0) / (steps * args.batch_size),
-        "lerobot_step_s": statistics.fmean(u + d for _, _, _, u, d in steady),  # LeRobot's updt_s + data_s
-        "lerobot_data_s": statistics.fmean(d for _, _, _, _, d in steady),
-        "windows": [{"step": s, "updt_s": u, "data_s": d} for s, _, _, u, d in marks],
+        "policy": policy,
+        "transforms": transforms,
+        "measured_steps": f"{marks[0][0] + 1}-{marks[-1][0]}",
+        **steady,
+        "first_epoch": segment(first, args.batch_size),
+        "later_epochs": segment(later, args.batch_size),
+        "lerobot_data_s": statistics.fmean(d for _, d in lerobot_avg[1:]),  # its own per-window averages
+        "lerobot_updt_s": statistics.fmean(u for u, _ in lerobot_avg[1:]),
         "wall_s": wall,
         "loadavg_before": load_before,
         "loadavg_after": os.getloadavg(),
         **({"layout": layout.group(0)} if layout else {}),
+        **({"frame_cache": cache.group(0)} if cache and trainer != "lerobot" else {}),
     }
 
 
-def summarize(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per trainer: medians over its runs, its best run, and every run's samples/s (a shared machine
-    swings runs with DataLoader workers by several times: the spread is part of the figure)."""
-    summary = {}
-    for trainer in dict.fromkeys(r["trainer"] for r in runs):
-        mine = [r for r in runs if r["trainer"] == trainer]
-        summary[trainer] = {
-            "samples_per_s": statistics.median(r["samples_per_s"] for r in mine),
-            "samples_per_s_best": max(r["samples_per_s"] for r in mine),
-            "samples_per_s_runs": [round(r["samples_per_s"], 2) for r in mine],
-            "steps_per_s": statistics.median(r["steps_per_s"] for r in mine),
-            "cpu_s_per_sample": statistics.median(r["cpu_s_per_sample"] for r in mine),
-            "lerobot_data_s": statistics.median(r["lerobot_data_s"] for r in mine),
-        }
-    return summary
+def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per policy and transforms setting: each trainer's medians over its runs, every run's figure
+    (the spread is part of the result on a shared machine), and ours over LeRobot's."""
+    rows = []
+    for policy, transforms in dict.fromkeys((r["policy"], r["transforms"]) for r in runs):
+        row: dict[str, Any] = {"policy": policy, "transforms": transforms}
+        for trainer in ("lerobot", "lerobot-shards"):
+            mine = [r for r in runs if (r["policy"], r["transforms"], r["trainer"]) == (policy, transforms, trainer)]
+            if not mine:
+                continue
+            later = [r["later_epochs"]["samples_per_s"] for r in mine if r["later_epochs"]]
+            row[trainer] = {
+                "samples_per_s": statistics.median(r["samples_per_s"] for r in mine),
+                "samples_per_s_runs": [round(r["samples_per_s"], 2) for r in mine],
+                "cpu_s_per_sample": statistics.median(r["cpu_s_per_sample"] for r in mine),
+                "cpu_s_per_sample_runs": [round(r["cpu_s_per_sample"], 3) for r in mine],
+                "first_epoch_samples_per_s": statistics.median(
+                    r["first_epoch"]["samples_per_s"] for r in mine if r["first_epoch"]
+                )
+                if any(r["first_epoch"] for r in mine)
+                else None,
+                "later_epochs_samples_per_s": statistics.median(later) if later else None,
+                "loadavg_1min": [round(r["loadavg_before"][0], 1) for r in mine],
+            }
+        if "lerobot" in row and "lerobot-shards" in row:
+            ours, theirs = row["lerobot-shards"], row["lerobot"]
+            row["ratio_samples_per_s"] = ours["samples_per_s"] / theirs["samples_per_s"]
+            row["ratio_cpu_s_per_sample"] = theirs["cpu_s_per_sample"] / ours["cpu_s_per_sample"]
+        rows.append(row)
+    return rows
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=60)
-    parser.add_argument("--log-freq", type=int, default=10)
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--num-workers", type=int, default=2, help="both trainers; -1: each its default")
-    parser.add_argument("--repeats", type=int, default=2, help="runs of each trainer, alternating")
-    parser.add_argument(
-        "--with-auto-layout",
-        action="store_true",
-        help="also lerobot-shards train without --num_workers (its own choice)",
-    )
-    parser.add_argument("--timeout", type=float, default=1800)
-    parser.add_argument("--out", type=Path, default=RESULTS)
-    args = parser.parse_args()
-    if args.num_workers < 0:
-        args.num_workers = None
-    import lerobot  # noqa: F401  (fails here, not in the first run, outside the LeRobot environment)
+def table(rows: list[dict[str, Any]], record: dict[str, Any]) -> str:
+    """The summary as markdown: one line per policy and transforms setting."""
+    lines = [
+        "# LeRobot 0.6.1's trainer: `lerobot-shards train` over `lerobot-train`",
+        "",
+        f"{record['date']}; {record['machine']['cpus']} CPUs; load average (1 min) {record['load_range']} "
+        f"during the runs; {record['config']['repeats']} runs of each case, interleaved; medians. "
+        "`benchmarks/train_throughput.py` (its docstring says how it measures); every run in train_throughput.json.",
+        "",
+        "| policy | transforms | LeRobot samples/s | ours samples/s | ratio | LeRobot CPU s/sample | ours CPU s/sample "
+        "| CPU ratio | ours, first epoch / later epochs samples/s |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        theirs, ours = row.get("lerobot"), row.get("lerobot-shards")
+        if not theirs or not ours:
+            continue
+        first, later = ours["first_epoch_samples_per_s"], ours["later_epochs_samples_per_s"]
+        lines.append(
+            f"| {row['policy']} | {'on' if row['transforms'] else 'off'} | {theirs['samples_per_s']:.1f} "
+            f"| {ours['samples_per_s']:.1f} | **{row['ratio_samples_per_s']:.2f}x** | {theirs['cpu_s_per_sample']:.3f} "
+            f"| {ours['cpu_s_per_sample']:.3f} | {row['ratio_cpu_s_per_sample']:.2f}x "
+            f"| {first or float('nan'):.1f} / {later or float('nan'):.1f} |"
+        )
+    return "\n".join(lines) + "\n"
 
-    raw, shards = datasets()
-    cases = [("lerobot", raw), ("lerobot-shards", shards)] + [("lerobot-shards-auto", shards)] * args.with_auto_layout
-    runs = []
-    for r in range(args.repeats):
-        for trainer, root in cases:
-            out = DATA / "runs" / f"{trainer}-{r}"
-            subprocess.run(["rm", "-rf", str(out)], check=True)
-            result = run_one(trainer, root, out, args)
-            print(
-                f"{trainer:15s} run {r}: {result['steps_per_s']:.2f} steps/s, {result['samples_per_s']:.1f} samples/s, "
-                f"{result['cpu_s_per_sample']:.3f} CPU-s/sample (LeRobot's data_s {result['lerobot_data_s']:.3f}), "
-                f"load {result['loadavg_before'][0]:.1f} -> {result['loadavg_after'][0]:.1f}",
-                flush=True,
-            )
-            runs.append(result)
-    summary = summarize(runs)
+
+def write(runs: list[dict[str, Any]], args: argparse.Namespace, lengths: list[int]) -> None:
+    """The record of ``runs`` so far: JSON with every run, and the markdown summary beside it."""
+    rows = summarize(runs)
     import importlib.metadata
 
+    loads = [x for r in runs for x in (r["loadavg_before"][0], r["loadavg_after"][0])]
     record = {
-        "what": "LeRobot 0.6.1's trainer, samples/s: lerobot-train on LeRobot's dataset vs lerobot-shards train on shards",
+        "what": "LeRobot 0.6.1's trainer, samples/s and CPU s per sample: lerobot-train on LeRobot's dataset "
+        "vs lerobot-shards train on shards in its own layout (frame cache on by itself, cold at each run's start)",
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
-        "versions": {p: importlib.metadata.version(p) for p in ("lerobot", "torch", "torchcodec")},
-        "dataset": {k: list(v) if isinstance(v, tuple) else v for k, v in SYNTH.items()},
+        "load_range": f"{min(loads):.1f}-{max(loads):.1f}",
+        "versions": {p: importlib.metadata.version(p) for p in ("lerobot", "torch", "torchcodec", "torchvision")},
+        "dataset": {**{k: list(v) if isinstance(v, tuple) else v for k, v in SYNTH.items()}, "lengths": lengths},
         "config": {
-            "policy": POLICY,
+            "policies": {p: POLICIES[p] for p in args.policies.split(",")},
             "device": "cpu",
             "batch_size": args.batch_size,
-            "num_workers": args.num_workers,
+            "lerobot_num_workers": args.num_workers,
             "steps": args.steps,
             "log_freq": args.log_freq,
+            "repeats": args.repeats,
             "excluded": f"the first {args.log_freq} steps (start-up); figures are medians over the runs",
+            "epochs": "first_epoch: the windows up to the end of the epoch holding the first window's end; "
+            "later_epochs: the windows after it (ours: frame cache warm)",
         },
-        "summary": summary,
-        "ratio_median": summary["lerobot-shards"]["samples_per_s"] / summary["lerobot"]["samples_per_s"],
-        "ratio_best": summary["lerobot-shards"]["samples_per_s_best"] / summary["lerobot"]["samples_per_s_best"],
+        "summary": rows,
         "runs": runs,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(record, indent=1) + "\n")
-    print(
-        f"wrote {args.out}: ours / LeRobot = {record['ratio_median']:.2f}x (medians), {record['ratio_best']:.2f}x (best runs)"
-    )
+    args.out.with_suffix(".md").write_text(table(rows, record))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--policies", default="diffusion,act")
+    parser.add_argument("--transforms", default="on,off", help="on, off or on,off")
+    parser.add_argument("--steps", type=int, default=24)
+    parser.add_argument("--log-freq", type=int, default=3)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--num-workers", type=int, default=2, help="lerobot-train's (ours picks its own)")
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each case, interleaved")
+    parser.add_argument("--timeout", type=float, default=900)
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    import lerobot  # noqa: F401  (fails here, not in the first run, outside the LeRobot environment)
+
+    raw, shards, lengths = datasets()
+    policies = args.policies.split(",")
+    settings = [{"on": True, "off": False}[t] for t in args.transforms.split(",")]
+    runs = []
+    for r in range(args.repeats):
+        for policy in policies:
+            samples = sum(max(n - DROP_N_LAST[policy], 0) for n in lengths)
+            epoch_steps = math.ceil(samples / args.batch_size)
+            for transforms in settings:
+                for trainer, root in (("lerobot", raw), ("lerobot-shards", shards)):
+                    tag = f"{policy}-{'tf' if transforms else 'plain'}-{trainer}-{r}"
+                    result = run_one(trainer, policy, transforms, root, epoch_steps, args, tag)
+                    result["epoch_steps"] = epoch_steps
+                    print(
+                        f"{tag:36s} {result['samples_per_s']:6.2f} samples/s, {result['cpu_s_per_sample']:.3f} CPU s/sample, "
+                        f"load {result['loadavg_before'][0]:.1f} -> {result['loadavg_after'][0]:.1f}",
+                        flush=True,
+                    )
+                    runs.append(result)
+                    write(runs, args, lengths)  # after every run: an interrupted benchmark keeps its runs
+    print(table(summarize(runs), json.loads(args.out.read_text())))
 
 
 if __name__ == "__main__":

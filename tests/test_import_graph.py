@@ -5,7 +5,7 @@ Layers, lowest first (a module may import its own layer and the ones below it):
 
 - ``plan/``: pure functions of metadata, seed, epoch and layout; the standard library, numpy and numba only
 - ``transport/``: moving batches between threads, processes and devices; knows nothing of datasets
-- the values shared by every layer above: ``options``, ``meta``, ``control``, ``augment``
+- the values shared by every layer above: ``options``, ``meta``, ``control``, ``augment``, ``augment_kernels``
 - ``read/``: sources, the shard cache, remote reads, integrity, the read-ahead thread
 - ``decoding/``: decoders of the clips ``read/`` hands over
 - the single dataset put together: ``stats``, ``emission``, ``base``, ``dataset``
@@ -24,7 +24,7 @@ import lerobot_shards.loader
 ROOT = Path(lerobot_shards.loader.__file__).parent
 PACKAGE = "lerobot_shards.loader"
 SUBPACKAGES = ("plan", "read", "decoding", "transport", "mix")
-VALUES = ("options", "meta", "control", "augment")
+VALUES = ("options", "meta", "control", "augment", "augment_kernels")
 ASSEMBLY = ("stats", "emission", "base", "dataset")
 LAYERS = ("plan", "transport", "values", "read", "decoding", "assembly", "mix", "face")
 # What plan/ may import besides the standard library (numba: the elastic summary's loop compiled, plan/progress.py).

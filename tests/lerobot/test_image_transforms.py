@@ -10,6 +10,7 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
 import torch
 from procs import CLI, env, run
 from test_train import ACT, TIMEOUT, _args, _weights_hash
@@ -21,14 +22,20 @@ from lerobot_shards.loader.augment import sample_seed
 CAM = "observation.images.cam"
 
 
-def test_lerobots_transforms_on_our_samples_are_lerobots_samples(written: Dataset) -> None:
+@pytest.mark.parametrize("exact_kernels", [False, True])
+def test_lerobots_transforms_on_our_samples_are_lerobots_samples(written: Dataset, exact_kernels: bool) -> None:
+    """Also through ``ExactKernels`` (the trainer's: torchvision's costliest kernels, cheaper)."""
     from lerobot.datasets.lerobot_dataset import LeRobotDataset
     from lerobot.transforms import ImageTransforms, ImageTransformsConfig
+
+    from lerobot_shards.loader.augment_kernels import ExactKernels
 
     transforms = ImageTransforms(ImageTransformsConfig(enable=True, random_order=True))
     deltas = {CAM: [-1 / 30, 0.0]}
     kw = dict(delta_timestamps=deltas, image_dtype=torch.uint8, seed=5, cameras=[CAM])
-    ours = EpisodePoolDataset(str(written.shards), image_transforms=transforms, **kw)
+    ours = EpisodePoolDataset(
+        str(written.shards), image_transforms=ExactKernels(transforms) if exact_kernels else transforms, **kw
+    )
     plain = {int(s["index"]): s[CAM] for s in EpisodePoolDataset(str(written.shards), **kw)}
     theirs = LeRobotDataset(
         written.repo_id, root=written.raw, delta_timestamps=deltas, image_transforms=transforms, return_uint8=True

@@ -389,7 +389,10 @@ def _make_datasets(original: Any, run: type[_Run], argv: Sequence[str], given: M
         if cfg.dataset.image_transforms.enable:  # LeRobot's own, seeded per sample by the loader
             from lerobot.transforms import ImageTransforms
 
-            common["image_transforms"] = transforms = ImageTransforms(cfg.dataset.image_transforms)
+            from ..loader.augment_kernels import ExactKernels  # torchvision's costliest kernels, same bits
+
+            transforms = ImageTransforms(cfg.dataset.image_transforms)
+            common["image_transforms"] = ExactKernels(transforms)
             print(
                 f"lerobot-shards train: LeRobot's ImageTransforms ({', '.join(transforms.transforms)}; at most "
                 f"{cfg.dataset.image_transforms.max_num_transforms} per sample), seeded per sample",
