@@ -50,6 +50,7 @@ from typing import Any
 import numpy as np
 import xxhash
 
+from .depth import DepthError, DepthParams, depth_params
 from .exceptions import LeRobotShardsError
 from .names import UnsafeNameError, check_name
 
@@ -135,26 +136,6 @@ def feature_shape(spec: dict[str, Any], what: str, error: type[Exception]) -> tu
     ):
         raise error(f"{what}: shape = {shape!r} is not a list of positive sizes (at most {MAX_FEATURE_SIZE} values)")
     return tuple(shape)
-
-
-# The LeRobot 0.6.1 feature kinds lerobot-shards does not read yet, and why (docs/lerobot.md's table).
-UNREADABLE = {
-    "depth": (
-        "is a depth-map video (12-bit codes LeRobot decodes with PyAV and dequantizes to mm or m), which "
-        "lerobot-shards cannot read yet (its decoder would return them as colour frames): train with lerobot-train"
-    ),
-}
-
-
-def unreadable_feature(spec: dict[str, Any]) -> str | None:
-    """Why a feature is one lerobot-shards cannot read (a key of ``UNREADABLE``), or None: refused where a
-    dataset is opened or converted, never returned wrong."""
-    info, video_info = spec.get("info") or {}, spec.get("video_info") or {}
-    if not isinstance(info, dict) or not isinstance(video_info, dict):
-        return None
-    if info.get("is_depth_map") or info.get("video.is_depth_map") or video_info.get("video.is_depth_map"):
-        return "depth"
-    return None
 
 
 def episode_key(episode_index: int) -> str:
@@ -575,6 +556,9 @@ class Manifest:
     # Cameras converted with --resize: camera -> the FrameTransform of its clips (the first
     # episode's; sidecars hold each clip's). ``features`` then carries the stored shape.
     transforms: dict[str, FrameTransform] = field(default_factory=dict)
+    # Depth cameras (LeRobot's is_depth_map): camera -> the quantizer their 12-bit codes are read with
+    # and the unit their stats are in, resolved as LeRobot resolves them from the feature's info.
+    depth: dict[str, DepthParams] = field(default_factory=dict)
 
     @property
     def total_episodes(self) -> int:
@@ -615,6 +599,7 @@ class Manifest:
                 "skipped_episodes": {str(k): v for k, v in sorted(self.skipped_episodes.items())},
                 "converter": self.converter,
                 **({"transforms": {c: t.to_dict() for c, t in self.transforms.items()}} if self.transforms else {}),
+                **({"depth": {c: p.to_dict() for c, p in self.depth.items()}} if self.depth else {}),
                 "source_info": self.source_info,
                 "source_stats": self.source_stats,
             }
@@ -660,9 +645,19 @@ class Manifest:
                 converter=d.get("converter", {}),
                 format_version=int(version),
                 transforms={c: FrameTransform.from_dict(t) for c, t in d.get("transforms", {}).items()},
+                depth=_depth_records(d.get("depth", {})),
             )
             check_manifest(manifest, d.get("totals"))
         return manifest
+
+
+def _depth_records(d: Any) -> dict[str, DepthParams]:
+    if not isinstance(d, dict):
+        raise FormatError("depth is not a JSON object")
+    try:
+        return {str(c): DepthParams.from_dict(p, f"depth[{c!r}]") for c, p in d.items()}
+    except DepthError as e:
+        raise FormatError(str(e)) from None
 
 
 def legacy_refusal(where: str, version: int) -> str:
@@ -712,9 +707,6 @@ def check_manifest(m: Manifest, totals: object = None) -> None:
                 raise FormatError(f"features[{name!r}] differs from source_info.features[{name!r}]")
     for name, spec in m.features.items():
         feature_shape(spec, f"features[{name!r}]", FormatError)
-        why = unreadable_feature(spec)
-        if why is not None:
-            raise FormatError(f"features[{name!r}] {UNREADABLE[why]}")
     if "fps" in m.source_info and m.source_info["fps"] != m.fps:
         raise FormatError(f"fps = {m.fps!r}, source_info.fps = {m.source_info['fps']!r}")
     if len(set(m.tasks)) != len(m.tasks):
@@ -722,6 +714,16 @@ def check_manifest(m: Manifest, totals: object = None) -> None:
     for cam in m.transforms:
         if cam not in m.cameras:
             raise FormatError(f"transforms names {cam!r}, which is not a camera")
+        if cam in m.depth:
+            raise FormatError(f"transforms names {cam!r}, a depth camera (never resized)")
+    try:
+        declared = {c: p for c in m.cameras if (p := depth_params(m.features[c], f"features[{c!r}]")) is not None}
+    except DepthError as e:
+        raise FormatError(str(e)) from None
+    if declared != m.depth:
+        raise FormatError(
+            f"depth records {sorted(m.depth)}, which differ from the depth cameras' features {sorted(declared)}"
+        )
     seen: dict[int, int] = {}
     for what, values in (("index", [s.index for s in m.shards]), ("name", [s.name for s in m.shards])):
         if len(set(values)) != len(values):

@@ -32,7 +32,7 @@ import pyarrow.parquet as pq
 
 from .exceptions import LeRobotShardsError
 from .filesystems import protocols, resolve_source, url_to_fs
-from .format import UNREADABLE, feature_shape, unreadable_feature
+from .format import feature_shape
 from .language import is_language_feature
 from .names import UnsafeNameError, check_name, check_relpath
 from .redaction import redact, without_credentials
@@ -368,9 +368,6 @@ class LeRobotV3Source:
         where = self._abs("meta/info.json")
         for name, spec in self.features.items():
             dtype = spec.get("dtype")
-            why = unreadable_feature(spec)
-            if why is not None:
-                raise SourceError(f"{where}: feature {name!r} {UNREADABLE[why]}")
             if (
                 dtype not in TABULAR_DTYPES
                 and dtype not in (VIDEO_DTYPE, IMAGE_DTYPE)

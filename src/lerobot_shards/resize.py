@@ -67,14 +67,27 @@ def parse_resize(values: Iterable[str]) -> dict[str, tuple[int, int]]:
     return out
 
 
-def camera_sizes(resize: Mapping[str, Sequence[int]], cameras: Iterable[str]) -> dict[str, tuple[int, int]]:
-    """Target (height, width) per camera: its own entry, else the ``"*"`` one; cameras without either stay."""
-    cameras = list(cameras)
+def camera_sizes(
+    resize: Mapping[str, Sequence[int]], cameras: Iterable[str], depth: Iterable[str] = ()
+) -> dict[str, tuple[int, int]]:
+    """Target (height, width) per camera: its own entry, else the ``"*"`` one; cameras without either stay.
+
+    Depth cameras (``depth``) keep their size: resampling would blend 12-bit depth codes into
+    depths no sensor measured. ``"*"`` passes them over; naming one is refused."""
+    cameras, depth = list(cameras), set(depth)
     unknown = sorted(set(resize) - {"*"} - set(cameras))
     if unknown:
         raise ValueError(f"--resize names unknown cameras {unknown}; the dataset has {cameras}")
+    named = sorted(set(resize) & depth)
+    if named:
+        raise ValueError(
+            f"--resize names depth camera {named[0]!r}: depth maps keep their size (resampling would blend "
+            'their 12-bit depth codes); leave it out ("*" passes depth cameras over)'
+        )
     out = {}
     for cam in cameras:
+        if cam in depth:
+            continue
         size = resize.get(cam, resize.get("*"))
         if size is not None:
             out[cam] = (int(size[0]), int(size[1]))

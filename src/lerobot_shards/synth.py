@@ -27,10 +27,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from .depth import DEPTH_QMAX, DepthParams
 from .format import CODECS, TMP_SUFFIX, FrameTransform
 from .language import LANGUAGE_COLUMNS, LANGUAGE_DTYPE, LANGUAGE_EVENTS, LANGUAGE_PERSISTENT, ROW_FIELDS
 from .resize import map_box
-from .video import HEVC_MIN_SIDE, concat_clips, encode_video
+from .video import HEVC_MIN_SIDE, concat_clips, encode_depth_video, encode_video
 
 FIXTURE_BITS = (10, 6)  # (frame_bits, episode_bits) of the real so101_record_test fixture
 
@@ -207,6 +208,47 @@ def identity_vector(episode_index: int, frame_index: int | np.ndarray) -> np.nda
     return (base + np.arange(len(JOINT_NAMES)) / 10).astype(np.float32)
 
 
+# Depth cameras: LeRobot's default quantizer, stats recorded in millimetres.
+SYNTH_DEPTH = DepthParams(depth_min=0.01, depth_max=10.0, shift=3.5, use_log=True, unit="mm")
+
+
+def paint_depth(episode_index: int, frame_index: int, height: int, width: int) -> np.ndarray:
+    """(H, W) uint16 12-bit depth codes naming (episode, frame): the top half holds ``4 * frame + x % 4``,
+    the bottom half ``4 * episode + y % 4`` (each index below 1024). Stored losslessly, they decode
+    back exactly, and every code is used by some frame of a long enough episode."""
+    if not (0 <= episode_index < 1024 and 0 <= frame_index < 1024):
+        raise ValueError(f"paint_depth: episode {episode_index} and frame {frame_index} must be in [0, 1024)")
+    y, x = np.mgrid[0:height, 0:width]
+    top = 4 * frame_index + x % 4
+    bottom = 4 * episode_index + y % 4
+    return np.where(y < height // 2, top, bottom).astype(np.uint16)
+
+
+def read_depth_identity(depth: Any, params: DepthParams = SYNTH_DEPTH, unit: str = "mm") -> tuple[int, int]:
+    """(episode_index, frame_index) of one depth frame as the loader returns it ((1, H, W) float32 in
+    ``unit``): each value must be exactly what LeRobot's dequantization gives the painted code
+    (``depth.dequantize``), and the codes ``paint_depth``'s pattern; else ValueError."""
+    import torch
+
+    from .depth import dequantize
+
+    values = depth.detach().cpu() if hasattr(depth, "detach") else torch.as_tensor(depth)
+    if values.dtype != torch.float32 or values.ndim != 3 or values.shape[0] != 1:
+        raise ValueError(
+            f"read_depth_identity wants one (1, H, W) float32 frame, got {values.dtype} {tuple(values.shape)}"
+        )
+    table = dequantize(torch.arange(DEPTH_QMAX + 1, dtype=torch.int32)[None, :, None], params, unit)[0, :, 0]
+    codes = torch.searchsorted(table, values[0].contiguous()).clamp_(max=DEPTH_QMAX)
+    if not torch.equal(table[codes], values[0]):
+        raise ValueError("read_depth_identity: values that no 12-bit code dequantizes to")
+    c = codes.numpy()
+    height, width = c.shape
+    frame, episode = int(c[0, 0]) // 4, int(c[-1, 0]) // 4
+    if not np.array_equal(c, paint_depth(episode, frame, height, width)):
+        raise ValueError("read_depth_identity: codes do not follow the painted pattern")
+    return episode, frame
+
+
 # ---------------------------------------------------------------- stats
 
 
@@ -276,22 +318,23 @@ def _stored_language(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ]
 
 
-def _episode_stats(values: np.ndarray, *, image: bool = False) -> dict[str, np.ndarray]:
+def _episode_stats(values: np.ndarray, *, image: bool = False, depth: bool = False) -> dict[str, np.ndarray]:
     """min/max/mean/std/count/quantiles as LeRobot stores them: per dim, or per channel (3,1,1) for images.
 
     Images are subsampled by a stride as LeRobot's ``auto_downsample_height_width`` does (sides of
     300 pixels and more to about 150), which also keeps large synthetic datasets quick to write.
     """
-    if image:
+    channels = 1 if depth else 3  # a depth map (N, H, W, 1) keeps its unit: no scaling to [0, 1]
+    if image or depth:
         height, width = values.shape[1:3]
         if max(height, width) >= 300:
             step = int(max(height, width) / 150)
             values = values[:, ::step, ::step]
-        v = values.reshape(-1, 3).astype(np.float64) / 255.0  # (N*H*W, C)
+        v = values.reshape(-1, channels).astype(np.float64) / (1.0 if depth else 255.0)  # (N*H*W, C)
     else:
         v = values.reshape(len(values), -1)
         v = v if np.issubdtype(v.dtype, np.integer) else v.astype(np.float64)
-    shape = (3, 1, 1) if image else (v.shape[1],)
+    shape = (channels, 1, 1) if image or depth else (v.shape[1],)
     stats = {
         "min": v.min(axis=0).reshape(shape),
         "max": v.max(axis=0).reshape(shape),
@@ -378,7 +421,13 @@ def _sample_indices(length: int) -> set[int]:
 
 
 def _features(
-    cameras: Sequence[str], image_keys: Sequence[str], height: int, width: int, fps: float, codec: str
+    cameras: Sequence[str],
+    image_keys: Sequence[str],
+    height: int,
+    width: int,
+    fps: float,
+    codec: str,
+    depth_cameras: Sequence[str] = (),
 ) -> dict[str, dict[str, Any]]:
     features: dict[str, dict[str, Any]] = {
         key: {"dtype": "float32", "shape": [len(JOINT_NAMES)], "names": list(JOINT_NAMES)} for key in VECTOR_KEYS
@@ -398,6 +447,26 @@ def _features(
             "has_audio": False,
         }
         features[key] = {"dtype": "video", **hwc, "info": info}
+    for key in depth_cameras:  # as LeRobot 0.6.1's writer records a depth camera (get_video_info)
+        info = {
+            "video.height": height,
+            "video.width": width,
+            "video.codec": "hevc",
+            "video.pix_fmt": "gray12le",
+            "video.fps": fps,
+            "video.channels": 1,
+            "has_audio": False,
+            "video.g": 2,
+            "video.crf": 30,
+            "video.depth_min": SYNTH_DEPTH.depth_min,
+            "video.depth_max": SYNTH_DEPTH.depth_max,
+            "video.shift": SYNTH_DEPTH.shift,
+            "video.use_log": SYNTH_DEPTH.use_log,
+            "is_depth_map": True,
+            "depth_unit": SYNTH_DEPTH.unit,
+        }
+        shape = {"shape": [height, width, 1], "names": ["height", "width", "channels"]}
+        features[key] = {"dtype": "video", **shape, "info": info}
     features["timestamp"] = {"dtype": "float32", "shape": [1], "names": None}
     for key in _DEFAULT_FEATURES[1:]:
         features[key] = {"dtype": "int64", "shape": [1], "names": None}
@@ -500,6 +569,7 @@ def synth_dataset(
     seed: int = 0,
     workers: int = 1,
     language: bool = False,
+    depth_cameras: Sequence[str] = (),
 ) -> Path:
     """Write a LeRobot v3.0 dataset under ``root`` (which must be absent or empty) and return its path.
 
@@ -526,9 +596,14 @@ def synth_dataset(
     (a realistic 480p episode costs seconds of a core); the files are byte-identical to
     ``workers=1``'s, as every clip is a pure function of its arguments and is joined in order. As
     with any spawned pool, a script that calls it must do so under ``if __name__ == "__main__"``.
+
+    ``depth_cameras`` are depth-map cameras as LeRobot 0.6.1 records them: 12-bit codes
+    (``paint_depth``, read back by ``read_depth_identity``) in lossless gray12le HEVC whatever
+    ``codec`` says, feature ``info`` with ``is_depth_map`` and LeRobot's default quantizer
+    (``SYNTH_DEPTH``), stats in millimetres.
     """
     root = Path(root)
-    cameras, image_keys = tuple(cameras), tuple(image_keys)
+    cameras, image_keys, depth_cameras = tuple(cameras), tuple(image_keys), tuple(depth_cameras)
     lo, hi = length_range
     checks = [
         (1 <= num_episodes <= 2**10, f"num_episodes {num_episodes} must be in [1, 1024] (identity bits)"),
@@ -543,7 +618,14 @@ def synth_dataset(
             min(episodes_per_video_file, episodes_per_data_file, chunks_size, num_tasks) >= 1,
             "episodes_per_video_file, episodes_per_data_file, chunks_size and num_tasks must be >= 1",
         ),
-        (len(set(cameras + image_keys)) == len(cameras + image_keys), f"duplicate keys in {cameras + image_keys}"),
+        (
+            len(set(cameras + image_keys + depth_cameras)) == len(cameras + image_keys + depth_cameras),
+            f"duplicate keys in {cameras + image_keys + depth_cameras}",
+        ),
+        (
+            not depth_cameras or min(height, width) >= HEVC_MIN_SIDE,
+            f"depth cameras (HEVC) need frames of at least {HEVC_MIN_SIDE}x{HEVC_MIN_SIDE}, got {width}x{height}",
+        ),
         (
             0 <= from_timestamp_jitter_s < 0.5 / fps,
             f"from_timestamp_jitter_s {from_timestamp_jitter_s} must be in [0, half a frame = {0.5 / fps})",
@@ -569,7 +651,7 @@ def synth_dataset(
     lengths = [int(n) for n in np.random.default_rng(seed).integers(lo, hi + 1, size=num_episodes)]
     tasks = [f"task {k}" for k in range(min(num_tasks, num_episodes))]
     starts = np.concatenate([[0], np.cumsum(lengths)]).tolist()
-    features = _features(cameras, image_keys, height, width, fps, codec_label or codec)
+    features = _features(cameras, image_keys, height, width, fps, codec_label or codec, depth_cameras)
     if language:
         features.update({k: {"dtype": LANGUAGE_DTYPE, "shape": [1], "names": None} for k in LANGUAGE_COLUMNS})
     episodes: list[dict[str, Any]] = [
@@ -606,19 +688,20 @@ def synth_dataset(
             episodes[e]["data/chunk_index"], episodes[e]["data/file_index"] = chunk, file
 
     jitter_rng = np.random.default_rng([seed, 1])  # its own stream: jitter leaves lengths alone
+    all_cameras = cameras + depth_cameras
     files = [
         (c, n, group)
-        for c in range(len(cameras))
+        for c in range(len(all_cameras))
         for n, group in enumerate(_groups(num_episodes, episodes_per_video_file))
     ]
     clips = [
-        _Clip(e, lengths[e], c, height, width, texture, seed, fps, codec, gop, crf, bframes)
+        _Clip(e, lengths[e], c, height, width, texture, seed, fps, codec, gop, crf, bframes, c >= len(cameras))
         for c, _, group in files
         for e in group
     ]
     with contextlib.closing(_in_order(_encode_clip, clips, workers)) as encoded:
         for c, n, group in files:
-            camera = cameras[c]
+            camera = all_cameras[c]
             chunk, file = _file_slot(n, chunks_size)
             mp4s = []
             for e in group:
@@ -642,7 +725,7 @@ def synth_dataset(
                     }
                 )
 
-    _write_parquet(_episodes_table(episodes, stats, features, cameras), root / EPISODES_PATH)
+    _write_parquet(_episodes_table(episodes, stats, features, all_cameras), root / EPISODES_PATH)
     _write_parquet(_tasks_table(tasks), root / "meta/tasks.parquet")
     dataset_stats = {key: _aggregate([st[key] for st in stats]) for key in features if key not in LANGUAGE_COLUMNS}
     _write_json(
@@ -660,7 +743,7 @@ def synth_dataset(
         "fps": fps,
         "splits": {"train": f"0:{num_episodes}"},
         "data_path": DATA_PATH,
-        "video_path": VIDEO_PATH if cameras else None,
+        "video_path": VIDEO_PATH if all_cameras else None,
         "features": features,
     }
     _write_json(info, root / "meta/info.json")
@@ -801,11 +884,14 @@ class _Clip:
     gop: int
     crf: int
     bframes: int
+    depth: bool = False  # a depth camera: paint_depth codes, lossless gray12le HEVC
 
 
 def _encode_clip(clip: _Clip) -> tuple[bytes, Stats]:
     """The clip's mp4 bytes and image stats: a pure function of ``clip`` (encoders run with
     ``threads=1``, whose output never depends on scheduling), so no process can change a byte."""
+    if clip.depth:
+        return _encode_depth_clip(clip)
     sample: list[np.ndarray] = []
     buf = io.BytesIO()
     frames = _painted(clip.episode, clip.length, clip.height, clip.width, clip.camera, sample, clip.texture, clip.seed)
@@ -813,6 +899,20 @@ def _encode_clip(clip: _Clip) -> tuple[bytes, Stats]:
         frames, buf, fps=clip.fps, codec=clip.codec, gop=clip.gop, crf=clip.crf, threads=1, bframes=clip.bframes
     )
     return buf.getvalue(), _episode_stats(np.stack(sample), image=True)
+
+
+def _encode_depth_clip(clip: _Clip) -> tuple[bytes, Stats]:
+    """A depth camera's clip and its stats (millimetres, as dequantized: one channel)."""
+    import torch
+
+    from .depth import dequantize
+
+    codes = [paint_depth(clip.episode, i, clip.height, clip.width) for i in range(clip.length)]
+    buf = io.BytesIO()
+    encode_depth_video(codes, buf, fps=clip.fps, gop=clip.gop)
+    kept = sorted(_sample_indices(clip.length))
+    mm = dequantize(torch.from_numpy(np.stack([codes[i] for i in kept]).astype(np.int32))[:, None], SYNTH_DEPTH, "mm")
+    return buf.getvalue(), _episode_stats(mm.numpy().transpose(0, 2, 3, 1), depth=True)
 
 
 def _in_order(fn: Callable[[T], R], items: Sequence[T], workers: int) -> Generator[R, None, None]:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, BinaryIO, Union
 import av
 import numpy as np
 
+from .depth import DEPTH_PIX_FMT, DEPTH_QMAX
 from .exceptions import LeRobotShardsError
 from .format import CODECS, ClipInfo, FrameEntry, FrameTransform
 from .mp4cut import Mp4CutUnsupported, Mp4File, Mp4Layout, Mp4Track
@@ -131,7 +132,9 @@ def _fps_fraction(fps: float) -> Fraction:
     return Fraction(fps).limit_denominator(1001)
 
 
-def _encoder_options(codec: str, gop: int, crf: int, threads: int, bframes: int = 0) -> dict[str, str]:
+def _encoder_options(
+    codec: str, gop: int, crf: int, threads: int, bframes: int = 0, lossless: bool = False
+) -> dict[str, str]:
     if codec not in CODECS:
         raise ValueError(f"codec {codec!r} is not one of {sorted(CODECS)}")
     if gop < 1:
@@ -147,6 +150,8 @@ def _encoder_options(codec: str, gop: int, crf: int, threads: int, bframes: int 
         options["x265-params"] = f"keyint={gop}:min-keyint={gop}:scenecut=0:bframes=0:log-level=none"
         if threads == 1:  # no thread pool at all: x265's output depends on its pool size
             options["x265-params"] += ":pools=none:frame-threads=1"
+        if lossless:
+            options["x265-params"] += ":lossless=1"
     else:
         options["svtav1-params"] = f"keyint={gop}:scd=0"
     return options
@@ -169,8 +174,9 @@ class _Encoder:
         pix_fmt: str,
         threads: int,
         bframes: int = 0,
+        lossless: bool = False,
     ) -> None:
-        self._options = _encoder_options(codec, gop, crf, threads, bframes)
+        self._options = _encoder_options(codec, gop, crf, threads, bframes, lossless)
         if codec == "av1":
             os.environ.setdefault("SVT_LOG", "1")  # SVT-AV1 prints a banner per encoder unless told
         self._codec, self._pix_fmt, self._threads = codec, pix_fmt, threads
@@ -246,6 +252,35 @@ def encode_video(
         enc.finish()
     finally:
         enc.close()
+
+
+def encode_depth_video(
+    codes: Iterable[np.ndarray], dst: str | os.PathLike[str] | BinaryIO, *, fps: float, gop: int = 2
+) -> None:
+    """Encode (H, W) uint16 12-bit depth codes as LeRobot 0.6.1 stores depth maps: HEVC (libx265),
+    gray12le, lossless (so every code decodes back exactly), a keyframe every ``gop`` frames, no
+    B-frames, single-threaded (the same bytes on every machine)."""
+    enc = _Encoder(dst, fps=fps, codec="hevc", gop=gop, crf=0, pix_fmt=DEPTH_PIX_FMT, threads=1, lossless=True)
+    try:
+        for i, q in enumerate(codes):
+            if q.dtype != np.uint16 or q.ndim != 2 or int(q.max(initial=0)) > DEPTH_QMAX:
+                raise ValueError(f"frame {i}: expected HxW uint16 codes up to {DEPTH_QMAX}, got {q.dtype} {q.shape}")
+            if enc.stream is None:
+                enc.open(q.shape[1], q.shape[0])
+            enc.encode(_depth_frame(q))
+        enc.finish()
+    finally:
+        enc.close()
+
+
+def _depth_frame(codes: np.ndarray) -> av.VideoFrame:
+    """A fresh gray12le frame of (H, W) uint16 codes (rows padded to the plane's line size: written
+    row by row, as LeRobot's ``write_u16_plane`` does)."""
+    height, width = codes.shape
+    frame = av.VideoFrame(width, height, DEPTH_PIX_FMT)
+    plane = frame.planes[0]
+    np.frombuffer(memoryview(plane), np.uint16).reshape(height, plane.line_size // 2)[:, :width] = codes
+    return frame
 
 
 def _packets(container: av.container.InputContainer, stream: av.video.stream.VideoStream) -> Iterator[av.Packet]:
@@ -708,6 +743,7 @@ def reencode_clip(
     threads: int = 0,
     size: tuple[int, int] | None = None,
     resize_mode: str = "pad",
+    depth: bool = False,
 ) -> tuple[bytes, ClipInfo]:
     """Decode source frames [first_frame, first_frame+num_frames) and encode them as a fresh clip.
 
@@ -719,7 +755,13 @@ def reencode_clip(
     being re-encoded as a concealed picture. Frames go from decoder to encoder in YUV (yuv420p),
     copied into fresh frames. ``size`` (height, width) stores the frames at that size
     (``transform_frame``, ``resize_mode`` pad/crop/stretch); the ClipInfo records the transform.
+
+    ``depth``: a depth camera's 12-bit codes, read as gray12le and encoded losslessly as
+    ``encode_depth_video`` does (``codec``, ``crf`` and ``size`` do not apply), so every code
+    decodes back unchanged: LeRobot's own depth clips hold B-frames, which a stream copy cannot cut.
     """
+    if depth and size is not None:
+        raise ValueError("reencode_clip: a depth clip is never resized")
     _check_range(src, first_frame, num_frames)
     end = first_frame + num_frames
     where = f"{_describe(src)} frames [{first_frame}, {end})"
@@ -729,7 +771,11 @@ def reencode_clip(
     with _open(src) as container:
         stream = _video_stream(container, src)
         fps = float(_stream_fps(stream))
-        enc = _Encoder(buf, fps=fps, codec=codec, gop=gop, crf=crf, pix_fmt=_REENCODE_PIX_FMT, threads=threads)
+        enc = (
+            _Encoder(buf, fps=fps, codec="hevc", gop=gop, crf=0, pix_fmt=DEPTH_PIX_FMT, threads=1, lossless=True)
+            if depth
+            else _Encoder(buf, fps=fps, codec=codec, gop=gop, crf=crf, pix_fmt=_REENCODE_PIX_FMT, threads=threads)
+        )
         try:
             for i, frame in _decode_range(container, stream, _describe(src), first_frame, num_frames):
                 if enc.stream is None:
@@ -738,7 +784,9 @@ def reencode_clip(
                     enc.open(*(transform.size[::-1] if transform is not None else (frame.width, frame.height)))
                 elif (frame.height, frame.width) != source_size:
                     raise ClipError(f"{where}: frame {i} changes size to {frame.width}x{frame.height}")
-                if transform is None:
+                if depth:
+                    enc.encode(_depth_frame(frame.to_ndarray(format=DEPTH_PIX_FMT)))
+                elif transform is None:
                     enc.encode(_fresh_frame(frame, _REENCODE_PIX_FMT))
                 else:
                     enc.encode(transform_frame(frame, transform))

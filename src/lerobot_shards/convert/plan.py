@@ -95,9 +95,10 @@ class ConvertOptions:
         """``resize`` as ``__post_init__`` normalised it (the field also accepts a mapping)."""
         return cast("tuple[tuple[str, int, int], ...]", self.resize)
 
-    def camera_sizes(self, cameras: Iterable[str]) -> dict[str, tuple[int, int]]:
-        """Stored (height, width) of each resized camera; raises ValueError naming unknown cameras."""
-        return camera_sizes({c: (h, w) for c, h, w in self._resize}, cameras)
+    def camera_sizes(self, cameras: Iterable[str], depth: Iterable[str] = ()) -> dict[str, tuple[int, int]]:
+        """Stored (height, width) of each resized camera; raises ValueError naming unknown cameras or a
+        depth camera (``depth``: never resized, ``resize.camera_sizes``)."""
+        return camera_sizes({c: (h, w) for c, h, w in self._resize}, cameras, depth)
 
     def size_of(self, camera: str) -> tuple[int, int] | None:
         """Stored (height, width) of ``camera``, None when it keeps the source's size."""

@@ -30,6 +30,7 @@ from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from .. import __version__
+from ..depth import DepthError, DepthParams, depth_params
 from ..exceptions import ConvertError
 from ..format import (
     FORMAT_VERSION,
@@ -385,7 +386,8 @@ def finalize(
             f"{dest.url}: no episode was converted ({len(skipped)} skipped{why}); {MANIFEST_NAME} not written"
         )
     video = options.video_settings()
-    sizes = options.camera_sizes(source.camera_keys)
+    depth = _depth_cameras(source)
+    sizes = options.camera_sizes(source.camera_keys, depth)
     if options.reencode is None:
         video["fallback_reencoded_episodes"] = sorted(
             e.episode_index
@@ -400,6 +402,7 @@ def finalize(
         fps=source.fps,
         features=resized_features(source.features, sizes, codec=options.codec),
         transforms=_camera_transforms(sidecars),
+        depth=depth,
         cameras=tuple(sorted(source.camera_keys)),
         video=video,
         shards=tuple(
@@ -456,9 +459,24 @@ def _camera_transforms(sidecars: Sequence[Sidecar]) -> dict[str, FrameTransform]
     return out
 
 
+def _depth_cameras(src: LeRobotV3Source) -> dict[str, DepthParams]:
+    """The depth cameras' quantizers as LeRobot reads them (the manifest records them); a field that
+    is no quantizer fails naming the camera, before anything is written."""
+    found = {}
+    for cam in src.camera_keys:
+        try:
+            params = depth_params(src.features[cam], f"{src.url}: camera {cam!r}")
+        except DepthError as e:
+            raise ConvertError(str(e)) from None
+        if params is not None:
+            found[cam] = params
+    return found
+
+
 def _check_resize(src: LeRobotV3Source, options: ConvertOptions) -> None:
-    """Unknown cameras fail before anything is written; upscaling is allowed but logged."""
-    for cam, (h, w) in options.camera_sizes(src.camera_keys).items():
+    """Unknown cameras, a resized depth camera and a depth camera's bad quantizer fail before anything
+    is written; upscaling is allowed but logged."""
+    for cam, (h, w) in options.camera_sizes(src.camera_keys, _depth_cameras(src)).items():
         info = src.features[cam].get("info", {})
         sh, sw = info.get("video.height"), info.get("video.width")
         if isinstance(sh, int) and isinstance(sw, int) and (h > sh or w > sw):

@@ -24,6 +24,7 @@ import av
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ..depth import is_depth
 from ..episode_table import check_timestamps
 from ..exceptions import ConvertError
 from ..format import (
@@ -127,7 +128,8 @@ def _clip(
     source: LeRobotV3Source, ep: EpisodeMeta, cam: str, options: ConvertOptions, *, check_decode: bool = False
 ) -> tuple[Payload, ClipInfo]:
     """Stream copy when asked and possible, else re-encode (always for a resized camera); errors name
-    the episode and the file.
+    the episode and the file. A depth camera is stream-copied whatever ``reencode`` says, else (its
+    source has B-frames, as LeRobot's own depth clips do) re-encoded losslessly in 12 bits, never resized.
 
     A stream-copied clip's packets are decoded with strict error detection: its boundary GOPs
     always (a few frames per clip), every packet with ``check_decode``. Re-encoding decodes
@@ -138,11 +140,17 @@ def _clip(
     where = f"{_where(source, ref.path)}: episode {ep.episode_index} camera {cam}"
     size = options.size_of(cam)
     try:
-        if options.reencode is None and size is None:
+        depth = is_depth(source.features[cam])  # 12-bit codes: copied, or re-encoded losslessly; never resized
+        if depth or (options.reencode is None and size is None):
             try:
                 copied = _stream_copy(source, ref.path, first, n)
             except ClipError as e:
-                log.warning("episode %d camera %s: re-encoding as %s (%s)", ep.episode_index, cam, options.codec, e)
+                if depth:
+                    log.info(
+                        "episode %d camera %s: re-encoding losslessly (12-bit hevc) (%s)", ep.episode_index, cam, e
+                    )
+                else:
+                    log.warning("episode %d camera %s: re-encoding as %s (%s)", ep.episode_index, cam, options.codec, e)
             else:
                 _with_video(source, ref.path, lambda src: check_decodes(src, first, n, every_frame=check_decode))
                 return copied
@@ -157,8 +165,9 @@ def _clip(
                 gop=options.gop,
                 crf=options.effective_crf,
                 threads=REENCODE_THREADS,
-                size=size,
+                size=None if depth else size,
                 resize_mode=options.resize_mode,
+                depth=depth,
             ),
         )
     except (ClipError, av.FFmpegError) as e:

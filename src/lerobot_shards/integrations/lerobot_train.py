@@ -386,6 +386,9 @@ def _make_datasets(original: Any, run: type[_Run], argv: Sequence[str], given: M
         if cfg.dataset.eval_split:
             whole, common["episodes"], held = _eval_split(url, cfg, common)
         common["drop_n_last_frames"] = _drop_n_last_frames(cfg, state)
+        # depth maps in LeRobot's --dataset.depth_output_unit (its make_dataset's; its eval split's
+        # datasets leave it at mm, ours keep the one asked for)
+        common["depth_output_unit"] = cfg.dataset.depth_output_unit
         if cfg.dataset.image_transforms.enable:  # LeRobot's own, seeded per sample by the loader
             from lerobot.transforms import ImageTransforms
 
@@ -457,6 +460,7 @@ def _make_datasets(original: Any, run: type[_Run], argv: Sequence[str], given: M
             equal_samples_per_rank=False,
             image_dtype=torch.uint8,
             tolerance_s=cfg.tolerance_s,
+            depth_output_unit=cfg.dataset.depth_output_unit,
             episode_pool_size=settings.episode_pool_size,
             storage_options=options,
             cache_dir=settings.cache_dir,

@@ -28,6 +28,7 @@ import torch
 
 from ..cpus import cores_per_rank
 from ..cpus import local_world_size as launcher_local_world_size
+from ..depth import DepthError, is_depth
 from ..filesystems import resolve_source
 from ..language import is_language_feature
 from ..lerobot_v3 import IMAGE_DTYPE
@@ -202,7 +203,11 @@ class EpisodePoolDataset(ResumableDataset):
                 decode, decoder_cache_size=min(64, self.order.episode_pool_size * max(1, len(self.cameras)))
             )
         self.decode = decode
-        self.resize_sizes = camera_sizes(decode.resize_per_camera, self.cameras)
+        try:  # depth cameras: dequantized with these (a bad field fails here, naming the camera)
+            self.depth = {c: p for c, p in info.depth.items() if c in self.cameras}
+        except DepthError as e:
+            raise ValueError(f"{self.source_url}: {e}") from None
+        self.resize_sizes = camera_sizes(decode.resize_per_camera, self.cameras, self.depth)
         self.features = resized_features(info.features, self.resize_sizes)
         self.image_keys = tuple(k for k, v in self.features.items() if v["dtype"] == IMAGE_DTYPE)
 
@@ -222,6 +227,7 @@ class EpisodePoolDataset(ResumableDataset):
             delta_offsets=self.delta_offsets,
             resize_sizes=self.resize_sizes,
             image_dtype=self.decode.image_dtype,
+            depth_cameras=frozenset(self.depth),
         )
 
     def frame_offsets(
@@ -259,10 +265,11 @@ class EpisodePoolDataset(ResumableDataset):
     def decoded_bytes(self) -> int:
         """Bytes of every frame of the chosen episodes and cameras, uint8 at the size the loader
         returns them: what a decoded-frame cache holding them all needs (``lerobot-shards train``
-        sizes it so). Whole episodes: frames never sampled (``drop_n_last_frames``) are decoded too."""
+        sizes it so). Whole episodes: frames never sampled (``drop_n_last_frames``) are decoded too.
+        Depth cameras are left out: the cache never holds them (``frame_cache.entry_key``)."""
         chosen = {e for s in self.shards for e in s.episodes}
         frames = sum(n for s in self._source_info.shards for e, n in zip(s.episodes, s.lengths) if e in chosen)
-        return frames * sum(math.prod(self.features[c]["shape"]) for c in self.cameras)
+        return frames * sum(math.prod(self.features[c]["shape"]) for c in self.cameras if c not in self.depth)
 
     def set_frame_cache(self, directory: str | None, max_bytes: int | None = None) -> None:
         """Turn the decoded-frame cache on in ``directory``, at most ``max_bytes`` (``None``: as
@@ -302,6 +309,7 @@ class EpisodePoolDataset(ResumableDataset):
             fps=self.fps,
             dataset_stats=info.stats,
             episode_stats=per_episode,
+            depth={c: (p, self.decode.depth_output_unit) for c, p in self.depth.items()},
         )
         if meta.stats_source != "episodes" and len(chosen) < everything:
             warnings.warn(
@@ -429,7 +437,7 @@ class EpisodePoolDataset(ResumableDataset):
         decoded (``stage``: as ``stream_samples``'s, for the dataset's own iteration only), augmented
         for ``epoch`` when ``image_transforms`` is set."""
         transforms = self.decode.image_transforms
-        keys = [k for k in (*self.cameras, *self.image_keys) if not _is_depth(self.features[k])]
+        keys = [k for k in (*self.cameras, *self.image_keys) if not is_depth(self.features[k])]
         return stream_samples(
             self._open_source,
             plan,
@@ -445,11 +453,6 @@ class EpisodePoolDataset(ResumableDataset):
             stage=stage,
             transforms=None if transforms is None else SampleTransforms(transforms, keys, self.order.seed, epoch),
         )
-
-
-def _is_depth(feature: Mapping[str, Any]) -> bool:
-    """A depth map's camera (``info["video.is_depth_map"]``): LeRobot never augments it."""
-    return bool((feature.get("info") or {}).get("video.is_depth_map"))
 
 
 def _distributed(rank: int | None, world_size: int | None) -> tuple[int, int]:

@@ -54,6 +54,7 @@ class SampleLayout:
     delta_offsets: Mapping[str, np.ndarray]  # windowed keys: frame offsets
     resize_sizes: Mapping[str, tuple[int, int]]  # cameras decoded at another size
     image_dtype: torch.dtype
+    depth_cameras: frozenset[str] = frozenset()  # float32 depth as decoded (never scaled by 255, never cached)
 
     def sample(
         self, episode: ResidentEpisode, frame: int, decoders: DecodePool, staging: Staging | None = None, seq: int = 0
@@ -82,16 +83,18 @@ class SampleLayout:
             offsets = self.delta_offsets.get(cam)
             size = self.resize_sizes.get(cam)
             slot = None if staging is None else staging.destination(seq, cam)
+            depth = cam in self.depth_cameras
+            uint8 = self.image_dtype == torch.uint8 and not depth  # the frame cache may read into the slot
             if offsets is None:
-                into = None if slot is None or self.image_dtype != torch.uint8 else slot.unsqueeze(0)
+                into = None if slot is None or not uint8 else slot.unsqueeze(0)
                 item[cam] = decoders.submit(
-                    episode.clips[cam], [frame], size, self._finish(False, slot, staging), into=into
+                    episode.clips[cam], [frame], size, self._finish(False, slot, staging, depth), into=into
                 )
             else:
                 idx, pad = window_indices(frame, episode.length, offsets)
-                into = None if self.image_dtype != torch.uint8 else slot
+                into = None if not uint8 else slot
                 item[cam] = decoders.submit(
-                    episode.clips[cam], idx.tolist(), size, self._finish(True, slot, staging), into=into
+                    episode.clips[cam], idx.tolist(), size, self._finish(True, slot, staging, depth), into=into
                 )
                 item[f"{cam}_is_pad"] = torch.from_numpy(pad)
         task_index = episode.columns["task_index"]
@@ -104,21 +107,23 @@ class SampleLayout:
         return frames.float().div_(255) if self.image_dtype == torch.float32 else frames
 
     def _finish(
-        self, window: bool, slot: torch.Tensor | None, staging: Staging | None
+        self, window: bool, slot: torch.Tensor | None, staging: Staging | None, depth: bool = False
     ) -> Callable[[torch.Tensor], torch.Tensor]:
         """What the decode thread makes of a camera's decoded frames: the camera's value (the window,
         or its one frame), written into ``slot`` when it fits there (the same values ``images``
-        gives, in the slab the batch will travel in, while the frames are still in cache)."""
+        gives, in the slab the batch will travel in, while the frames are still in cache). A depth
+        camera's frames are its values already (float32, dequantized)."""
 
         def finish(frames: torch.Tensor) -> torch.Tensor:
             value = frames if window else frames[0]
-            if slot is None or staging is None or not _fits(value, slot, self.image_dtype):
-                return self.images(value)
+            dtype = value.dtype if depth else self.image_dtype
+            if slot is None or staging is None or not _fits(value, slot, dtype):
+                return value if depth else self.images(value)
             if value.data_ptr() == slot.data_ptr():  # read into the slot already (the frame cache)
                 return slot
             start = time.thread_time()
             slot.copy_(value)
-            if self.image_dtype == torch.float32:
+            if self.image_dtype == torch.float32 and not depth:
                 slot.div_(255)
             staging.staged(time.thread_time() - start)
             return slot

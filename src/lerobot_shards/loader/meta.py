@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from ..depth import DepthParams, is_depth, stats_factor
 from ..language import LANGUAGE_COLUMNS
 from ..lerobot_v3 import IMAGE_DTYPE, VIDEO_DTYPE, nested_stats
 
@@ -101,12 +102,6 @@ class DatasetMeta:
 
     @property
     def depth_keys(self) -> list[str]:
-        def is_depth(ft: dict[str, Any]) -> bool:
-            info, video_info = ft.get("info") or {}, ft.get("video_info") or {}
-            return bool(
-                info.get("is_depth_map") or info.get("video.is_depth_map") or video_info.get("video.is_depth_map")
-            )
-
         return [k for k, ft in self.features.items() if is_depth(ft)]
 
     @property
@@ -140,11 +135,14 @@ def dataset_meta(
     dataset_stats: Mapping[str, Any],
     episode_stats: Mapping[int, Stats] | None,
     repo_id: str | None = None,
+    depth: Mapping[str, tuple[DepthParams, str]] | None = None,
 ) -> DatasetMeta:
     """The metadata of ``episodes``; camera features other than ``cameras`` are left out (never emitted).
 
     Stats: aggregated from ``episode_stats`` when every chosen episode has them, else the
-    dataset's ``meta/stats.json`` (``dataset_stats``, which covers every episode).
+    dataset's ``meta/stats.json`` (``dataset_stats``, which covers every episode). A depth camera's
+    (``depth``: camera -> its parameters and the unit its frames are returned in) are then rescaled
+    from the unit they were recorded in, as LeRobot's ``meta.rescale_depth_stats`` does.
     """
     # shapes as tuples, as LeRobot's ``load_info`` makes them
     keep = {
@@ -160,6 +158,10 @@ def dataset_meta(
     else:
         stats, source = {}, "none"
     stats = {k: v for k, v in stats.items() if k in keep}
+    for key, (params, unit) in (depth or {}).items():
+        factor = stats_factor(params, unit)
+        if factor is not None and key in stats:
+            stats[key] = {name: v if name == "count" else v * factor for name, v in stats[key].items()}
     raw_fps = info.get("fps", fps)
     return DatasetMeta(
         repo_id=repo_id or root.rstrip("/").rsplit("/", 1)[-1],

@@ -26,6 +26,7 @@ from typing import Any, Literal, get_args
 
 import torch
 
+from ..depth import check_unit
 from ..format import RESIZE_MODES
 from ..resize import check_mode, check_size
 from ..storage import StorageLocation, as_location
@@ -232,6 +233,9 @@ class DecodeOptions:
     frame_cache_dir: str | None = None
     # Bound on its size; None: half the free space of its filesystem, at most 1 TiB (as cache_dir's).
     frame_cache_bytes: int | None = None
+    # Depth cameras' frames (and stats) in millimetres ("mm", LeRobot's default depth_output_unit) or
+    # metres ("m"): float32 (1, H, W) per frame, dequantized as LeRobot does (``depth``).
+    depth_output_unit: str = "mm"
 
     def __post_init__(self) -> None:
         plain_numbers(self)
@@ -257,6 +261,7 @@ class DecodeOptions:
             if os.path.lexists(self.frame_cache_dir) and not os.path.isdir(self.frame_cache_dir):
                 raise ValueError(f"frame_cache_dir {self.frame_cache_dir!r} is not a directory; give a directory")
         _int("frame_cache_bytes", self.frame_cache_bytes, 1, none="half the frame cache disk's free space")
+        check_unit(self.depth_output_unit)
         if self.resize is not None:
             per_camera = dict(self.resize) if isinstance(self.resize, Mapping) else {"*": self.resize}
             sizes: dict[str, Size] = {}

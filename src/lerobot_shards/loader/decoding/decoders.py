@@ -33,6 +33,7 @@ import torch
 from torch.utils.data import get_worker_info
 
 from ...cpus import cores_per_rank
+from ...depth import dequantize
 from ...exceptions import LeRobotShardsError
 from ...redaction import redact
 from ...resize import plan_transform
@@ -41,6 +42,7 @@ from ...timeouts import READ_HINT, is_timeout, open_bounded
 from ...torch_pair import VideoDecoder, set_cuda_backend
 from ..options import DecodeOptions
 from ..read.sources import ClipRef
+from .depth_frames import DepthClip
 from .transforms import transform_rgb
 
 if TYPE_CHECKING:
@@ -55,6 +57,7 @@ REMOTE_BLOCK_BYTES = 4 << 20
 REMOTE_BLOCKS = 16
 MAX_AUTO_DECODE_THREADS = 8
 _warned_fallback: set[tuple[str, str]] = set()  # (device, codec): one warning per process
+_warned_depth: set[str] = set()  # devices told once that depth decodes on the CPU
 
 
 def _enter_cuda_backend(stack: contextlib.ExitStack, backend: str) -> None:
@@ -96,7 +99,8 @@ class DecoderCache:
         self.decode = decode = decode or DecodeOptions()
         self.device = decode.video_decode_device
         self.location = location
-        self._decoders: OrderedDict[str, tuple[VideoDecoder, Any]] = OrderedDict()
+        # a clip's decoder (a depth clip's PyAV ``DepthClip``) and the remote file it reads, if any
+        self._decoders: OrderedDict[str, tuple[VideoDecoder | DepthClip, Any]] = OrderedDict()
         # An mp4 that storage did not deliver: the samples queued behind the first failure get its
         # error at once instead of each waiting out the timeouts again (until the clip is dropped).
         self._unreadable: dict[str, DecodeError] = {}
@@ -105,7 +109,7 @@ class DecoderCache:
         self.decode_cpu_seconds = 0.0
         self.frames_decoded = 0
 
-    def _decoder(self, clip: ClipRef) -> VideoDecoder:
+    def _decoder(self, clip: ClipRef) -> VideoDecoder | DepthClip:
         entry = self._decoders.get(clip.cache_key)
         if entry is not None:
             self.hits += 1
@@ -122,6 +126,14 @@ class DecoderCache:
             source = handle
         else:
             source = clip.url
+        if clip.depth is not None:  # PyAV, on the CPU: torchcodec gives 8-bit RGB (see depth_frames)
+            try:
+                depth = DepthClip(source, clip.frame_mappings)
+            except Exception:
+                if handle is not None:
+                    handle.close()
+                raise
+            return self._keep(clip, depth, handle)
         kwargs: dict[str, Any] = {"device": self.device, "num_ffmpeg_threads": self.decode.num_ffmpeg_threads}
         if clip.frame_mappings is not None:
             kwargs["custom_frame_mappings"] = clip.frame_mappings
@@ -142,11 +154,12 @@ class DecoderCache:
                 ) from e
             raise
         _check_size(decoder, clip)
+        return self._keep(clip, decoder, handle)
+
+    def _keep(self, clip: ClipRef, decoder: VideoDecoder | DepthClip, handle: Any) -> VideoDecoder | DepthClip:
         self._decoders[clip.cache_key] = (decoder, handle)
         while len(self._decoders) > self.capacity:
-            _, (_, old_handle) = self._decoders.popitem(last=False)
-            if old_handle is not None:
-                old_handle.close()
+            _close(self._decoders.popitem(last=False)[1])
             self.evictions += 1
         return decoder
 
@@ -157,8 +170,8 @@ class DecoderCache:
 
     def _forget(self, cache_key: str) -> None:
         entry = self._decoders.pop(cache_key, None)
-        if entry is not None and entry[1] is not None:
-            entry[1].close()
+        if entry is not None:
+            _close(entry)
 
     def frames(self, clip: ClipRef, indices: Sequence[int], size: tuple[int, int] | None = None) -> torch.Tensor:
         """Frames ``indices`` of the episode (not of the file) as uint8 (N, C, H, W), one call;
@@ -178,7 +191,10 @@ class DecoderCache:
             raise unreadable
         try:
             decoder = self._decoder(clip)
-            frames = decoder.get_frames_at([clip.first_frame + int(i) for i in indices]).data
+            at = [clip.first_frame + int(i) for i in indices]
+            if isinstance(decoder, DepthClip):
+                return self._depth(clip, decoder.codes(at), size)
+            frames = decoder.get_frames_at(at).data
         except Exception as e:  # torchcodec's errors name neither the clip nor the frame
             self._forget(clip.cache_key)  # a decoder that failed may be left mid-stream
             wanted = ", ".join(str(int(i)) for i in indices)
@@ -199,6 +215,22 @@ class DecoderCache:
             frames = transform_rgb(frames, t) if t is not None else frames
         return frames
 
+    def _depth(self, clip: ClipRef, codes: torch.Tensor, size: tuple[int, int] | None) -> torch.Tensor:
+        """A depth clip's codes dequantized as LeRobot does, float32 (N, 1, H, W) in the unit asked
+        for, on the CPU (then moved to the other clips' device, said once per process)."""
+        assert clip.depth is not None and size is None  # depth cameras are never resized (dataset refuses)
+        frames = dequantize(codes, clip.depth, self.decode.depth_output_unit)
+        if self.device != "cpu":
+            if self.device not in _warned_depth:
+                _warned_depth.add(self.device)
+                warnings.warn(
+                    f"{clip.where}: depth maps decode on the CPU (PyAV, 12-bit), not on {self.device}",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+            frames = frames.to(self.device)
+        return frames
+
     def _check_fallback(self, decoder: VideoDecoder, clip: ClipRef) -> None:
         """torchcodec silently decodes on the CPU what NVDEC cannot: say so once, or refuse if strict.
 
@@ -217,10 +249,18 @@ class DecoderCache:
 
     def close(self) -> None:
         """Release every decoder and the files they hold (end of an iteration)."""
-        for _, handle in self._decoders.values():
-            if handle is not None:
-                handle.close()
+        for entry in self._decoders.values():
+            _close(entry)
         self._decoders.clear()
+
+
+def _close(entry: tuple[VideoDecoder | DepthClip, Any]) -> None:
+    """A cached decoder's resources: a depth clip's PyAV container, the remote file it read."""
+    decoder, handle = entry
+    if isinstance(decoder, DepthClip):
+        decoder.close()
+    if handle is not None:
+        handle.close()
 
 
 def auto_decode_threads(device: str, rank_cores: int | None = None) -> int:

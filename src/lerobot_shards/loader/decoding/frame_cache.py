@@ -88,7 +88,10 @@ class FrameCacheError(LeRobotShardsError, OSError):
 def entry_key(clip: ClipRef, length: int, size: tuple[int, int] | None, mode: str) -> str | None:
     """What decides the decoded bytes of ``length`` frames of ``clip`` at ``size``, as one string;
     None when the clip's content cannot be named cheaply (a raw mp4 read straight from storage:
-    its frames are then decoded at emit, as without the cache)."""
+    its frames are then decoded at emit, as without the cache), and for a depth camera's clip (float32
+    depth dequantized by PyAV's decode, not the uint8 frames an entry holds: decoded at emit)."""
+    if clip.depth is not None:
+        return None
     if clip.data is not None:
         content = "xxh3:" + xxhash.xxh3_128_hexdigest(clip.data)
     elif clip.url is not None and "://" not in clip.url:

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ...depth import is_depth
 from ...exceptions import LeRobotShardsError
 from ...language import LANGUAGE_DTYPE
 from ...lerobot_v3 import IMAGE_DTYPE, VIDEO_DTYPE
@@ -84,6 +85,7 @@ class MixtureLayout:
         if ft["dtype"] == LANGUAGE_DTYPE:  # no annotation rows (and the key's _is_missing flag)
             return []
         dtype = self.image_dtype if ft["dtype"] in VISUAL else getattr(torch, str(ft["dtype"]), torch.float32)
+        dtype = torch.float32 if is_depth(ft) else dtype  # depth maps are float32 (dequantized) in any image_dtype
         lead = (self.windows[key],) if key in self.windows else ()
         return torch.zeros(lead + _emitted_shape(ft), dtype=dtype)
 
@@ -161,10 +163,10 @@ def build_layout(
     for key, entries in owners.items():
         (d0, ft0), *rest = entries
         for d, ft in rest:
-            kinds = ["visual" if f["dtype"] in VISUAL else f["dtype"] for f in (ft0, ft)]
+            kinds = ["depth" if is_depth(f) else "visual" if f["dtype"] in VISUAL else f["dtype"] for f in (ft0, ft)]
             if kinds[0] != kinds[1]:
                 raise MixtureError(
-                    f"{key!r} is {ft0['dtype']} in mixture source {names[d0]!r} but {ft['dtype']} in {names[d]!r}"
+                    f"{key!r} is {_kind(ft0)} in mixture source {names[d0]!r} but {_kind(ft)} in {names[d]!r}"
                 )
         shapes = [tuple(ft["shape"]) for _, ft in entries]
         if len(set(shapes)) > 1:
@@ -258,3 +260,8 @@ def _mix_feature(items: Sequence[tuple[float, Mapping[str, np.ndarray]]]) -> dic
         if all(q in st for _, st in items):
             out[q] = weighted(q)
     return out
+
+
+def _kind(feature: Mapping[str, Any]) -> str:
+    """A feature's dtype as a mixture error names it (a depth camera's: "depth video")."""
+    return f"depth {feature['dtype']}" if is_depth(feature) else str(feature["dtype"])

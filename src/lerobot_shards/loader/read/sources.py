@@ -27,6 +27,7 @@ import pyarrow.compute  # noqa: F401  (see below)
 import pyarrow.parquet as pq
 
 from ... import format as fmt
+from ...depth import DepthParams, depth_params
 from ...episode_table import check_episode_table
 from ...filesystems import protocols
 from ...language import LanguageColumn, is_language_feature, language_column
@@ -72,6 +73,7 @@ class ClipRef:
     frame_mappings: str | None  # torchcodec custom_frame_mappings for exact seeks without a scan
     where: str = "clip"  # dataset, shard or file, episode and camera: decode errors name them
     size: tuple[int, int] | None = None  # (height, width) the camera's feature declares, checked at open
+    depth: DepthParams | None = None  # a depth camera's quantizer: decoded by PyAV and dequantized
 
 
 @dataclass
@@ -104,6 +106,12 @@ class SourceInfo:
     def declared_sizes(self) -> dict[str, tuple[int, int] | None]:
         """Each camera's (height, width) as its feature declares it (``resize.feature_size``)."""
         return {cam: feature_size(self.features.get(cam, {})) for cam in self.cameras}
+
+    @functools.cached_property
+    def depth(self) -> dict[str, DepthParams]:
+        """The depth cameras' parameters (``depth.depth_params``; ``DepthError`` naming a bad one)."""
+        found = {cam: depth_params(self.features.get(cam, {}), f"camera {cam!r}") for cam in self.cameras}
+        return {cam: p for cam, p in found.items() if p is not None}
 
 
 def table_to_columns(
@@ -549,6 +557,7 @@ class ShardSource:
                 frame_mappings=clip.frame_mappings_json(),
                 where=f"{where} camera {cam}",
                 size=self.info.declared_sizes.get(cam),
+                depth=self.info.depth.get(cam),
             )
             for cam, clip in entry.clips.items()
         }
@@ -765,6 +774,7 @@ class RawSource:
                 None,
                 f"{where} camera {cam} ({v.path})",
                 self.info.declared_sizes.get(cam),
+                self.info.depth.get(cam),
             )
         nbytes = int(table.nbytes)
         release = (lambda: self._release(files)) if files else None
