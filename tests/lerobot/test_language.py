@@ -118,14 +118,15 @@ def test_samples_are_lerobots(annotated: dict[str, Path], source: str) -> None:
     assert seen == theirs.num_frames and events == 2 * 3  # two annotated episodes: 2 events at ts[3], 1 at ts[7]
 
 
+@pytest.mark.parametrize("source", ["raw", "shards"])
 @pytest.mark.parametrize("num_workers", [0, 2])
-def test_batches_are_lerobot_collate_fns(annotated: dict[str, Path], num_workers: int) -> None:
+def test_batches_are_lerobot_collate_fns(annotated: dict[str, Path], num_workers: int, source: str) -> None:
     from lerobot.utils.collate import lerobot_collate_fn
 
     from lerobot_shards.integrations.lerobot_train import _collate_drops
 
     theirs = _theirs(annotated["raw"])
-    ds = EpisodePoolDataset(str(annotated["shards"]), image_dtype=torch.uint8, seed=1)
+    ds = EpisodePoolDataset(str(annotated[source]), image_dtype=torch.uint8, seed=1)
     # as LeRobot's trainer builds it (collate_fn chosen by meta.has_language_columns), then as we rebuild it
     loader = DataLoader(ds, batch_size=4, num_workers=num_workers, collate_fn=lerobot_collate_fn)
     rebuilt = with_slabs(loader, drop=_collate_drops(loader))
