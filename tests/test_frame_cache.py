@@ -328,6 +328,35 @@ def test_eviction_keeps_the_bound_and_spares_entries_in_use(raw: Path, tmp_path:
         e.close()
 
 
+def test_a_reservation_with_room_does_not_walk_the_directory(
+    raw: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ledger (an upper bound of the entries' sum) answers a reservation with room: the
+    directory is walked once for the eight entries, when the ledger is made; an entry deleted
+    behind the cache's back leaves the ledger high, and a ledger found too high is set right by
+    one walk, never exceeding the bound."""
+    walks: list[bool] = []
+    real_scan = frame_cache.scan
+
+    def counting(root: str, *, probe: bool = True) -> list:
+        walks.append(probe)
+        return real_scan(root, probe=probe)
+
+    monkeypatch.setattr(frame_cache, "scan", counting)
+    want = _batches(_dataset(raw, None))
+    _same(want, _batches(_dataset(raw, tmp_path)))
+    assert len(_entries(tmp_path)) == 2 * 4 and walks == [False]
+    ledger = tmp_path / ".locks" / frame_cache.LEDGER
+    total = sum(os.path.getsize(p) for p in _entries(tmp_path))
+    assert int(ledger.read_bytes()) == total
+    os.unlink(_entries(tmp_path)[0])  # deleted behind the cache's back: the ledger stays high
+    ledger.write_bytes(b"garbled")  # a torn write: read as unknown
+    ds = _dataset(raw, tmp_path, frame_cache_bytes=total)
+    _same(want, _batches(ds))
+    assert _total(ds)["frame_cache_fills"] == 1 and len(_entries(tmp_path)) == 2 * 4
+    assert int(ledger.read_bytes()) == total and walks == [False, False]
+
+
 def test_two_resize_settings_share_a_directory(raw: Path, tmp_path: Path) -> None:
     small: dict[str, Any] = {"resize": (32, 48), "image_dtype": torch.uint8}
     other: dict[str, Any] = {"resize": (32, 48), "resize_mode": "crop", "image_dtype": torch.uint8}

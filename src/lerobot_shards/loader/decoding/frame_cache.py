@@ -79,6 +79,12 @@ ALIGN = 4096  # header and checksum table end on a page: frames start page-align
 DIGEST_BYTES = 16  # xxh3-128
 ENTRIES_DIR = "frames"
 FORMAT = 1
+# In ``LOCKS_DIR`` (never counted, never evicted): an upper bound of the entries' sum, kept under
+# the global lock, so that a reservation with room reads 8 bytes instead of walking the directory.
+LEDGER = "frames.bytes"
+# An eviction frees this share of the bound beyond what it needs (when it can), so that the
+# directory is walked once per many reservations at capacity, not at each: O(1) amortized.
+HEADROOM = 0.05
 
 
 class FrameCacheError(LeRobotShardsError, OSError):
@@ -241,17 +247,30 @@ class Fill(_Frames):
         self.layout = Layout(frames, shape)
         self.digests = [b""] * frames
         tmp = f"{self.final}.{os.getpid()}.{threading.get_ident()}{TMP_SUFFIX}"
-        with _locked(os.path.join(self.cache.root, GLOBAL_LOCK)):
-            # which entries are in use (a lock probe each) is asked only when some must be evicted
-            entries = scan(self.cache.root, probe=False)
-            if sum(e.size for e in entries) + self.layout.size > self.cache.max_bytes:
-                entries = scan(self.cache.root)
-            plan = plan_evictions(entries, self.layout.size, self.cache.max_bytes)
-            if plan is None:
-                return None
-            for path in plan:
-                if not _evict(path):  # taken into use since the scan
-                    return None
+        root, need, bound = self.cache.root, self.layout.size, self.cache.max_bytes
+        with _locked(os.path.join(root, GLOBAL_LOCK)):
+            ledger = os.path.join(root, LOCKS_DIR, LEDGER)
+            known, plan = _read_ledger(ledger), []
+            if known is None or known + need > bound:  # the truth, from the directory
+                # which entries are in use (a lock probe each) is asked only when some must be evicted
+                entries = scan(root, probe=False)
+                known = sum(e.size for e in entries)
+                if known + need > bound:
+                    entries = scan(root)
+                    found = plan_evictions(entries, need + int(HEADROOM * bound), bound)
+                    found = found if found is not None else plan_evictions(entries, need, bound)
+                    if found is None:
+                        return None
+                    plan = found
+                    sizes = {e.path: e.size for e in entries}
+                    for path in plan:
+                        if not _evict(path):  # taken into use since the scan (the ledger stays high)
+                            return None
+                        known -= sizes[path]
+            # written before the file is made: a fill killed or failed from here leaves the ledger
+            # high, never low (entries deleted elsewhere too), and a ledger found too high for the
+            # next reservation makes it walk the directory, which sets it right
+            _write_ledger(ledger, known + need)
             os.makedirs(os.path.dirname(self.final), exist_ok=True)
             _check_ours(self.cache.root, self.final, self.final)
             fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
@@ -308,6 +327,23 @@ class Fill(_Frames):
         if self.lock >= 0:
             os.close(self.lock)
             self.lock = -1
+
+
+def _read_ledger(path: str) -> int | None:
+    """The ledger's bound of the entries' sum; None when it is missing or not a number (a torn write)."""
+    try:
+        with open(path, "rb") as f:
+            return int(f.read(32))
+    except (OSError, ValueError):
+        return None
+
+
+def _write_ledger(path: str, total: int) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+    try:
+        os.write(fd, str(max(0, total)).encode())
+    finally:
+        os.close(fd)
 
 
 class FrameCache:
