@@ -47,6 +47,7 @@ def test_every_setting_reads_its_type_and_refuses_a_bad_value_naming_it() -> Non
     bad = {
         "episode_pool_size": ("0", r"--shards.episode_pool_size \(or \$LEROBOT_SHARDS_EPISODE_POOL_SIZE\) must be a"),
         "storage_options": ("[1]", r"--shards.storage_options .* must be a JSON object"),
+        "data_files_storage_options": ("[1]", r"--shards.data_files_storage_options .* must be a JSON object"),
         "equal_samples_per_rank": ("yes", r"--shards.equal_samples_per_rank must be true or false, got 'yes'"),
         "slab_layout": ("nchw", r"--shards.slab_layout .* must be 'sample' or 'contiguous', got 'nchw'"),
         "frame_cache": (" ", r"--shards.frame_cache .* must be 'auto', 'off' or a directory, got ''"),
@@ -91,3 +92,33 @@ def test_storage_secrets_are_never_recorded_and_a_resume_takes_them_from_its_she
     assert resolve({}, json.loads(text), {}).storage_options == {
         "client_kwargs": {"endpoint_url": "http://127.0.0.1:9"}
     }
+
+
+def test_a_data_files_root_is_recorded_with_its_options_less_their_secrets_and_restored() -> None:
+    given, rest = split_args(
+        [
+            "--dataset.repo_id=lerobot/pusht",
+            "--shards.data_files_root=s3://mirror/pusht",
+            f"--shards.data_files_storage_options={json.dumps(OPTIONS)}",
+        ]
+    )
+    assert rest == ["--dataset.repo_id=lerobot/pusht"]
+    first = resolve(given, None, {})
+    assert (first.data_files_root, first.data_files_storage_options) == ("s3://mirror/pusht", OPTIONS)
+    text = json.dumps(first.recorded())
+    assert SECRET not in text and "AKIDEXAMPLE" not in text
+    recorded = json.loads(text)
+    assert recorded["data_files_root"] == "s3://mirror/pusht"
+    shell = {
+        "LEROBOT_SHARDS_DATA_FILES_ROOT": "/elsewhere",  # another shell's: the checkpoint's wins
+        "LEROBOT_SHARDS_DATA_FILES_STORAGE_OPTIONS": json.dumps({"secret": "s2", "key": "k2"}),
+    }
+    resumed = resolve({}, recorded, shell)
+    assert resumed.data_files_root == "s3://mirror/pusht"
+    assert resumed.data_files_storage_options == {**OPTIONS, "key": "k2", "secret": "s2"}
+    assert resumed.storage_options is None  # the metadata's options are not the data files'
+    assert resolve({"data_files_root": "/given"}, recorded, shell).data_files_root == "/given"
+    with pytest.raises(ValueError, match=r"--shards.data_files_storage_options given without data_files_root"):
+        resolve({"data_files_storage_options": "{}"}, None, {})
+    with pytest.raises(ValueError, match=r"--shards.data_files_storage_options .* must be a JSON object"):
+        resolve({"data_files_root": "/d", "data_files_storage_options": "[1]"}, None, {})

@@ -58,6 +58,7 @@ from ..loader.decoding.decoders import MAX_AUTO_DECODE_THREADS
 from ..loader.mix.dataset import open_dataset
 from ..loader.mix.spec import is_mixture_file
 from ..loader.transport.slabs import with_slabs
+from ..storage import StorageLocation
 from .eval_split import eval_subset, split_episodes
 from .frame_cache_choice import choose_frame_cache, choose_partition
 from .train_settings import TrainSettings, resolve, split_args, usage
@@ -309,7 +310,11 @@ def _eval_split(url: str, cfg: Any, common: Mapping[str, Any]) -> tuple[EpisodeP
             "frame (leave it at 0) or run one process"
         )
     whole = EpisodePoolDataset(
-        url, episodes=cfg.dataset.episodes, storage_options=common["storage_options"], cache_dir=common["cache_dir"]
+        url,
+        episodes=cfg.dataset.episodes,
+        storage_options=common["storage_options"],
+        cache_dir=common["cache_dir"],
+        data_files_root=common.get("data_files_root"),
     )
     tasks = whole.episode_tasks()
     train, held = split_episodes(list(cfg.dataset.episodes or sorted(tasks)), tasks, cfg.dataset.eval_split)
@@ -371,6 +376,8 @@ def _make_datasets(original: Any, run: type[_Run], argv: Sequence[str], given: M
         run.cfg, run.streaming = cfg, cfg.dataset.streaming
         cfg.dataset.streaming = True
         common: dict[str, Any] = dict(storage_options=options, cache_dir=settings.cache_dir)
+        if settings.data_files_root is not None:  # one location, its own options, for every dataset below
+            common["data_files_root"] = StorageLocation(settings.data_files_root, settings.data_files_storage_options)
         if is_mixture_file(url):
             if cfg.dataset.episodes:
                 raise ValueError(
@@ -464,6 +471,7 @@ def _make_datasets(original: Any, run: type[_Run], argv: Sequence[str], given: M
             episode_pool_size=settings.episode_pool_size,
             storage_options=options,
             cache_dir=settings.cache_dir,
+            data_files_root=common.get("data_files_root"),
         )
         if len(held) < held_out.world_size:
             raise ValueError(
@@ -490,6 +498,7 @@ def _make_datasets(original: Any, run: type[_Run], argv: Sequence[str], given: M
                     episode_pool_size=settings.episode_pool_size,
                     storage_options=options,
                     cache_dir=settings.cache_dir,
+                    data_files_root=common.get("data_files_root"),
                 )
                 part.set_delta_timestamps(deltas, cfg.tolerance_s)
                 parts.append((task_index, part))

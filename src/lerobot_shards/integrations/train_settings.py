@@ -8,10 +8,10 @@ source before they were arguments), and every checkpoint records them beside the
 takes the checkpoint's, so another shell's environment cannot change the run; an argument given
 on the resuming command line still wins, as LeRobot's own arguments win over its saved config.
 
-Storage options are recorded without their secrets (``redaction.split_secrets``: keys, tokens,
-passwords): a resume takes those from its own arguments or environment, the rest from the
-checkpoint. Fields marked ``recorded=False`` (where this process writes its audit trail) are
-never taken from a checkpoint.
+Storage options (the dataset's and its data files root's) are recorded without their secrets
+(``redaction.split_secrets``: keys, tokens, passwords): a resume takes those from its own arguments
+or environment, the rest from the checkpoint. Fields marked ``recorded=False`` (where this process
+writes its audit trail) are never taken from a checkpoint.
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ PREFIX = "--shards."
 ENV_PREFIX = "LEROBOT_SHARDS_"
 SlabLayout = Literal["sample", "contiguous"]
 TrainPartition = Literal["auto", "global", "node"]
+# The settings holding fsspec options: recorded without their secrets, which a resume takes from its shell.
+OPTION_FIELDS = ("storage_options", "data_files_storage_options")
 
 
 @dataclass(frozen=True)
@@ -55,11 +57,19 @@ class TrainSettings:
     # "auto": node-sticky, each node reading its own part every epoch (a mixture: "global"; a resume:
     # the checkpoint's); "global" for a run that must resume on another node count.
     partition: TrainPartition = "auto"
+    # Where a raw dataset's data files (data/, videos/: parquet, mp4) are when not beside its meta/:
+    # a bucket mirror (s3://...), hf://buckets/..., a local folder (ReadOptions.data_files_root).
+    data_files_root: str | None = None
+    # fsspec options for data_files_root, a JSON object (storage_options, the metadata's, never go there).
+    data_files_storage_options: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
-        if self.storage_options is not None and not isinstance(self.storage_options, dict):
-            raise ValueError(_bad("storage_options", "a JSON object of fsspec options", self.storage_options))
-        for name in ("cache_dir", "sample_log"):
+        for name in OPTION_FIELDS:
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), dict):
+                raise ValueError(_bad(name, "a JSON object of fsspec options", getattr(self, name)))
+        if self.data_files_storage_options is not None and self.data_files_root is None:
+            raise ValueError(f"lerobot-shards train: {PREFIX}data_files_storage_options given without data_files_root")
+        for name in ("cache_dir", "sample_log", "data_files_root"):
             if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
                 raise ValueError(_bad(name, "a path", getattr(self, name)))
         pool = self.episode_pool_size
@@ -77,8 +87,9 @@ class TrainSettings:
     def recorded(self) -> dict[str, Any]:
         """What a checkpoint keeps: every recorded field, the storage options without their secrets."""
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.metadata.get("recorded", True)}
-        if self.storage_options is not None:
-            out["storage_options"] = split_secrets(self.storage_options)[0]
+        for name in OPTION_FIELDS:
+            if getattr(self, name) is not None:
+                out[name] = split_secrets(getattr(self, name))[0]
         return out
 
 
@@ -160,10 +171,11 @@ def resolve(
         if name in fields and fields[name].metadata.get("recorded", True):
             values[name] = value
     values.update({n: parse(n, t, f"{PREFIX}{n}") for n, t in given.items()})
-    kept = (recorded or {}).get("storage_options")
-    if "storage_options" not in given and isinstance(kept, Mapping):
-        current = parse("storage_options", env["storage_options"], "") if "storage_options" in env else None
-        values["storage_options"] = _merged(kept, split_secrets(current)[1] if isinstance(current, dict) else {})
+    for name in OPTION_FIELDS:
+        kept = (recorded or {}).get(name)
+        if name not in given and isinstance(kept, Mapping):
+            current = parse(name, env[name], "") if name in env else None
+            values[name] = _merged(kept, split_secrets(current)[1] if isinstance(current, dict) else {})
     return TrainSettings(**values)
 
 
