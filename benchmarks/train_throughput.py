@@ -320,13 +320,21 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
+def _figure(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
 def table(rows: list[dict[str, Any]], record: dict[str, Any]) -> str:
     """The summary as markdown: one line per policy and transforms setting."""
+    done = min(
+        (len(row[t]["samples_per_s_runs"]) for row in rows for t in ("lerobot", "lerobot-shards") if t in row),
+        default=0,
+    )
     lines = [
         "# LeRobot 0.6.1's trainer: `lerobot-shards train` over `lerobot-train`",
         "",
         f"{record['date']}; {record['machine']['cpus']} CPUs; load average (1 min) {record['load_range']} "
-        f"during the runs; {record['config']['repeats']} runs of each case, interleaved; medians. "
+        f"during the runs; {done} of {record['config']['repeats']} runs of each case, interleaved; medians. "
         "`benchmarks/train_throughput.py` (its docstring says how it measures); every run in train_throughput.json.",
         "",
         "| policy | transforms | LeRobot samples/s | ours samples/s | ratio | LeRobot CPU s/sample | ours CPU s/sample "
@@ -342,7 +350,7 @@ def table(rows: list[dict[str, Any]], record: dict[str, Any]) -> str:
             f"| {row['policy']} | {'on' if row['transforms'] else 'off'} | {theirs['samples_per_s']:.1f} "
             f"| {ours['samples_per_s']:.1f} | **{row['ratio_samples_per_s']:.2f}x** | {theirs['cpu_s_per_sample']:.3f} "
             f"| {ours['cpu_s_per_sample']:.3f} | {row['ratio_cpu_s_per_sample']:.2f}x "
-            f"| {first or float('nan'):.1f} / {later or float('nan'):.1f} |"
+            f"| {_figure(first)} / {_figure(later)} |"
         )
     return "\n".join(lines) + "\n"
 
