@@ -67,6 +67,7 @@ def test_shaper_delays_each_request_and_caps_bandwidth() -> None:
                 assert first >= latency
                 assert whole >= latency + (RESPONSE - proxy._down.burst) / rate
         assert proxy.bytes_down == 2 * RESPONSE and proxy.requests == 2
+        assert [line.strip() for _, line in proxy.log] == ["GET", "GET"]  # each request's first line, logged
 
 
 def test_modes_match_their_definition() -> None:
