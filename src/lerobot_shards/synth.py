@@ -33,6 +33,7 @@ from .language import LANGUAGE_COLUMNS, LANGUAGE_DTYPE, LANGUAGE_EVENTS, LANGUAG
 from .resize import map_box
 from .video import HEVC_MIN_SIDE, concat_clips, encode_depth_video, encode_video
 
+IDENTITY_BITS = 20  # bands painted per frame: frame_bits of the frame index, the rest the episode's
 FIXTURE_BITS = (10, 6)  # (frame_bits, episode_bits) of the real so101_record_test fixture
 
 DARK, BRIGHT = 25, 230
@@ -570,6 +571,7 @@ def synth_dataset(
     workers: int = 1,
     language: bool = False,
     depth_cameras: Sequence[str] = (),
+    frame_bits: int = 10,
 ) -> Path:
     """Write a LeRobot v3.0 dataset under ``root`` (which must be absent or empty) and return its path.
 
@@ -601,13 +603,23 @@ def synth_dataset(
     (``paint_depth``, read back by ``read_depth_identity``) in lossless gray12le HEVC whatever
     ``codec`` says, feature ``info`` with ``is_depth_map`` and LeRobot's default quantizer
     (``SYNTH_DEPTH``), stats in millimetres.
+    ``frame_bits`` of the 20 painted identity bands hold the frame index, the rest the episode
+    index: 12 paints episodes of up to 4,096 frames (long-episode benchmarks), 256 episodes at
+    most; read them back with ``read_identity(frame_bits=12, episode_bits=8)``.
     """
     root = Path(root)
     cameras, image_keys, depth_cameras = tuple(cameras), tuple(image_keys), tuple(depth_cameras)
     lo, hi = length_range
     checks = [
-        (1 <= num_episodes <= 2**10, f"num_episodes {num_episodes} must be in [1, 1024] (identity bits)"),
-        (1 <= lo <= hi <= 2**10, f"length_range {length_range} must satisfy 1 <= min <= max <= 1024"),
+        (1 <= frame_bits <= IDENTITY_BITS - 1, f"frame_bits {frame_bits} must be in [1, {IDENTITY_BITS - 1}]"),
+        (
+            1 <= num_episodes <= 2 ** (IDENTITY_BITS - frame_bits),
+            f"num_episodes {num_episodes} must be in [1, {2 ** (IDENTITY_BITS - frame_bits)}] (identity bits)",
+        ),
+        (
+            1 <= lo <= hi <= 2**frame_bits,
+            f"length_range {length_range} must satisfy 1 <= min <= max <= {2**frame_bits} (frame_bits={frame_bits})",
+        ),
         (codec in CODECS, f"codec {codec!r} is not one of {sorted(CODECS)}"),
         (texture in TEXTURES, f"texture {texture!r} is not one of {TEXTURES}"),
         (
@@ -682,6 +694,7 @@ def synth_dataset(
             texture,
             seed,
             timestamp_jitter_s,
+            frame_bits,
         )
         _write_parquet(table, root / DATA_PATH.format(chunk_index=chunk, file_index=file))
         for e in group:
@@ -695,7 +708,9 @@ def synth_dataset(
         for n, group in enumerate(_groups(num_episodes, episodes_per_video_file))
     ]
     clips = [
-        _Clip(e, lengths[e], c, height, width, texture, seed, fps, codec, gop, crf, bframes, c >= len(cameras))
+        _Clip(
+            e, lengths[e], c, height, width, texture, seed, fps, codec, gop, crf, bframes, c >= len(cameras), frame_bits
+        )
         for c, _, group in files
         for e in group
     ]
@@ -761,6 +776,7 @@ def _data_table(
     texture: str,
     seed: int,
     timestamp_jitter_s: float = 0.0,
+    frame_bits: int = 10,
 ) -> pa.Table:
     """One data parquet's rows: every column encodes its (episode, frame); fills the episodes' stats."""
     size = len(JOINT_NAMES) if vector_storage == "fixed_size_list" else -1
@@ -802,7 +818,7 @@ def _data_table(
         for c, key in enumerate(image_keys, start=num_cameras):  # camera_index after the video cameras
             height, width = features[key]["shape"][:2]
             sample: list[np.ndarray] = []
-            for i, img in enumerate(_painted(e, len(f), height, width, c, sample, texture, seed)):
+            for i, img in enumerate(_painted(e, len(f), height, width, c, sample, texture, seed, frame_bits)):
                 columns[key].append({"bytes": _png(img), "path": f"frame-{i:06d}.png"})
             stats[e][key] = _episode_stats(np.stack(sample), image=True)
         for i in f if LANGUAGE_PERSISTENT in columns else ():
@@ -854,11 +870,13 @@ def _painted(
     sample: list[np.ndarray],
     texture: str,
     seed: int,
+    frame_bits: int = 10,
 ) -> Iterator[np.ndarray]:
     """Frames of one camera's episode; keeps the stats sample so each frame is painted once."""
     keep = _sample_indices(length)
+    bits = {"frame_bits": frame_bits, "episode_bits": IDENTITY_BITS - frame_bits}
     for i in range(length):
-        img = paint_identity(episode, i, height, width, camera, texture=texture, seed=seed)
+        img = paint_identity(episode, i, height, width, camera, texture=texture, seed=seed, **bits)
         if i in keep:
             sample.append(img)
         yield img
@@ -885,6 +903,7 @@ class _Clip:
     crf: int
     bframes: int
     depth: bool = False  # a depth camera: paint_depth codes, lossless gray12le HEVC
+    frame_bits: int = 10
 
 
 def _encode_clip(clip: _Clip) -> tuple[bytes, Stats]:
@@ -894,7 +913,17 @@ def _encode_clip(clip: _Clip) -> tuple[bytes, Stats]:
         return _encode_depth_clip(clip)
     sample: list[np.ndarray] = []
     buf = io.BytesIO()
-    frames = _painted(clip.episode, clip.length, clip.height, clip.width, clip.camera, sample, clip.texture, clip.seed)
+    frames = _painted(
+        clip.episode,
+        clip.length,
+        clip.height,
+        clip.width,
+        clip.camera,
+        sample,
+        clip.texture,
+        clip.seed,
+        clip.frame_bits,
+    )
     encode_video(
         frames, buf, fps=clip.fps, codec=clip.codec, gop=clip.gop, crf=clip.crf, threads=1, bframes=clip.bframes
     )

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import math
 import numbers
 import os
@@ -29,17 +30,28 @@ import torch
 from ..cpus import cores_per_rank
 from ..cpus import local_world_size as launcher_local_world_size
 from ..depth import DepthError, is_depth
-from ..filesystems import resolve_source
+from ..filesystems import protocols, resolve_source
 from ..language import is_language_feature
 from ..lerobot_v3 import IMAGE_DTYPE
+from ..memory import node_memory_bytes
 from ..resize import camera_sizes, resized_features
 from ..storage import StorageLocation
 from .augment import SampleTransforms
 from .base import ResumableDataset
+from .decoding.decoders import auto_decode_threads
 from .decoding.frame_cache import resolve_options as resolve_frame_cache
 from .emission import SampleLayout, stream_samples
 from .meta import DatasetMeta, Stats, dataset_meta, episode_stats_rows
 from .options import DecodeOptions, OrderOptions, ReadOptions, check_episodes, group_options
+from .plan.budget import (
+    OPEN_SHARDS,
+    EpisodeTooLarge,
+    MemoryNeeds,
+    MemoryPlan,
+    episode_held_bytes,
+    fit_pool,
+    sidecar_bytes,
+)
 from .plan.elastic import SubsetSampler
 from .plan.order import EpochOrder, shards_digest
 from .plan.partition import (
@@ -53,9 +65,12 @@ from .plan.partition import (
 )
 from .plan.sampling import PoolSampler
 from .plan.windows import delta_frame_offsets
-from .read.shard_cache import default_cache_bytes
+from .read.remote import READ_AHEAD_CHUNKS
+from .read.shard_cache import CHUNK_BYTES, default_cache_bytes
 from .read.sources import EpisodeSource, ShardSource, SourceMetadata, open_source
 from .stats import StatSlot
+
+log = logging.getLogger(__name__)
 
 
 class EpisodePoolDataset(ResumableDataset):
@@ -161,19 +176,6 @@ class EpisodePoolDataset(ResumableDataset):
                 f"{self.source_url}: drop_n_last_frames={order.drop_n_last_frames} leaves no frame to sample "
                 f"(the longest chosen episode has {longest} frames)"
             )
-        self._order = EpochOrder(
-            shards=tuple(sampled),
-            source_shards_digest=shards_digest(info.shards),
-            seed=order.seed,
-            shuffle=order.shuffle,
-            pool_size=order.episode_pool_size,
-            equal_samples_per_rank=order.equal_samples_per_rank,
-            drop_last=order.drop_last,
-            rank=self.rank,
-            world_size=self.world_size,
-            drop_n_last_frames=order.drop_n_last_frames,
-            nodes=_nodes(order.partition, self.world_size, local_world_size),
-        )
         if order.equal_samples_per_rank and self.num_episodes < self.world_size:  # some rank would read none
             one = Consumer(self.rank, self.world_size, 0, 1)
             raise ValueError(f"{self.source_url}: {too_few_episodes(self.num_episodes, one)}")
@@ -181,6 +183,22 @@ class EpisodePoolDataset(ResumableDataset):
         # this rank's cores, counted here in the rank's process: a DataLoader worker cannot tell its
         # rank's launcher (a forkserver worker's parent is the fork server)
         self._rank_cores = cores_per_rank()
+        # the pool and read-ahead the memory budget allows, from metadata alone: the order's pool size
+        self.memory = self._memory_plan(local_world_size)
+        self.read = dataclasses.replace(self.read, prefetch_episodes=self.memory.prefetch)
+        self._order = EpochOrder(
+            shards=tuple(sampled),
+            source_shards_digest=shards_digest(info.shards),
+            seed=order.seed,
+            shuffle=order.shuffle,
+            pool_size=self.memory.pool,
+            equal_samples_per_rank=order.equal_samples_per_rank,
+            drop_last=order.drop_last,
+            rank=self.rank,
+            world_size=self.world_size,
+            drop_n_last_frames=order.drop_n_last_frames,
+            nodes=_nodes(order.partition, self.world_size, local_world_size),
+        )
 
     def select_cameras(self, cameras: Sequence[str] | None) -> None:
         """Choose the cameras to decode (``None``: all), before ``set_delta_timestamps`` and any iteration.
@@ -243,6 +261,67 @@ class EpisodePoolDataset(ResumableDataset):
             )
         known = [k for k, v in self.features.items() if v["dtype"] != "video"] + list(self.cameras)
         return delta_frame_offsets(delta_timestamps or {}, self.fps, tolerance_s, known_keys=known)
+
+    def _memory_plan(self, local_world_size: int | None) -> MemoryPlan:
+        """The pool and read-ahead that fit ``memory_budget_bytes`` (``plan.budget``): what the chosen
+        episodes, cameras, windows and decode threads are estimated to hold, from metadata."""
+        info, read = self._source_info, self.read
+        given = read.memory_budget_bytes
+        budget = given if given is not None else default_memory_budget(local_world_size, self._rank_cores)
+        chosen = [(e, n) for s in self.shards for e, n in zip(s.episodes, s.lengths)]
+        row_values = sum(
+            math.prod(v["shape"]) for k, v in self.features.items() if v["dtype"] not in ("video", IMAGE_DTYPE)
+        )
+        frames = [math.prod(self.features[c]["shape"]) for c in self.cameras]
+        itemsize = torch.empty((), dtype=self.decode.image_dtype).element_size()
+        threads = self.decode.decode_threads
+        if threads is None:
+            threads = auto_decode_threads(self.decode.video_decode_device, self._rank_cores)
+        fixed = info.held_bytes + sidecar_bytes([s.frames for s in self.shards], len(info.cameras))
+        if read.cache_dir is None and "file" not in protocols(
+            self.location.fs
+        ):  # the ranged reads' chunks, current and next shard
+            fixed += OPEN_SHARDS * (READ_AHEAD_CHUNKS + 1) * CHUNK_BYTES
+        needs = MemoryNeeds(
+            episode_bytes=[
+                episode_held_bytes(info.episode_bytes.get(e, 0), n, row_values, len(self.cameras)) for e, n in chosen
+            ],
+            frame_bytes=frames,
+            sample_bytes=itemsize * sum(f * len(self.delta_offsets.get(c, (0,))) for c, f in zip(self.cameras, frames)),
+            lookahead_samples=max(1, 2 * threads),
+            decoder_cap=self.decode.decoder_cache_size,
+            fixed_bytes=fixed,
+        )
+        assert read.prefetch_episodes is not None  # resolved in __init__
+        try:
+            plan = fit_pool(needs, budget, self.order.episode_pool_size, read.prefetch_episodes)
+        except EpisodeTooLarge:
+            largest = max(chosen, key=lambda en: info.episode_bytes.get(en[0], 0) + en[1])
+            need = needs.cost(1, 1)
+            message = (
+                f"{self.source_url}: episode {largest[0]} ({largest[1]} frames, cameras {list(self.cameras)}) "
+                f"needs about {need / 2**20:.0f} MiB with a pool of one episode and one read ahead, more than "
+                f"memory_budget_bytes={budget} ({budget / 2**20:.0f} MiB per consumer"
+                f"{'' if given is not None else ', the default for this node'}); "
+                f"raise memory_budget_bytes, decode fewer cameras or smaller frames (resize)"
+            )
+            if given is not None:
+                raise ValueError(message) from None
+            warnings.warn(message + ": reading one episode at a time, over the budget", stacklevel=3)
+            plan = MemoryPlan(budget, 1, 1, need, self.order.episode_pool_size, read.prefetch_episodes, needs)
+        if plan.shrunk:
+            log.info(
+                "%s: memory_budget_bytes=%d per consumer: a pool of %d episodes (of %d) and %d read ahead (of %d), "
+                "about %d MiB",
+                self.source_url,
+                budget,
+                plan.pool,
+                plan.asked_pool,
+                plan.prefetch,
+                plan.asked_prefetch,
+                plan.estimate >> 20,
+            )
+        return plan
 
     @property
     def epoch_order(self) -> EpochOrder:
@@ -453,6 +532,15 @@ class EpisodePoolDataset(ResumableDataset):
             stage=stage,
             transforms=None if transforms is None else SampleTransforms(transforms, keys, self.order.seed, epoch),
         )
+
+
+def default_memory_budget(local_world_size: int | None, rank_cores: int) -> int:
+    """``memory_budget_bytes=None``: half the node's memory (its cgroup's limit, else MemTotal),
+    shared by its ranks (as given, else as their launcher says, ``cpus.local_world_size``, else 1)
+    and, in each rank, by one consumer per core (more DataLoader workers than cores: give the budget)."""
+    found = launcher_local_world_size()
+    ranks = local_world_size if local_world_size is not None else found[0] if found is not None else 1
+    return max(1 << 20, node_memory_bytes() // 2 // (max(1, ranks) * max(1, rank_cores)))
 
 
 def _distributed(rank: int | None, world_size: int | None) -> tuple[int, int]:

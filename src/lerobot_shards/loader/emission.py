@@ -34,7 +34,7 @@ from .plan.elastic import SubsetSampler
 from .plan.partition import ConsumerPlan
 from .plan.sampling import PoolSampler
 from .plan.windows import window_indices
-from .read.reader import EpisodeReader, ReaderClosed
+from .read.reader import EpisodeReader, HeldBytes, ReaderClosed
 from .read.sources import EpisodeSource, ResidentEpisode
 from .stats import StatSlot
 from .transport import shutdown
@@ -137,6 +137,17 @@ def _fits(value: torch.Tensor, slot: torch.Tensor, dtype: torch.dtype) -> bool:
 
 def _unchanged(item: dict[str, Any]) -> dict[str, Any]:
     return item
+
+
+def _releaser(episode: ResidentEpisode, held: HeldBytes) -> Callable[[], None]:
+    """What lets an evicted episode go: its bytes uncounted, its cached mp4s released."""
+
+    def release() -> None:
+        held.release(episode.nbytes)
+        if episode.release is not None:
+            episode.release()
+
+    return release
 
 
 def emit(item: dict[str, Any], decoders: DecodePool, stats: StatSlot) -> dict[str, Any]:
@@ -272,9 +283,10 @@ def stream_samples(
                     decoders.release(clip)
                     if clip.data is not None:
                         decoders.drop(clip.cache_key)
-                if episode.release is not None:  # its cached mp4s, once its queued samples are decoded
-                    releases.append((queued, episode.release))
+                # its bytes (and its cached mp4s), once its queued samples are decoded
+                releases.append((queued, _releaser(episode, reader.held)))
             stats.set("pool_occupancy", len(pool))
+            stats.set("resident_bytes_peak", reader.held.peak)
             while len(pending) > lookahead:
                 yield augmented(emit(pending.popleft(), decoders, stats))
                 done += 1

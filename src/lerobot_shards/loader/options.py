@@ -147,6 +147,14 @@ class ReadOptions:
     # the converter's default size). Fixes the order: resume states record its digest.
     shard_bytes: int | None = None
     episodes_per_shard: int | None = None
+    # Bytes one consumer (the main process, or each DataLoader worker) may hold: its resident and
+    # read-ahead episodes (encoded clips, decoded tables, sidecar rows), its decoders, the frames
+    # decoded ahead (``plan.budget``). Enforced by admitting fewer episodes: the read-ahead shrinks
+    # first, then the pool, never below one episode; the pool size comes from metadata alone (the
+    # manifest's shard bytes), so a resume with the same budget sees the same order. None: half the
+    # node's memory (its cgroup's limit, else MemTotal) over its ranks (LOCAL_WORLD_SIZE) and one
+    # consumer per core of each rank (``dataset.default_memory_budget``).
+    memory_budget_bytes: int | None = None
     # Read a converted dataset of format 1 or 2 (no digests of its metadata: an edit that keeps it
     # consistent goes unnoticed). Off: such a manifest is refused, so lowering the version of an
     # edited format 3 one cannot switch the checks off (``format.LEGACY_VERSIONS``).
@@ -186,6 +194,13 @@ class ReadOptions:
             hint="the reader always reads at least the next episode ahead",
         )
         _choice("on_error", self.on_error, OnError)
+        _int(
+            "memory_budget_bytes",
+            self.memory_budget_bytes,
+            1 << 20,
+            none="half the node's memory per consumer",
+            hint="the bytes each consumer (process or DataLoader worker) may hold",
+        )
         _int("shard_bytes", self.shard_bytes, 1, none="the converter's default")
         _int("episodes_per_shard", self.episodes_per_shard, 1, none="by size")
         if self.shard_bytes is not None and self.episodes_per_shard is not None:

@@ -33,6 +33,7 @@ STAT_FIELDS = (
     "episodes_skipped",  # on_error="skip": episodes whose bytes were bad, and their samples dropped
     "samples_skipped",
     "samples_substituted",  # equal-count mode: skipped samples replaced by a frame of a good resident episode
+    "resident_bytes_peak",  # the most episode bytes a consumer held at once (read ahead, resident, decoding)
     *COUNTERS,  # storage bytes and cache outcomes (loader.read.shard_cache)
     *FRAME_COUNTERS,  # the decoded-frame cache (loader.decoding.frame_fill)
 )

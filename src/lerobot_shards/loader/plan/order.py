@@ -110,6 +110,10 @@ _ORDER_HINTS = {
         "or start the next epoch here)"
     ),
     "episodes_digest": " (another episodes= subset)",
+    "episode_pool_size": (
+        " (memory_budget_bytes shrinks the pool when the episodes do not fit it, and its default follows the "
+        "node's memory and cores: resume with the budget, or the pool size, of the run that saved it)"
+    ),
     "drop_n_last_frames": " (another policy: its frames left unsampled at each episode's end)",
     "shard_plan_digest": (
         " (other shards: another conversion of the dataset, or a raw source's shard_bytes/episodes_per_shard)"

@@ -31,6 +31,25 @@ class ReaderClosed(LeRobotShardsError, RuntimeError):
     """The reader was closed under its consumer (at interpreter exit): the stream ends here."""
 
 
+class HeldBytes:
+    """Bytes of the episodes a consumer holds, from the end of their read (the reader thread) to
+    their release (the training thread, once their queued samples are decoded): what the memory
+    budget bounds (``plan.budget``), its peak counted as ``resident_bytes_peak``."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.now = self.peak = 0
+
+    def add(self, nbytes: int) -> None:
+        with self._lock:
+            self.now += nbytes
+            self.peak = max(self.peak, self.now)
+
+    def release(self, nbytes: int) -> None:
+        with self._lock:
+            self.now -= nbytes
+
+
 class EpisodeReader:
     """Reads episodes in admission order on a background thread into a bounded queue.
 
@@ -42,6 +61,7 @@ class EpisodeReader:
             shards that hold the next ``depth`` episodes (at least the next shard), to fetch ahead.
         skip_bad: an episode whose bytes fail their checksum (``IntegrityError``) is handed over
             as None (logged) instead of ending the stream with the error.
+        held: counts each episode's bytes once it is read (its consumer releases them).
     """
 
     _END = object()
@@ -54,7 +74,9 @@ class EpisodeReader:
         depth: int,
         *,
         skip_bad: bool = False,
+        held: HeldBytes | None = None,
     ) -> None:
+        self.held = held if held is not None else HeldBytes()
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=max(1, depth))
         self._skip_bad = skip_bad
         self._stop = threading.Event()
@@ -97,7 +119,9 @@ class EpisodeReader:
 
     def _read(self, source: EpisodeSource, shard: int, episode_index: int) -> ResidentEpisode | None:
         try:
-            return source.read_episode(shard, episode_index)
+            episode = source.read_episode(shard, episode_index)
+            self.held.add(episode.nbytes)
+            return episode
         except IntegrityError as e:
             if not self._skip_bad:
                 raise

@@ -101,6 +101,12 @@ class SourceInfo:
     source_info: dict[str, Any] = field(default_factory=dict)  # the source's meta/info.json
     episode_stats: pa.Table | None = None  # meta/episodes' stats/... columns (raw sources only)
     skipped: dict[int, str] = field(default_factory=dict)  # episodes convert left out: episode -> reason
+    # What the source holds in memory, from metadata (``plan.budget``): per episode, the encoded
+    # bytes of it kept while it is resident (a converted episode's members: its shard's bytes
+    # spread over its episodes by frames; a raw episode's mp4s stay in their files: none), and
+    # besides the episodes (a raw source's current data file).
+    episode_bytes: dict[int, int] = field(default_factory=dict)
+    held_bytes: int = 0
 
     @functools.cached_property
     def declared_sizes(self) -> dict[str, tuple[int, int] | None]:
@@ -292,6 +298,11 @@ class ShardSource:
             stats=m.source_stats,
             source_info=m.source_info,
             skipped=dict(m.skipped_episodes),
+            episode_bytes={
+                e: -(-s.bytes * n // max(1, sum(lengths)))
+                for s, lengths in ((s, self._episode_lengths(s)) for s in m.shards)
+                for e, n in zip(s.episodes, lengths)
+            },
         )
 
     def _shard_path(self, name: str) -> str:
@@ -633,6 +644,11 @@ class RawSource:
             stats=self.src.stats,
             source_info=self.src.info,
             episode_stats=self.src.episode_stats,
+            episode_bytes=dict.fromkeys((e.episode_index for e in self.src.episodes), 0),
+            held_bytes=max(
+                (self.src.file_size(p) for p in {e.data_path for e in self.src.episodes} - set(self.src.missing_files)),
+                default=0,
+            ),
         )
         self.counters = IOCounters()
         self.remote = None
