@@ -151,13 +151,14 @@ def main() -> None:
     (out / "memory_budget.json").write_text(json.dumps(result, indent=1) + "\n")
     lines = [
         "| case | pool / read-ahead | budget MiB | estimate MiB | episode bytes held MiB | RSS before MiB | "
-        "peak RSS MiB | samples/s | load |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "peak RSS MiB | above start MiB | samples/s | load |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, r in result["cases"].items():
         lines.append(
             f"| {name} | {r['pool']} / {r['prefetch']} | {r['budget_mib']} | {r['estimate_mib']} | "
-            f"{r['held_peak_mib']} | {r['rss_before_mib']} | {r['rss_peak_mib']} | {r['samples_per_s']} | "
+            f"{r['held_peak_mib']} | {r['rss_before_mib']} | {r['rss_peak_mib']} | "
+            f"{round(r['rss_peak_mib'] - r['rss_before_mib'], 1)} | {r['samples_per_s']} | "
             f"{r['load_avg_1m']} |"
         )
     (out / "summary.md").write_text(

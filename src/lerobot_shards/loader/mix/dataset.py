@@ -22,11 +22,12 @@ from typing import Any
 
 import numpy as np
 
+from ...cpus import cores_per_rank
 from ...exceptions import LeRobotShardsError
 from ...lerobot_v3 import IMAGE_DTYPE, VIDEO_DTYPE
 from ...storage import StorageLocation
 from ..base import ResumableDataset
-from ..dataset import EpisodePoolDataset
+from ..dataset import EpisodePoolDataset, default_memory_budget
 from ..meta import DatasetMeta, stats_to_numpy
 from ..options import DecodeOptions, OrderOptions, ReadOptions, group_options
 from ..plan.order import EpochOrder
@@ -85,6 +86,9 @@ class MixtureDataset(ResumableDataset):
                 f"MixtureDataset: partition={order.partition!r} is not supported for mixtures yet; use "
                 f"partition='global' (a node's frame cache then misses in later epochs)"
             )
+        # a consumer holds every source's pool at once: they share its memory budget evenly
+        budget = read.memory_budget_bytes or default_memory_budget(None, cores_per_rank())
+        read = dataclasses.replace(read, memory_budget_bytes=max(1 << 20, budget // len(self.mixture.sources)))
         self.sources = tuple(
             _open(spec, rank=rank, world_size=world_size, order=order, read=read, decode=decode)
             for spec in self.mixture.sources
