@@ -57,7 +57,7 @@ def _rank_gets(s3_server, url: str, rank: int, world_size: int, workers: int) ->
     return _metadata_gets(s3_server.log.read_text(errors="replace")[start:])
 
 
-@pytest.mark.parametrize("world_size", [1, 2])
+@pytest.mark.parametrize("world_size", [1, pytest.param(2, marks=pytest.mark.slow)])
 def test_metadata_requests_per_rank_are_the_same_with_0_1_2_workers(s3_server, bucket_url, world_size) -> None:
     """One manifest GET per rank whatever its workers, no metadata object read twice, and over all
     ranks every sidecar once (a rank's own shards, hence its sidecars, follow the layout: on one
