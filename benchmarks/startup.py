@@ -10,8 +10,8 @@ planning its share (pure, no request), then its DataLoader workers reading their
 process, each with a file system of its own (s3fs's instance cache cleared before each, as a
 fresh process has it): every rank of a world size opens the dataset (the metadata reads of all
 ranks, sent by ``--concurrency`` threads at once, as ranks starting together do: that burst's
-requests per second on the dataset's prefix are reported), and a sample of ranks (the first and
-the last) reaches its first batch with each worker count, counted at the shaper per rank: the
+requests per second on the dataset's prefix are reported), and rank 0 of each world size (or
+of ``--first-ranks``) reaches its first batch with each worker count, counted at the shaper per rank: the
 manifest and sidecars (metadata) apart from the shards' bytes (data). Writes
 ``results/startup/{startup[-TAG].json, summary[-TAG].md}``.
 """
@@ -164,6 +164,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ranks", default="1,10,100,1000")
     ap.add_argument("--workers", default="0,1,2,4,8")
+    ap.add_argument(
+        "--first-ranks", default="", help="world sizes whose rank 0 reaches its first batches (default: --ranks)"
+    )
     ap.add_argument("--episodes", type=int, default=1024, help="episodes (one shard each)")
     ap.add_argument("--profile", default="cross-region", choices=sorted(PROFILES))
     ap.add_argument("--concurrency", type=int, default=32, help="ranks opening at once")
@@ -181,14 +184,14 @@ def main() -> None:
         for world in ranks:
             opens.append(open_all(bucket, url, world, args.concurrency))
             print(json.dumps(opens[-1]), flush=True)
+        write(args, opens, [])  # kept if the first batches do not finish
         firsts = []
-        for world in ranks:
-            for rank in sorted({0, world - 1}):
-                for w in workers:
-                    if world * max(1, w) > args.episodes:
-                        continue  # a consumer without an episode has no first batch
-                    firsts.append(first_batches(bucket, url, world, rank, w))
-                    print(json.dumps(firsts[-1]), flush=True)
+        for world in [int(x) for x in args.first_ranks.split(",")] if args.first_ranks else ranks:
+            for w in workers:
+                if world * max(1, w) > args.episodes:
+                    continue  # a consumer without an episode has no first batch
+                firsts.append(first_batches(bucket, url, world, 0, w))
+                print(json.dumps(firsts[-1]), flush=True)
     write(args, opens, firsts)
 
 
