@@ -125,12 +125,17 @@ def open_all(bucket: Bucket, url: str, world: int, concurrency: int) -> dict[str
     counted = Counted(bucket)
     start = time.perf_counter()
 
-    def one(rank: int) -> None:
+    def one(rank: int) -> str | None:
+        """The rank's error (a timed-out request of the burst, as a real rank would raise it), or None."""
         options = {**bucket.storage_options, "skip_instance_cache": True}  # its own file system, as a process
-        open_rank(url, options, rank, world)
+        try:
+            open_rank(url, options, rank, world)
+        except OSError as error:
+            return str(error)
+        return None
 
     with ThreadPoolExecutor(concurrency) as pool:
-        list(pool.map(one, range(world)))
+        errors = [e for e in pool.map(one, range(world)) if e is not None]
     elapsed = time.perf_counter() - start
     summary = counted.summary()
     return {
@@ -138,6 +143,8 @@ def open_all(bucket: Bucket, url: str, world: int, concurrency: int) -> dict[str
         "open_s": round(elapsed, 2),
         "requests_per_rank": round(summary["requests"] / world, 2),
         "requests_per_s": round(summary["requests"] / elapsed, 1),
+        "failed_opens": len(errors),
+        "first_error": errors[0] if errors else None,
         **{f"total_{k}": v for k, v in summary.items()},
     }
 
@@ -206,12 +213,12 @@ def write(args: argparse.Namespace, opens: list[dict[str, Any]], firsts: list[di
         "",
         f"Every rank opens the dataset, {args.concurrency} at once (the burst on one prefix):",
         "",
-        "| ranks | requests per rank | of them manifest | requests/s on the prefix | all opened in s |",
-        "|---:|---:|---:|---:|---:|",
+        "| ranks | requests per rank | of them manifest | requests/s on the prefix | all opened in s | failed |",
+        "|---:|---:|---:|---:|---:|---:|",
     ]
     lines += [
         f"| {r['ranks']:,} | {r['requests_per_rank']} | {r['total_manifest'] / r['ranks']:.2f} | "
-        f"{r['requests_per_s']} | {r['open_s']} |"
+        f"{r['requests_per_s']} | {r['open_s']} | {r['failed_opens']} |"
         for r in opens
     ]
     lines += [
