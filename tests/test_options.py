@@ -81,6 +81,8 @@ BAD_LOADER_OPTIONS = [
     ("read", "shard_bytes", -5, r"shard_bytes must be an int >= 1"),
     ("read", "episodes_per_shard", True, r"episodes_per_shard must be an int >= 1 .*, got True"),
     ("read", "legacy_format", "yes", r"legacy_format must be True or False, got 'yes'"),
+    ("read", "data_files_root", "", r"data_files_root must be a URL, a path or a StorageLocation, got ''"),
+    ("read", "data_files_root", 5, r"data_files_root must be a URL, a path or a StorageLocation, got 5"),
     ("read", "memory_budget_bytes", 1000, r"memory_budget_bytes must be an int >= 1048576 \(None: half the node's"),
     ("read", "memory_budget_bytes", 2.0**30, r"memory_budget_bytes must be an int >= 1048576"),
     ("decode", "video_decode_device", "tpu", r"video_decode_device must be 'cpu' or 'cuda'"),
