@@ -38,9 +38,9 @@ log = logging.getLogger(__name__)
 # 480p AV1. Measured on a cold epoch: 8 left 7x more frames decoded at emit than 32 (the fills lag
 # behind emission while the pool's first episodes all fill at once), 16 3.5x.
 FILL_CHUNK = 32
-# A consumer's first reads (about a first batch's: 16 samples of 2 cameras) wait on a fill only
-# for frames up to FILL_AHEAD past it, and decode farther ones at random: the first batch waits
-# for a few windows, not for most of the pool's first episodes decoded in full (~1 s more).
+# A consumer's first reads (about a first batch's: 16 samples of 2 cameras) wait only on a fill
+# under way, for frames up to FILL_AHEAD past it, and decode the others at random: the first
+# batch waits for a few windows, not for the pool's first episodes decoded in full (~1 s more).
 STARTUP_READS = 32
 FILL_AHEAD = 64
 # Clips whose episode left the pool before their fill was done are still filled (the next epoch
@@ -207,7 +207,7 @@ class FrameServer:
                 state.elsewhere = state.entry is None
             top = max(int(i) for i in indices)
             self.reads += 1
-            if self.reads > STARTUP_READS or top < (state.fill.progress if state.fill else 0) + FILL_AHEAD:
+            if self.reads > STARTUP_READS or (state.fill is not None and top < state.fill.progress + FILL_AHEAD):
                 self._fill_to(state, top)
             frames = self._read(state, indices, top, into)
             if frames is not None:
