@@ -350,8 +350,8 @@ def test_a_worker_that_cannot_open_the_source_raises_why_not_a_broken_pool(tmp_p
 import multiprocessing, os
 from lerobot_shards.convert.plan import ConvertOptions, RunOptions
 from lerobot_shards.convert import run
-setup = run._WorkerSetup(({str(tmp_path / "gone")!r}, {{}}), ({str(tmp_path / "out")!r}, {{}}), ConvertOptions(),
-                         RunOptions(), 20, os.getppid())
+setup = run._WorkerSetup(({str(tmp_path / "gone")!r}, {{}}), None, ({str(tmp_path / "out")!r}, {{}}),
+                         ConvertOptions(), RunOptions(), 20, os.getppid())
 run._init_worker(setup, multiprocessing.get_context("spawn").Queue())
 try:
     run._worker_shard(None)
