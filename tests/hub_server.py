@@ -22,6 +22,20 @@ Storage buckets (``add_bucket``), as ``HfFileSystem`` and our Hub file system re
 - ``HEAD``/``GET /buckets/{bucket}/resolve/{path}``: the file, ``Range`` as above (the real Hub
   redirects to its Xet bridge; the bytes are the same).
 
+Writes, as ``HfApi.create_repo`` and ``create_commit`` make them on the plain LFS route (the client
+takes it when ``hf_xet`` is off: ``huggingface_hub.constants.HF_HUB_DISABLE_XET``, which the
+``hub_writes`` fixture sets; the choice is the client's, the server is never asked), each needing a
+valid token:
+
+- ``POST /api/repos/create``: a dataset repo with an empty ``main`` (409 when it exists);
+- ``POST /api/datasets/{repo}/preupload/{rev}``: ``uploadMode`` ``lfs`` for ``.tar``, ``.parquet``,
+  ``.mp4``, else ``regular``, with the ``oid`` of the file already at that path;
+- ``POST /datasets/{repo}.git/info/lfs/objects/batch``: an ``upload`` action (a ``PUT`` to
+  ``/lfs-objects/{oid}``) only for objects the server does not hold: a re-sent file is not sent
+  again; the ``PUT``'s bytes must hash to the oid;
+- ``POST /api/datasets/{repo}/commit/{rev}``: the ndjson commit (``file`` in base64, ``lfsFile`` by
+  oid, which must have been sent, ``deletedFile``/``deletedFolder``), a new commit on the branch.
+
 Errors as the Hub sends them (``X-Error-Code``/``X-Error-Message`` headers, which
 ``hf_raise_for_status`` reads): a missing or private repo without a token is 401 ``RepoNotFound``
 (404 with a valid token that may not see it), a token the server does not know is 401 "Invalid
@@ -35,12 +49,14 @@ latency, bandwidth, a request-rate limit answered with 429). Every request is lo
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import hashlib
 import json
 import os
 import re
 import sys
+import tempfile
 import threading
 import time
 import urllib.parse
@@ -53,6 +69,7 @@ from typing import Any
 import pytest
 
 LFS_SUFFIXES = (".parquet", ".mp4")  # what LeRobot datasets keep in LFS on the Hub
+UPLOAD_LFS_SUFFIXES = (*LFS_SUFFIXES, ".tar")  # what an upload sends by LFS (preupload's answer)
 INVALID_TOKEN = "Invalid credentials in Authorization header"
 VALID_TOKEN = "hf_valid_test_token_0123456789"  # the token the test server accepts
 HELD_MAX_S = 120.0  # a held request is released after this long even if the test forgot to resume
@@ -111,20 +128,29 @@ class _Failure:
     retry_after: float | None
 
 
-def _snapshot(folder: Path) -> _Commit:
-    files: dict[str, _File] = {}
-    dirs = {""}
+def _commit_of(files: dict[str, _File]) -> _Commit:
+    """A commit holding ``files``: its sha from their paths and blob ids, its folders from their paths."""
     digest = hashlib.sha1()
-    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
-        rel = path.relative_to(folder).as_posix()
-        data = path.read_bytes()
-        oid = hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
-        sha256 = hashlib.sha256(data).hexdigest() if rel.endswith(LFS_SUFFIXES) else None
-        files[rel] = _File(path, len(data), oid, sha256)
-        digest.update(f"{rel}\0{oid}\n".encode())
+    dirs = {""}
+    for rel in sorted(files):
+        digest.update(f"{rel}\0{files[rel].oid}\n".encode())
         parts = rel.split("/")[:-1]
         dirs.update("/".join(parts[: i + 1]) for i in range(len(parts)))
     return _Commit(digest.hexdigest(), files, dirs)
+
+
+def _blob_oid(data: bytes) -> str:
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def _snapshot(folder: Path) -> _Commit:
+    files: dict[str, _File] = {}
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        rel = path.relative_to(folder).as_posix()
+        data = path.read_bytes()
+        sha256 = hashlib.sha256(data).hexdigest() if rel.endswith(LFS_SUFFIXES) else None
+        files[rel] = _File(path, len(data), _blob_oid(data), sha256)
+    return _commit_of(files)
 
 
 class HubServer:
@@ -144,6 +170,8 @@ class HubServer:
         self._running = threading.Event()
         self._running.set()
         self._window: list[float] = []
+        self._store = tempfile.TemporaryDirectory(prefix="hub-server-")  # uploaded objects and blobs
+        self._objects: dict[str, _File] = {}  # LFS objects received, by sha256
         self._http = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self._http.daemon_threads = True
         self.url = f"http://127.0.0.1:{self._http.server_address[1]}"
@@ -216,6 +244,7 @@ class HubServer:
         self.resume()
         self._http.shutdown()
         self._http.server_close()
+        self._store.cleanup()
 
     # -- request handling ---------------------------------------------------------------------------
 
@@ -264,6 +293,10 @@ _API = re.compile(
 )
 _RESOLVE = re.compile(r"^/datasets/(?P<repo>[^/]+/[^/]+)/resolve/(?P<rev>[^/]+)/(?P<path>.+)$")
 _BUCKET_API = re.compile(r"^/api/buckets/(?P<bucket>[^/]+/[^/]+?)(?:/tree(?P<tree>/.*)?|(?P<tree_root>/tree))?$")
+_PREUPLOAD = re.compile(r"^/api/datasets/(?P<repo>[^/]+/[^/]+)/preupload/(?P<rev>[^/]+)$")
+_COMMIT = re.compile(r"^/api/datasets/(?P<repo>[^/]+/[^/]+)/commit/(?P<rev>[^/]+)$")
+_LFS_BATCH = re.compile(r"^/datasets/(?P<repo>[^/]+/[^/]+)\.git/info/lfs/objects/batch$")
+_LFS_OBJECT = re.compile(r"^/lfs-objects/(?P<oid>[0-9a-f]{64})$")
 _BUCKET_RESOLVE = re.compile(r"^/buckets/(?P<bucket>[^/]+/[^/]+)/resolve/(?P<path>.+)$")
 
 
@@ -282,6 +315,9 @@ def _handler(server: HubServer) -> type[BaseHTTPRequestHandler]:
 
         def do_POST(self) -> None:
             self._serve("POST")
+
+        def do_PUT(self) -> None:
+            self._serve("PUT")
 
         def _serve(self, method: str) -> None:
             if not server._running.wait(HELD_MAX_S):
@@ -306,6 +342,8 @@ def _handler(server: HubServer) -> type[BaseHTTPRequestHandler]:
                 raise _Answer(failure.status, {"error": f"injected {failure.status}"}, headers)
             url = urllib.parse.urlsplit(self.path)
             query = urllib.parse.parse_qs(url.query)
+            if self._write(method, url.path):
+                return
             if m := _BUCKET_RESOLVE.match(url.path):
                 bucket = self._bucket(m["bucket"])
                 f = bucket.files.get(urllib.parse.unquote(m["path"]))
@@ -368,6 +406,121 @@ def _handler(server: HubServer) -> type[BaseHTTPRequestHandler]:
             if commit is None:
                 raise _error(404, "RevisionNotFound", f"Invalid rev id: {revision}")
             return repo, commit
+
+        # -- writes ------------------------------------------------------------------------------
+
+        def _write(self, method: str, path: str) -> bool:
+            """Answer a write (create_repo, preupload, LFS batch and PUT, commit); False for a read."""
+            if method == "PUT" and (m := _LFS_OBJECT.match(path)):
+                self._put_object(m["oid"])
+            elif method != "POST":
+                return False
+            elif path == "/api/repos/create":
+                self._writer()
+                body = json.loads(self._body())
+                repo_id = f"{body['organization']}/{body['name']}" if body.get("organization") else body["name"]
+                if body.get("type") != "dataset":
+                    raise _error(400, None, "this test server holds dataset repos only")
+                with server._lock:
+                    if repo_id in server._repos:  # the Hub's 409 carries the url, which the client reads
+                        message = "You already created this dataset repo"
+                        url = f"{server.url}/datasets/{repo_id}"
+                        raise _Answer(409, {"error": message, "url": url}, {"X-Error-Message": message})
+                    repo = server._repos[repo_id] = _Repo(repo_id, body.get("visibility") == "private")
+                    empty = _commit_of({})
+                    repo.commits[empty.sha] = empty
+                    repo.branches["main"] = empty.sha
+                self._send(200, {"url": f"{server.url}/datasets/{repo_id}", "name": repo_id})
+            elif m := _PREUPLOAD.match(path):
+                self._writer()
+                _, commit = self._open(m["repo"], urllib.parse.unquote(m["rev"]))
+                files = json.loads(self._body())["files"]
+                self._send(200, {"files": [self._upload_mode(commit, f["path"]) for f in files]})
+            elif m := _LFS_BATCH.match(path):
+                self._writer()
+                self._open(m["repo"], None)
+                objects = json.loads(self._body())["objects"]
+                answer = []
+                for o in objects:
+                    entry: dict[str, Any] = {"oid": o["oid"], "size": o["size"], "authenticated": True}
+                    if o["oid"] not in server._objects:
+                        entry["actions"] = {"upload": {"href": f"{server.url}/lfs-objects/{o['oid']}"}}
+                    answer.append(entry)
+                self._send(200, {"transfer": "basic", "objects": answer})
+            elif m := _COMMIT.match(path):
+                self._writer()
+                self._commit(m["repo"], urllib.parse.unquote(m["rev"]))
+            else:
+                return False
+            return True
+
+        def _writer(self) -> None:
+            """A write needs a token the server knows (401 as the Hub answers one without)."""
+            auth = self.headers.get("Authorization", "")
+            if auth[len("Bearer ") :] not in server.tokens or not auth.startswith("Bearer "):
+                raise _error(401, None, INVALID_TOKEN)
+
+        def _body(self) -> bytes:
+            """The request's body, sent with a Content-Length or chunked (a streamed PUT)."""
+            if self.headers.get("Transfer-Encoding", "").lower() != "chunked":
+                return self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            parts = []
+            while (size := int(self.rfile.readline().split(b";")[0].strip(), 16)) > 0:
+                parts.append(self.rfile.read(size))
+                self.rfile.readline()
+            while self.rfile.readline() not in (b"\r\n", b"\n", b""):  # trailers
+                pass
+            return b"".join(parts)
+
+        def _upload_mode(self, commit: _Commit, rel: str) -> dict[str, Any]:
+            lfs = rel.endswith(UPLOAD_LFS_SUFFIXES)
+            there = commit.files.get(rel)
+            oid = None if there is None else (there.sha256 if lfs else there.oid)
+            return {"path": rel, "uploadMode": "lfs" if lfs else "regular", "shouldIgnore": False, "oid": oid}
+
+        def _put_object(self, oid: str) -> None:
+            data = self._body()
+            if hashlib.sha256(data).hexdigest() != oid:
+                raise _error(400, None, f"the bytes sent do not hash to {oid}")
+            path = Path(server._store.name) / oid
+            path.write_bytes(data)
+            with server._lock:
+                server._objects[oid] = _File(path, len(data), _blob_oid(data), oid)
+            self._send(200, b"")
+
+        def _commit(self, repo_id: str, revision: str) -> None:
+            repo, parent = self._open(repo_id, revision)
+            if revision not in repo.branches:
+                raise _error(400, None, f"{revision} is not a branch: commits go to a branch")
+            files = dict(parent.files)
+            for line in self._body().splitlines():
+                item = json.loads(line)
+                key, value = item["key"], item["value"]
+                if key == "header":
+                    wanted = value.get("parentCommit")
+                    if wanted and wanted != parent.sha:
+                        raise _error(412, None, f"parent commit {wanted} is not the head {parent.sha}")
+                elif key == "file":
+                    data = base64.b64decode(value["content"])
+                    path = Path(server._store.name) / f"blob-{_blob_oid(data)}"
+                    path.write_bytes(data)
+                    files[value["path"]] = _File(path, len(data), _blob_oid(data), None)
+                elif key == "lfsFile":
+                    f = server._objects.get(value["oid"])
+                    if f is None or f.size != value["size"]:
+                        raise _error(422, None, f"{value['path']}: LFS object {value['oid']} was never uploaded")
+                    files[value["path"]] = f
+                elif key in ("deletedFile", "deletedFolder"):
+                    prefix = value["path"].rstrip("/") + "/"
+                    files = {p: f for p, f in files.items() if p != value["path"] and not p.startswith(prefix)}
+                else:
+                    raise _error(400, None, f"unknown commit operation {key}")
+            commit = _commit_of(files)
+            with server._lock:
+                repo.commits[commit.sha] = commit
+                repo.branches[revision] = commit.sha
+            url = f"{server.url}/datasets/{repo.repo_id}/commit/{commit.sha}"
+            self._send(200, {"commitUrl": url, "commitOid": commit.sha, "success": True})
 
         def _bucket(self, bucket_id: str) -> _Bucket:
             """The bucket asked for, the token checked first (as ``_open``)."""

@@ -511,17 +511,47 @@ def upload(out: str, url: str, workers: int, overwrite: bool, progress: bool, st
 
     Each shard's sha256 is checked against its sidecar before it is sent; shards already at URL
     (same size and sidecar) are skipped, so re-running after a kill sends only what is missing.
+    A Hub dataset repo (hf://datasets/<namespace>/<name>[@<branch>], or a repo id) takes it through
+    the Hub's commit API, the token from HF_TOKEN or the stored login (docs/hub.md).
     """
     from .convert.upload import UploadError, upload_dataset
     from .exceptions import ConvertError
+    from .filesystems import hub_repo_id
     from .format import FormatError
 
+    if url.startswith("hf://datasets/") or hub_repo_id(url) is not None:
+        _upload_to_hub(out, url, overwrite=overwrite, progress=progress, storage_options=storage_options)
+        return
     _locations(out, url)
     options = _storage_options(storage_options)
     try:
         summary = upload_dataset(
             out, url, workers=workers, storage_options=_remote(url, options), overwrite=overwrite, progress=progress
         )
+    except (UploadError, ConvertError, FormatError) as e:
+        raise click.ClickException(str(e)) from None
+    click.echo(f"{url}: {summary}")
+
+
+def _upload_to_hub(out: str, url: str, *, overwrite: bool, progress: bool, storage_options: str | None) -> None:
+    from .convert.upload import UploadError
+    from .exceptions import ConvertError
+    from .format import FormatError
+    from .integrations.hub_upload import hub_destination, upload_to_hub
+
+    if storage_options:
+        raise click.BadParameter(
+            "a Hub upload takes its token from HF_TOKEN or `hf auth login`, not from storage options",
+            param_hint="--storage-options",
+        )
+    if not progress:
+        from huggingface_hub.utils import disable_progress_bars
+
+        disable_progress_bars()
+    try:
+        destination = hub_destination(url)
+        assert destination is not None
+        summary = upload_to_hub(out, *destination, overwrite=overwrite)
     except (UploadError, ConvertError, FormatError) as e:
         raise click.ClickException(str(e)) from None
     click.echo(f"{url}: {summary}")

@@ -214,6 +214,22 @@ def test_repo_id_alone_trains_from_the_hub(written, hub, tmp_path: Path) -> None
     assert (tmp_path / "run/checkpoints/000002/pretrained_model/model.safetensors").is_file()
 
 
+def test_metadata_from_the_hub_and_data_files_from_a_root(written, hub, tmp_path: Path) -> None:
+    """--dataset.repo_id with a repo holding meta/ only and --shards.data_files_root naming a folder
+    with data/ and videos/: our loader trains on them, and the checkpoint records the root."""
+    import shutil
+
+    shutil.copytree(written.raw / "meta", tmp_path / "meta_only/meta")
+    hub.add_dataset("me/meta_only", tmp_path / "meta_only")
+    args = [a for a in _args("", tmp_path / "run", ACT, steps=2, save_freq=2) if not a.startswith("--dataset.")]
+    command = [*CLI, "train", "--dataset.repo_id=me/meta_only", f"--shards.data_files_root={written.raw}", *args]
+    log = run(command, tmp_path / "log.txt", env(HF_HUB_OFFLINE="0"), TIMEOUT)
+    assert "lerobot-shards train: hf://datasets/me/meta_only@" in log
+    state = json.loads((tmp_path / "run/checkpoints/000002/training_state/lerobot_shards_data.json").read_text())
+    assert state["settings"]["data_files_root"] == str(written.raw)
+    assert not hub.requests("GET", "/data/") and not hub.requests("GET", "/videos/")
+
+
 def test_resume_with_workers_across_an_epoch_end(written, tmp_path: Path) -> None:
     """Raw source, 2 DataLoader workers, batch 8 (18 batches an epoch): resumed at step 12, the run crosses
     into epoch 1 as the uninterrupted one did and ends with the same weights. The workers' batches

@@ -171,6 +171,27 @@ class _Sender:
             self.on_sent(shard.name)
 
 
+def read_conversion(out: Path) -> tuple[bytes, dict[str, Any], list[LocalShard]]:
+    """The finished conversion at ``out`` as an upload sends it: the manifest's bytes (checked against
+    its own digest), the run record, the shards with their sidecars (``local_shards``). An UploadError
+    naming the file when it is not a finished conversion; nothing is sent before this passes."""
+    fs = LocalFileSystem()
+    try:  # bounded reads of regular files: a FIFO or a symlink out of OUT is refused, not followed
+        manifest_bytes = read_small(fs, str(out / MANIFEST_NAME), MAX_MANIFEST_BYTES, root=str(out))
+        record = json.loads(read_small(fs, str(out / RUN_RECORD), MAX_RUN_RECORD_BYTES, root=str(out)))
+        manifest = Manifest.from_json(manifest_bytes, where=str(out / MANIFEST_NAME))  # checks manifest_sha256
+    except FileNotFoundError as e:
+        raise UploadError(
+            f"{e.filename}: missing; {out} is not a finished conversion (run convert to the end, or convert --finalize)"
+        ) from None
+    except json.JSONDecodeError as e:
+        raise UploadError(f"{out / RUN_RECORD}: not JSON ({e})") from None
+    except FormatError as e:
+        raise UploadError(f"{e}; nothing was uploaded") from None
+    shards = local_shards(out, manifest)
+    return manifest_bytes, record, shards
+
+
 def upload_dataset(
     out: str | Path,
     url: str,
@@ -190,20 +211,7 @@ def upload_dataset(
     """
     start = time.monotonic()
     out = Path(out)
-    fs = LocalFileSystem()
-    try:  # bounded reads of regular files: a FIFO or a symlink out of OUT is refused, not followed
-        manifest_bytes = read_small(fs, str(out / MANIFEST_NAME), MAX_MANIFEST_BYTES, root=str(out))
-        record = json.loads(read_small(fs, str(out / RUN_RECORD), MAX_RUN_RECORD_BYTES, root=str(out)))
-        manifest = Manifest.from_json(manifest_bytes, where=str(out / MANIFEST_NAME))  # checks manifest_sha256
-    except FileNotFoundError as e:
-        raise UploadError(
-            f"{e.filename}: missing; {out} is not a finished conversion (run convert to the end, or convert --finalize)"
-        ) from None
-    except json.JSONDecodeError as e:
-        raise UploadError(f"{out / RUN_RECORD}: not JSON ({e})") from None
-    except FormatError as e:
-        raise UploadError(f"{e}; nothing was uploaded") from None
-    shards = local_shards(out, manifest)
+    manifest_bytes, record, shards = read_conversion(out)
 
     dest = Destination(url, storage_options=storage_options)
     _refuse_upload_into_itself(out, dest)
