@@ -17,6 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .exceptions import LeRobotShardsError
+
 if TYPE_CHECKING:  # torch is imported where frames are dequantized: the converter never imports it
     import torch
 
@@ -29,7 +31,7 @@ _UINT16_MAX = 65535
 _DEFAULTS = {"depth_min": 0.01, "depth_max": 10.0, "shift": 3.5, "use_log": True}
 
 
-class DepthError(ValueError):
+class DepthError(LeRobotShardsError, ValueError):
     """A depth camera's recorded parameters cannot be dequantized (the message names the field)."""
 
 

@@ -1,4 +1,4 @@
-"""The cheaper uint8 kernels (``loader/augment_kernels.py``) give torchvision's kernels' bits: on real
+"""The cheaper uint8 kernels (``integrations/image_kernels.py``) give torchvision's kernels' bits: on real
 480x640 frames of the so101 recording in either memory layout, on every 24-bit colour for hue, and
 through LeRobot's whole ``ImageTransforms`` under many seeds; what they do not take falls back."""
 
@@ -11,7 +11,7 @@ import torch
 from torchvision.transforms.v2 import InterpolationMode
 from torchvision.transforms.v2 import functional as F  # noqa: N812
 
-from lerobot_shards.loader import augment_kernels as K  # noqa: N812
+from lerobot_shards.integrations import image_kernels as K  # noqa: N812
 
 
 @pytest.fixture(scope="module")

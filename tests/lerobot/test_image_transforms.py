@@ -28,7 +28,7 @@ def test_lerobots_transforms_on_our_samples_are_lerobots_samples(written: Datase
     from lerobot.datasets.lerobot_dataset import LeRobotDataset
     from lerobot.transforms import ImageTransforms, ImageTransformsConfig
 
-    from lerobot_shards.loader.augment_kernels import ExactKernels
+    from lerobot_shards.integrations.image_kernels import ExactKernels
 
     transforms = ImageTransforms(ImageTransformsConfig(enable=True, random_order=True))
     deltas = {CAM: [-1 / 30, 0.0]}

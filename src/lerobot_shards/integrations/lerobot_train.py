@@ -399,7 +399,7 @@ def _make_datasets(original: Any, run: type[_Run], argv: Sequence[str], given: M
         if cfg.dataset.image_transforms.enable:  # LeRobot's own, seeded per sample by the loader
             from lerobot.transforms import ImageTransforms
 
-            from ..loader.augment_kernels import ExactKernels  # torchvision's costliest kernels, same bits
+            from .image_kernels import ExactKernels  # torchvision's costliest kernels, same bits
 
             transforms = ImageTransforms(cfg.dataset.image_transforms)
             common["image_transforms"] = ExactKernels(transforms)

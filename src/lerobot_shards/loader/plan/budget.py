@@ -18,6 +18,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from ...exceptions import LeRobotShardsError
+
 # Episodes held beyond the pool and the read-ahead queue: the one the reader has read and waits
 # to queue (while it is read its bytes are there twice: the range read and the clips cut from
 # it), and one evicted episode whose queued samples are still decoding.
@@ -80,7 +82,7 @@ class MemoryPlan:
         return (self.pool, self.prefetch) != (self.asked_pool, self.asked_prefetch)
 
 
-class EpisodeTooLarge(ValueError):
+class EpisodeTooLarge(LeRobotShardsError, ValueError):
     """Not even one episode (with the next one read ahead) fits the budget."""
 
 
