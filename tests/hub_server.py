@@ -323,6 +323,7 @@ def _handler(server: HubServer) -> type[BaseHTTPRequestHandler]:
             if not server._running.wait(HELD_MAX_S):
                 return
             self.status = 499  # until an answer is sent: the client went away
+            self.recorded = False
             try:
                 if server.latency_s:
                     time.sleep(server.latency_s)
@@ -332,7 +333,8 @@ def _handler(server: HubServer) -> type[BaseHTTPRequestHandler]:
             except (BrokenPipeError, ConnectionResetError):
                 pass
             finally:
-                server._record(method, self.path, self.status)
+                if not self.recorded:  # nothing was sent
+                    server._record(method, self.path, self.status)
 
         def _route(self, method: str) -> None:
             if (wait := server._rate_limited()) is not None:
@@ -659,6 +661,9 @@ def _handler(server: HubServer) -> type[BaseHTTPRequestHandler]:
         ) -> None:
             data = body if isinstance(body, bytes) else json.dumps(body).encode() if body is not None else b""
             self.status = status
+            # Logged before the answer goes out: a client that has read the answer finds it logged.
+            server._record(self.command, self.path, status)
+            self.recorded = True
             self.send_response(status)
             for name, value in (headers or {}).items():
                 self.send_header(name, value)
