@@ -1,18 +1,20 @@
 """Start-up at many ranks: requests per rank before the first batch, requests per second on one
-prefix, time to the first batch, against the shaped bucket (moto_server behind our shaper).
+prefix, time to the first batch, against the shaped bucket (moto_server behind our shaper) and
+the loopback Hub server (tests/hub_server.py behind the same shaper, the raw LeRobot dataset).
 
     .venv/bin/python benchmarks/startup.py                   # 1 to 1,000 ranks, 0 to 8 workers
-    .venv/bin/python benchmarks/startup.py --ranks 1,10 --workers 0,2 --tag quick
+    .venv/bin/python benchmarks/startup.py --ranks 1,10 --workers 0,2 --sources bucket --tag quick
 
-A rank's start-up is what it sends before its first batch: opening the dataset (the manifest),
-planning its share (pure, no request), then its DataLoader workers reading their first episodes
-(each worker's first shard's sidecar, then the episode's bytes). Ranks are simulated in this
-process, each with a file system of its own (s3fs's instance cache cleared before each, as a
-fresh process has it): every rank of a world size opens the dataset (the metadata reads of all
-ranks, sent by ``--concurrency`` threads at once, as ranks starting together do: that burst's
-requests per second on the dataset's prefix are reported), and rank 0 of each world size (or
-of ``--first-ranks``) reaches its first batch with each worker count, counted at the shaper per rank: the
-manifest and sidecars (metadata) apart from the shards' bytes (data). Writes
+A rank's start-up is what it sends before its first batch: opening the dataset (the metadata: a
+converted dataset's manifest and sidecar pack; a raw dataset's listing and meta/ files), planning
+its share (pure, no request), then its DataLoader workers reading their first episodes (data:
+the shards' bytes; a raw dataset's parquet and mp4 files). Ranks are simulated in this process,
+each with file systems of its own (s3fs's instance cache and the Hub source's per-process
+listings cleared before each, as a fresh process has them): every rank of a world size opens the
+dataset (the metadata reads of all ranks, sent by ``--concurrency`` threads at once, as ranks
+starting together do: that burst's requests per second on the prefix are reported), and rank 0
+of each world size (or of ``--first-ranks``) reaches every worker's first batch with each worker
+count, counted at the shaper per rank, metadata apart from data. Writes
 ``results/startup/{startup[-TAG].json, summary[-TAG].md}``.
 """
 
@@ -22,6 +24,7 @@ import argparse
 import json
 import os
 import platform
+import subprocess
 import sys
 import time
 from collections import Counter
@@ -37,38 +40,51 @@ from harness.storage import Bucket  # noqa: E402
 
 RESULTS = HERE / "results" / "startup"
 CAMERA = "observation.images.front"
+HUB_REPO = "bench/startup"
+METADATA = ("manifest", "pack", "sidecar", "listing", "meta")  # the kinds of request that are metadata
 
 
 def dataset(data_dir: Path, episodes: int) -> Path:
-    """A converted dataset of ``episodes`` short one-camera episodes, one shard each (built once)."""
+    """A converted dataset of ``episodes`` short one-camera episodes, one shard each (built once);
+    its raw source is the folder ``raw`` beside it (what the Hub server serves)."""
     from lerobot_shards.convert import ConvertOptions, convert_dataset
     from lerobot_shards.synth import synth_dataset
 
     out = data_dir / f"startup-{episodes}" / "converted"
-    if (out / "manifest.json").exists():
+    if (out / "manifest.json").exists() and (out / "sidecars.pack").exists():
         return out
-    raw = synth_dataset(
-        data_dir / f"startup-{episodes}" / "raw",
-        num_episodes=episodes,
-        cameras=(CAMERA,),
-        height=16,
-        width=64,
-        length_range=(8, 12),
-        episodes_per_video_file=64,
-        episodes_per_data_file=64,
-        seed=0,
-    )
-    convert_dataset(raw, out, ConvertOptions(episodes_per_shard=1))
+    raw = data_dir / f"startup-{episodes}" / "raw"
+    if not (raw / "meta" / "info.json").exists():
+        synth_dataset(
+            raw,
+            num_episodes=episodes,
+            cameras=(CAMERA,),
+            height=16,
+            width=64,
+            length_range=(8, 12),
+            episodes_per_video_file=64,
+            episodes_per_data_file=64,
+            seed=0,
+        )
+    convert_dataset(raw, out, ConvertOptions(episodes_per_shard=1), overwrite=True)
     return out
 
 
 def kind(line: str) -> str:
-    """What a request line asked for: the manifest, a sidecar, a shard's bytes, or something else."""
+    """What a request line asked for: the manifest, the sidecar pack, a sidecar, a Hub listing or
+    revision (``listing``), a raw dataset's meta/ file, a shard's or raw file's bytes (``data``), or
+    something else."""
     if "manifest.json" in line:
         return "manifest"
+    if "sidecars.pack" in line:
+        return "pack"
     if ".idx.json" in line:
         return "sidecar"
-    if ".tar" in line:
+    if " /api/" in line:
+        return "listing"
+    if "/meta/" in line:
+        return "meta"
+    if ".tar" in line or "/data/" in line or "/videos/" in line:
         return "data"
     return "other"
 
@@ -89,20 +105,58 @@ class Counted:
         objects = Counter(  # GETs of one metadata object (its HEAD and GET are one read)
             line.split(" ")[1].split("?")[0]
             for line in lines
-            if line.startswith("GET ") and kind(line) in ("manifest", "sidecar")
+            if line.startswith("GET ") and kind(line) in ("manifest", "pack", "sidecar", "meta")
         )
         return {
             "requests": len(lines),
-            **{k: by_kind.get(k, 0) for k in ("manifest", "sidecar", "data", "other")},
+            "metadata": sum(by_kind.get(k, 0) for k in METADATA),
+            **{k: by_kind.get(k, 0) for k in (*METADATA, "data", "other")},
             "metadata_read_again": sum(n - 1 for n in objects.values()),
         }
 
 
 def fresh_process_state() -> None:
-    """What a new rank's process starts without: s3fs's cached file systems (sessions, listings)."""
+    """What a new rank's process starts without: s3fs's cached file systems (sessions, listings), and
+    the Hub source's listings, metadata fetched with them and commits found (per process)."""
     import s3fs
 
     s3fs.S3FileSystem.clear_instance_cache()
+    if "lerobot_shards.integrations.hub" in sys.modules:
+        from huggingface_hub import HfFileSystem
+
+        from lerobot_shards.integrations import hub
+
+        HfFileSystem.clear_instance_cache()
+        for cache in (hub._listings, hub._metadata, hub._found, hub._bucket_roots):
+            cache.clear()
+
+
+class HubSource:
+    """tests/hub_server.py serving the raw dataset as ``HUB_REPO``, behind the shaper: the
+    ``Bucket`` of a Hub source (``proxy``'s log counts its requests; ``HF_ENDPOINT`` points at it)."""
+
+    def __init__(self, profile: Any, raw: Path) -> None:
+        from harness.shaper import ShapedProxy
+
+        self.server = subprocess.Popen(
+            [sys.executable, str(HERE.parent / "tests" / "hub_server.py"), f"{HUB_REPO}={raw}"],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.server.stdout is not None
+        host, port = self.server.stdout.readline().strip().split("//")[1].rsplit(":", 1)
+        self.proxy = ShapedProxy((host, int(port)), profile).start()
+        os.environ["HF_ENDPOINT"] = self.proxy.url
+        os.environ["HF_HUB_DISABLE_XET"] = "1"
+        self.storage_options: dict[str, Any] = {}
+
+    def __enter__(self) -> HubSource:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.proxy.stop()
+        self.server.kill()
+        self.server.wait()
 
 
 def open_rank(url: str, options: dict[str, Any], rank: int, world: int) -> Any:
@@ -119,22 +173,26 @@ def open_rank(url: str, options: dict[str, Any], rank: int, world: int) -> Any:
     )
 
 
-def open_all(bucket: Bucket, url: str, world: int, concurrency: int) -> dict[str, Any]:
+def open_all(bucket: Bucket | HubSource, url: str, world: int, concurrency: int) -> dict[str, Any]:
     """Every rank of ``world`` opens the dataset, ``concurrency`` at a time: the burst on the prefix."""
     fresh_process_state()
     counted = Counted(bucket)
     start = time.perf_counter()
 
+    hub = isinstance(bucket, HubSource)
+
     def one(rank: int) -> str | None:
         """The rank's error (a timed-out request of the burst, as a real rank would raise it), or None."""
-        options = {**bucket.storage_options, "skip_instance_cache": True}  # its own file system, as a process
+        if hub:  # the Hub source's listings are per process: each rank in turn, from a fresh state
+            fresh_process_state()
+        options = bucket.storage_options if hub else {**bucket.storage_options, "skip_instance_cache": True}
         try:
             open_rank(url, options, rank, world)
         except OSError as error:
             return str(error)
         return None
 
-    with ThreadPoolExecutor(concurrency) as pool:
+    with ThreadPoolExecutor(1 if hub else concurrency) as pool:
         errors = [e for e in pool.map(one, range(world)) if e is not None]
     elapsed = time.perf_counter() - start
     summary = counted.summary()
@@ -149,7 +207,7 @@ def open_all(bucket: Bucket, url: str, world: int, concurrency: int) -> dict[str
     }
 
 
-def first_batches(bucket: Bucket, url: str, world: int, rank: int, workers: int) -> dict[str, Any]:
+def first_batches(bucket: Bucket | HubSource, url: str, world: int, rank: int, workers: int) -> dict[str, Any]:
     """One rank from a fresh state to every worker's first batch: its requests, and its first batch's time."""
     from torch.utils.data import DataLoader
 
@@ -164,7 +222,16 @@ def first_batches(bucket: Bucket, url: str, world: int, rank: int, workers: int)
         next(loader, None)
     summary = counted.summary()
     del loader
-    return {"ranks": world, "rank": rank, "workers": workers, "first_batch_s": round(first_s, 2), **summary}
+    consumers = max(1, workers)
+    return {
+        "ranks": world,
+        "rank": rank,
+        "workers": workers,
+        "first_batch_s": round(first_s, 2),
+        **summary,
+        "data_per_consumer": round(summary["data"] / consumers, 1),
+        "load_average": round(os.getloadavg()[0], 1),
+    }
 
 
 def main() -> None:
@@ -178,65 +245,89 @@ def main() -> None:
     ap.add_argument("--profile", default="cross-region", choices=sorted(PROFILES))
     ap.add_argument("--concurrency", type=int, default=32, help="ranks opening at once")
     ap.add_argument("--data-dir", type=Path, default=Path(os.environ.get("BENCH_DATA", "/tmp/lerobot-shards-bench")))
+    ap.add_argument("--sources", default="bucket,hub", help="bucket (converted, shaped S3), hub (raw, shaped Hub)")
+    ap.add_argument("--hub-ranks", default="1,10,100", help="world sizes opened from the Hub (one rank at a time)")
     ap.add_argument("--tag", default="")
     args = ap.parse_args()
 
     local = dataset(args.data_dir, args.episodes)
-    ranks = [int(x) for x in args.ranks.split(",")]
     workers = [int(x) for x in args.workers.split(",")]
-    with Bucket(PROFILES[args.profile], args.data_dir / "startup-logs") as bucket:
-        url = bucket.upload(local, "startup")
-        open_rank(url, bucket.storage_options, 0, 1)  # this process's imports and first connection: not a rank's
-        opens = []
-        for world in ranks:
-            opens.append(open_all(bucket, url, world, args.concurrency))
-            print(json.dumps(opens[-1]), flush=True)
-        write(args, opens, [])  # kept if the first batches do not finish
-        firsts = []
-        for world in [int(x) for x in args.first_ranks.split(",")] if args.first_ranks else ranks:
-            for w in workers:
-                if world * max(1, w) > args.episodes:
-                    continue  # a consumer without an episode has no first batch
-                firsts.append(first_batches(bucket, url, world, 0, w))
-                print(json.dumps(firsts[-1]), flush=True)
-    write(args, opens, firsts)
+    results: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    for source in args.sources.split(","):
+        ranks = [int(x) for x in (args.hub_ranks if source == "hub" else args.ranks).split(",")]
+        results[source] = {"opens": [], "first": []}
+        with (
+            Bucket(PROFILES[args.profile], args.data_dir / "startup-logs")
+            if source == "bucket"
+            else HubSource(PROFILES[args.profile], local.parent / "raw")
+        ) as where:
+            url = where.upload(local, "startup") if isinstance(where, Bucket) else HUB_REPO
+            open_rank(url, where.storage_options, 0, 1)  # this process's imports and first connection: not a rank's
+            for world in ranks:
+                results[source]["opens"].append(open_all(where, url, world, args.concurrency))
+                print(json.dumps({"source": source, **results[source]["opens"][-1]}), flush=True)
+            write(args, results)  # kept if the first batches do not finish
+            for world in [int(x) for x in args.first_ranks.split(",")] if args.first_ranks else ranks:
+                for w in workers:
+                    if world * max(1, w) > args.episodes:
+                        continue  # a consumer without an episode has no first batch
+                    results[source]["first"].append(first_batches(where, url, world, 0, w))
+                    print(json.dumps({"source": source, **results[source]["first"][-1]}), flush=True)
+            write(args, results)
 
 
-def write(args: argparse.Namespace, opens: list[dict[str, Any]], firsts: list[dict[str, Any]]) -> None:
+def write(args: argparse.Namespace, results: dict[str, dict[str, list[dict[str, Any]]]]) -> None:
     load = os.getloadavg()
     name = f"startup-{args.tag}" if args.tag else "startup"
     summary_name = f"summary-{args.tag}.md" if args.tag else "summary.md"
     lines = [
-        f"# Start-up at many ranks ({args.episodes} one-camera episodes, one shard each; shaper profile "
-        f"{args.profile}: {PROFILES[args.profile].describe()}; {platform.machine()}, {os.cpu_count()} cores, "
-        f"load average {load[0]:.1f} at the end: shared machine)",
+        f"# Start-up at many ranks ({args.episodes} one-camera episodes; shaper profile {args.profile}: "
+        f"{PROFILES[args.profile].describe()}; {platform.machine()}, {os.cpu_count()} cores, load average "
+        f"{load[0]:.1f} at the end: shared machine, so the times are under load; the request counts do not "
+        "depend on load)",
         "",
-        f"Every rank opens the dataset, {args.concurrency} at once (the burst on one prefix):",
-        "",
-        "| ranks | requests per rank | of them manifest | requests/s on the prefix | all opened in s | failed |",
-        "|---:|---:|---:|---:|---:|---:|",
+        "Sources: **bucket**, the converted dataset (one episode per shard) on moto_server behind the shaper; "
+        "**hub**, the raw LeRobot v3.0 dataset on tests/hub_server.py behind the shaper, read by repo id. "
+        "Metadata: the manifest, the sidecar pack, sidecar files; the Hub's API calls (revision, listing) "
+        "and meta/ files. Data: shard bytes; raw parquet and mp4 files.",
     ]
-    lines += [
-        f"| {r['ranks']:,} | {r['requests_per_rank']} | {r['total_manifest'] / r['ranks']:.2f} | "
-        f"{r['requests_per_s']} | {r['open_s']} | {r['failed_opens']} |"
-        for r in opens
-    ]
-    lines += [
-        "",
-        "A rank from a fresh process to every worker's first batch (manifest and sidecars are metadata; "
-        "read again: a metadata object asked for more than once):",
-        "",
-        "| ranks | rank | workers | requests | manifest | sidecars | data | other | metadata read again | first batch s |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    lines += [
-        f"| {r['ranks']:,} | {r['rank']} | {r['workers']} | {r['requests']} | {r['manifest']} | {r['sidecar']} | "
-        f"{r['data']} | {r['other']} | {r['metadata_read_again']} | {r['first_batch_s']} |"
-        for r in firsts
-    ]
+    for source, got in results.items():
+        bucket = source == "bucket"
+        lines += [
+            "",
+            f"## {source}: every rank opens the dataset"
+            + (f", {args.concurrency} at once (the burst on one prefix)" if bucket else ", one at a time"),
+            "",
+            "| ranks | requests per rank | metadata per rank | requests/s on the prefix | all opened in s | failed |",
+            "|---:|---:|---:|---:|---:|---:|",
+        ]
+        lines += [
+            f"| {r['ranks']:,} | {r['requests_per_rank']} | {r['total_metadata'] / r['ranks']:.2f} | "
+            f"{r['requests_per_s']} | {r['open_s']} | {r['failed_opens']} |"
+            for r in got["opens"]
+        ]
+        lines += [
+            "",
+            f"## {source}: a rank from a fresh process to every worker's first batch",
+            "",
+            "Read again: a metadata object asked for more than once. Data per consumer: the data requests over "
+            "max(1, workers).",
+            "",
+            "| ranks | workers | requests | metadata | "
+            + ("manifest | pack | sidecar files" if bucket else "API (revision, listing) | meta/ files")
+            + " | data | data per consumer | other | metadata read again | first batch s |",
+            "|---:|---:|---:|---:|" + ("---:|---:|---:|" if bucket else "---:|---:|") + "---:|---:|---:|---:|---:|",
+        ]
+        lines += [
+            f"| {r['ranks']:,} | {r['workers']} | {r['requests']} | {r['metadata']} | "
+            + (f"{r['manifest']} | {r['pack']} | {r['sidecar']}" if bucket else f"{r['listing']} | {r['meta']}")
+            + f" | {r['data']} | {r['data_per_consumer']} | {r['other']} | {r['metadata_read_again']} | "
+            f"{r['first_batch_s']} |"
+            for r in got["first"]
+        ]
     RESULTS.mkdir(parents=True, exist_ok=True)
     settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
-    record = {"settings": settings, "load_average": [round(x, 1) for x in load], "opens": opens, "first": firsts}
+    record = {"settings": settings, "load_average": [round(x, 1) for x in load], "results": results}
     (RESULTS / f"{name}.json").write_text(json.dumps(record, indent=1) + "\n")
     (RESULTS / summary_name).write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

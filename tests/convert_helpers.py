@@ -35,15 +35,33 @@ def run_cli(*args: object) -> subprocess.CompletedProcess:
 
 def reseal(out: Path) -> None:
     """Make a tampered dataset's metadata digests agree again (sidecar sha256s in the manifest, the
-    manifest's own digest), as an attacker who knows the format could: only the deeper checks remain."""
+    sidecar pack rebuilt from the sidecars, the manifest's own digest), as an attacker who knows the
+    format could: only the deeper checks remain."""
     manifest = json.loads((out / MANIFEST_NAME).read_text())
+    packed = []
     for record in manifest["shards"]:
         side = out / SHARDS_DIR / record["sidecar"]
         if "sidecar_sha256" in record and side.is_file():
             data = side.read_bytes()
             record.update(sidecar_sha256=sidecar_digest(data), sidecar_bytes=len(data))
+            packed.append(data)
+    pack = manifest.get("sidecar_pack")
+    if isinstance(pack, dict) and isinstance(pack.get("name"), str) and len(packed) == len(manifest["shards"]):
+        # the pack holds the sidecars as edited (one that is no longer a file leaves the pack as it was)
+        data = b"".join(packed)
+        (out / pack["name"]).write_bytes(data)
+        pack.update(bytes=len(data), sha256=sidecar_digest(data))
     if DIGEST_FIELD in manifest:
         manifest[DIGEST_FIELD] = manifest_digest(manifest)
+    (out / MANIFEST_NAME).write_text(json.dumps(manifest, indent=1))
+
+
+def unpack(out: Path) -> None:
+    """Remove the sidecar pack and its manifest record (digest made to agree), as an earlier format 3
+    conversion has it: the loader then reads each shard's sidecar file."""
+    manifest = json.loads((out / MANIFEST_NAME).read_text())
+    (out / manifest.pop("sidecar_pack")["name"]).unlink()
+    manifest[DIGEST_FIELD] = manifest_digest(manifest)
     (out / MANIFEST_NAME).write_text(json.dumps(manifest, indent=1))
 
 

@@ -27,6 +27,7 @@ def test_convert_to_bucket_and_verify_there(s3_server, small_synth: Path, tmp_pa
         "shards/shard-000000.tar",
         "shards/shard-000001.idx.json",
         "shards/shard-000001.tar",
+        "sidecars.pack",
     ]  # no temporary objects
 
     convert_dataset(small_synth, tmp_path / "local", ConvertOptions(episodes_per_shard=2), progress=False)

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from convert_helpers import reseal
+from convert_helpers import reseal, unpack
 from lerobot_shards.convert.plan import ConvertOptions
 from lerobot_shards.convert.run import convert_dataset
 from lerobot_shards.format import SHARDS_DIR, FormatError, Manifest
@@ -104,31 +104,39 @@ def test_subset_stats_of_converted_shards_are_the_raw_sources(fixture_root: Path
         )
 
 
-def test_subset_stats_from_a_bucket(converted_fixture: Path, s3_server) -> None:
-    """From a bucket the sidecars holding the chosen episodes are fetched (and checked) for ``meta``."""
+@pytest.mark.parametrize("packed", [True, False], ids=["pack", "sidecar files"])
+def test_subset_stats_from_a_bucket(packed: bool, converted_fixture: Path, s3_server, tmp_path: Path) -> None:
+    """From a bucket the sidecars holding the chosen episodes are read (and checked) for ``meta``: from
+    the sidecar pack, one GET; without it (an earlier conversion), the sidecar files of those shards."""
+    bucket = f"meta-stats-{'pack' if packed else 'files'}"
+    local = Path(shutil.copytree(converted_fixture, tmp_path / converted_fixture.name))
+    if not packed:
+        unpack(local)
     fs = s3_server.filesystem()
-    fs.mkdir("meta-stats")
-    fs.put(str(converted_fixture), "meta-stats/", recursive=True)
-    url = f"s3://meta-stats/{converted_fixture.name}"
+    fs.mkdir(bucket)
+    fs.put(str(local), f"{bucket}/", recursive=True)
+    url = f"s3://{bucket}/{local.name}"
     remote = EpisodePoolDataset(url, episodes=[3], storage_options=s3_server.storage_options).meta
-    local = EpisodePoolDataset(str(converted_fixture), episodes=[3]).meta
     assert remote.stats_source == "episodes"
-    _close(remote.stats, local.stats)
-    shards = f"meta-stats/{converted_fixture.name}/shards"
-    assert s3_server.requests("GET", f"{shards}/shard-000001.idx.json") >= 1
+    _close(remote.stats, EpisodePoolDataset(str(converted_fixture), episodes=[3]).meta.stats)
+    shards = f"{bucket}/{local.name}/shards"
+    assert s3_server.requests("GET", f"{bucket}/{local.name}/sidecars.pack") == (1 if packed else 0)
+    assert s3_server.requests("GET", f"{shards}/shard-000001.idx.json") == (0 if packed else 1)
     assert s3_server.requests("GET", f"{shards}/shard-000000.idx.json") == 0  # holds no chosen episode
 
 
 def test_subset_stats_from_a_bucket_fetch_their_sidecars_together(
-    converted_fixture: Path, s3_server, monkeypatch
+    converted_fixture: Path, s3_server, monkeypatch, tmp_path: Path
 ) -> None:
-    """Sidecar reads for a subset's stats overlap (every shard's in flight at once): each read
-    waits at a barrier for another, which a one-at-a-time loop never reaches."""
+    """Sidecar file reads for a subset's stats (a conversion without the pack) overlap (every shard's
+    in flight at once): each read waits at a barrier for another, which a one-at-a-time loop never reaches."""
     from lerobot_shards.loader.read.sources import ShardSource
 
+    files = Path(shutil.copytree(converted_fixture, tmp_path / converted_fixture.name))
+    unpack(files)
     fs = s3_server.filesystem()
     fs.mkdir("meta-stats-parallel")
-    fs.put(str(converted_fixture), "meta-stats-parallel/", recursive=True)
+    fs.put(str(files), "meta-stats-parallel/", recursive=True)
     url = f"s3://meta-stats-parallel/{converted_fixture.name}"
     manifest = Manifest.from_json((converted_fixture / "manifest.json").read_text())
     chosen = [rec.episodes[0] for rec in manifest.shards[:2]]  # in two shards
@@ -196,12 +204,19 @@ def test_a_conversion_without_episode_stats_still_loads_and_warns(converted_fixt
     assert next(iter(EpisodePoolDataset(str(out), episodes=[3])))["episode_index"] == 3
 
 
-def test_edited_episode_stats_are_refused(converted_fixture: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("packed", [True, False], ids=["pack", "sidecar files"])
+def test_edited_episode_stats_are_refused(packed: bool, converted_fixture: Path, tmp_path: Path) -> None:
+    """An edited sidecar file: refused by its digest where the files are read (no pack); with the pack
+    the loader reads its untouched slice. Carried into the pack with the digests made to agree: the
+    sidecar's own check names the field, either way."""
     out = tmp_path / "edited"
     shutil.copytree(converted_fixture, out)
+    if not packed:
+        unpack(out)
     _edit_sidecars(out, lambda entry: entry["stats"]["action"].update(mean=[0.0] * 6))
-    with pytest.raises(FormatError, match=r"shard-000000.idx.json: does not match the sha256"):
-        EpisodePoolDataset(str(out), episodes=[0]).meta  # noqa: B018
+    if not packed:
+        with pytest.raises(FormatError, match=r"shard-000000.idx.json: does not match the sha256"):
+            EpisodePoolDataset(str(out), episodes=[0]).meta  # noqa: B018
     _edit_sidecars(out, lambda entry: entry["stats"]["action"].update(std=[0.0] * 5))
     reseal(out)  # consistent digests, inconsistent stats: the sidecar's own check names the field
     with pytest.raises(FormatError, match=r"episodes\[0\]\.stats\['action'\]: its stats have different shapes"):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -13,11 +14,12 @@ from typing import Any
 
 import pytest
 
-from convert_helpers import reseal
+from convert_helpers import reseal, unpack
 from lerobot_shards.convert.plan import ConvertOptions
 from lerobot_shards.convert.run import convert_dataset
 from lerobot_shards.convert.verify import verify_dataset
 from lerobot_shards.format import MANIFEST_NAME, MAX_MANIFEST_BYTES, SHARDS_DIR, FormatError
+from lerobot_shards.format import SIDECAR_PACK_NAME as PACK_NAME
 from lerobot_shards.loader import EpisodePoolDataset
 from lerobot_shards.loader.read.sources import ShardSource
 
@@ -137,10 +139,27 @@ def test_manifest_edit_is_refused(kind: str, converted: tuple[Path, Path], tmp_p
     ],
     ids=["pts swapped", "pts shifted", "camera members swapped"],
 )
-def test_sidecar_edit_is_refused(edit, resealed_error, converted: tuple[Path, Path], tmp_path: Path) -> None:
-    out = _edit(converted, tmp_path, sidecar_edit=edit)
-    with pytest.raises(FormatError, match=rf"{SIDE0}: does not match the sha256 the manifest records for it"):
-        _read_all(out)
+@pytest.mark.parametrize("packed", [True, False], ids=["pack", "sidecar files"])
+def test_sidecar_edit_is_refused(
+    edit, resealed_error, packed: bool, converted: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """An edited sidecar file is refused by its digest where the loader reads the files (a conversion
+    without the pack); with the pack, the loader reads the sidecar's slice of it, which the edit left
+    as it was, and loads the clean frames, while ``verify`` finds the file. An edit carried into the
+    pack with every digest made to agree (``reseal``) is left to the cross-checks either way."""
+    out = _edit(converted, tmp_path)
+    if not packed:
+        unpack(out)
+    clean = _read_all(out)
+    path = out / SHARDS_DIR / SIDE0
+    side = json.loads(path.read_text())
+    edit(side)
+    path.write_text(json.dumps(side, separators=(",", ":")))
+    if packed:
+        assert _read_all(out) == clean
+    else:
+        with pytest.raises(FormatError, match=rf"{SIDE0}: does not match the sha256 the manifest records for it"):
+            _read_all(out)
     assert not verify_dataset(out).ok
     reseal(out)
     if resealed_error is not None:
@@ -181,13 +200,48 @@ def test_oversized_manifest_is_refused_unread(converted: tuple[Path, Path], tmp_
         ShardSource(str(out))
 
 
-def test_sidecar_symlinked_out_of_the_dataset_is_refused(converted: tuple[Path, Path], tmp_path: Path) -> None:
+@pytest.mark.parametrize("rel", [PACK_NAME, f"{SHARDS_DIR}/{SIDE0}"])
+def test_sidecar_symlinked_out_of_the_dataset_is_refused(
+    rel: str, converted: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """The pack, or a sidecar file where the loader reads the files, symlinked out of the dataset."""
     out = _edit(converted, tmp_path)
+    if rel != PACK_NAME:
+        unpack(out)
     outside = tmp_path / "elsewhere.json"
-    shutil.move(out / SHARDS_DIR / SIDE0, outside)
-    os.symlink(outside, out / SHARDS_DIR / SIDE0)
-    with pytest.raises(FormatError, match=rf"{SIDE0}: is a symlink to .*, outside the dataset"):
+    shutil.move(out / rel, outside)
+    os.symlink(outside, out / rel)
+    with pytest.raises(FormatError, match=rf"{re.escape(rel)}: is a symlink to .*, outside the dataset"):
         _read_all(out)
+
+
+def test_an_edited_sidecar_pack_is_refused_naming_it(converted: tuple[Path, Path], tmp_path: Path) -> None:
+    """One byte of the pack changed (its digests not made to agree): refused before any sidecar in it
+    is used, in one line naming the pack; ``verify`` reports it too. Removing the pack's record from
+    the manifest breaks the manifest's own digest."""
+    out = _edit(converted, tmp_path)
+    data = bytearray((out / PACK_NAME).read_bytes())
+    data[len(data) // 2] ^= 1
+    (out / PACK_NAME).write_bytes(bytes(data))
+    with pytest.raises(FormatError, match=rf"{PACK_NAME}: does not match the size and sha256 the manifest records"):
+        _read_all(out)
+    assert any(PACK_NAME in p for p in verify_dataset(out).problems)
+    out = _edit(converted, tmp_path / "dropped", manifest_edit=lambda m: m.pop("sidecar_pack"))
+    with pytest.raises(FormatError, match=r"manifest\.json: content does not match its manifest_sha256"):
+        _read_all(out)
+
+
+def test_a_missing_sidecar_pack_falls_back_to_the_sidecar_files(
+    converted: tuple[Path, Path], tmp_path: Path, caplog
+) -> None:
+    """A pack the manifest names but the dataset lacks (an older version's upload did not send it):
+    the loader says so once and reads the sidecar files, the same samples."""
+    clean = _read_all(converted[1])
+    out = _edit(converted, tmp_path)
+    (out / PACK_NAME).unlink()
+    with caplog.at_level("WARNING", logger="lerobot_shards"):
+        assert _read_all(out) == clean
+    assert sum(f"{PACK_NAME}: missing" in r.getMessage() for r in caplog.records) == 1
 
 
 def test_shard_symlinked_out_of_the_dataset_is_refused(converted: tuple[Path, Path], tmp_path: Path) -> None:
@@ -224,3 +278,17 @@ def _to_format_2(out: Path) -> None:
         side = json.loads(path.read_text())
         side["format_version"] = 2
         path.write_text(json.dumps(side, separators=(",", ":")))
+
+
+def test_a_pack_over_the_bound_is_not_read(converted: tuple[Path, Path], tmp_path: Path, monkeypatch, caplog) -> None:
+    """A pack larger than ``PACK_WHOLE_BYTES`` is never fetched (a rank would hold sidecars its shards
+    do not use): the sidecar files are read, the same samples; here the pack is gone and nobody asks."""
+    from lerobot_shards.loader.read import sources
+
+    clean = _read_all(converted[1])
+    out = _edit(converted, tmp_path)
+    (out / PACK_NAME).unlink()
+    monkeypatch.setattr(sources, "PACK_WHOLE_BYTES", 1)
+    with caplog.at_level("WARNING", logger="lerobot_shards"):
+        assert _read_all(out) == clean
+    assert not [r for r in caplog.records if PACK_NAME in r.getMessage()]

@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader
 
 from lerobot_shards.convert.plan import ConvertOptions
 from lerobot_shards.convert.run import convert_dataset
-from lerobot_shards.format import FormatError, Manifest
+from lerobot_shards.format import DIGEST_FIELD, FormatError, Manifest, manifest_digest
 from lerobot_shards.loader import EpisodePoolDataset, ReadOptions
 from lerobot_shards.loader.read.shard_cache import scan
 from lerobot_shards.synth import read_identity, synth_dataset
@@ -36,10 +36,17 @@ def data(tmp_path_factory) -> tuple[Path, Path]:
     return raw, base / "converted"
 
 
-def _upload(s3_server, local: Path, bucket: str) -> str:
+def _upload(s3_server, local: Path, bucket: str, *, packed: bool = True) -> str:
+    """``local`` in its own bucket; without ``packed``, as an earlier conversion (no sidecar pack: the
+    loader reads each shard's sidecar file, in the background for the shards read ahead)."""
     fs = fsspec.filesystem("s3", **s3_server.storage_options)
     fs.makedirs(bucket, exist_ok=True)
     fs.put(str(local) + "/", f"s3://{bucket}/ds", recursive=True)
+    if not packed:
+        manifest = json.loads(fs.cat_file(f"{bucket}/ds/manifest.json"))
+        fs.rm(f"{bucket}/ds/{manifest.pop('sidecar_pack')['name']}")
+        manifest[DIGEST_FIELD] = manifest_digest(manifest)
+        fs.pipe_file(f"{bucket}/ds/manifest.json", json.dumps(manifest).encode())
     return f"s3://{bucket}/ds"
 
 
@@ -288,7 +295,7 @@ def test_the_next_shards_sidecar_and_bytes_are_read_ahead(data, s3_server) -> No
     shard's first episode is served, so the reader finds both in hand when it gets there (here they
     are deleted from the bucket before that read), each once, and the frames are the ones asked for."""
     _, converted = data
-    url = _upload(s3_server, converted, "storage-ahead")
+    url = _upload(s3_server, converted, "storage-ahead", packed=False)
     source = _read_ahead(url, s3_server)
     try:
         fs = s3_server.filesystem()
@@ -305,7 +312,7 @@ def test_a_damaged_sidecar_read_ahead_fails_the_read_of_its_shard(data, s3_serve
     """A sidecar fetched in the background is checked against the manifest's sha256 all the same: the
     error comes when its shard is read, naming the sidecar; the shard before it reads normally."""
     _, converted = data
-    url = _upload(s3_server, converted, "storage-ahead-bad")
+    url = _upload(s3_server, converted, "storage-ahead-bad", packed=False)
     key = "storage-ahead-bad/ds/shards/shard-000001.idx.json"
     fs = s3_server.filesystem()
     damaged = bytearray(fs.cat_file(key))
@@ -324,7 +331,7 @@ def test_small_shards_are_read_ahead_several_at_a_time(data, s3_server) -> None:
     budget is fetched once the current shard's first episode is served, not one round trip per
     shard as the reader reaches it; here they are all gone from the bucket before they are read."""
     _, converted = data
-    url = _upload(s3_server, converted, "storage-ahead-many")
+    url = _upload(s3_server, converted, "storage-ahead-many", packed=False)
     source = _read_ahead(url, s3_server, ahead=(1, 2, 3))
     try:
         names = [f"shard-00000{i}.{kind}" for i in (1, 2, 3) for kind in ("tar", "idx.json")]

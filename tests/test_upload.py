@@ -75,7 +75,8 @@ def test_upload_then_load_from_bucket(converted: Path, s3_server) -> None:
         "-v", "upload", converted, "s3://upload-load/ds", "--workers", "2", "--storage-options", json.dumps(options)
     )
     assert result.returncode == 0, result.stderr
-    assert "uploaded 5 files" in result.stdout and "skipped 0" in result.stdout, result.stdout
+    # two shards (tar and sidecar each), the sidecar pack, the manifest
+    assert "uploaded 6 files" in result.stdout and "skipped 0" in result.stdout, result.stdout
     assert _remote_files(fs, "upload-load/ds") == _local_files(converted)  # every file, byte for byte
 
     local, _ = _samples(str(converted))
@@ -134,7 +135,8 @@ def test_upload_killed_and_rerun_resumes_with_manifest_last(converted: Path, s3_
 
     result = run_cli("upload", converted, f"s3://{root}", "--storage-options", json.dumps(options), "--no-progress")
     assert result.returncode == 0, result.stderr
-    assert "uploaded 3 files" in result.stdout and "skipped 2 already there" in result.stdout, result.stdout
+    # the second shard, the sidecar pack, the manifest
+    assert "uploaded 4 files" in result.stdout and "skipped 2 already there" in result.stdout, result.stdout
     assert _remote_files(fs, root) == _local_files(converted)
     after = _etags(fs, root)
     assert {k: after[k] for k in killed} == killed  # the first shard was not sent again

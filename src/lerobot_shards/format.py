@@ -16,6 +16,14 @@ are read only when asked for (``legacy=True``: the loader's ``legacy_format``, `
 --legacy-format``), with the structural cross-checks only (``check_manifest``, ``check_sidecar``):
 an edit that keeps them consistent goes unnoticed there. Nothing in the files can vouch for their
 own version (an editor who lowers it to 2 drops the digests with it), so the reader's caller does.
+Format 3 conversions also write ``sidecars.pack``: every shard's sidecar file, byte for byte, in
+the manifest's shard order, so one GET (or one range of it) gives a reader every sidecar it needs
+instead of one request per shard. The manifest records it as ``sidecar_pack`` (its size and
+sha256, covered by ``manifest_sha256``); a sidecar's slice starts where the sizes
+(``sidecar_bytes``) of the records before it end (``pack_offsets``), and each slice is checked
+against its record's ``sidecar_sha256`` as the sidecar file is. The sidecar files stay (older
+readers, ``verify``, a pack a loader does not read whole); a manifest without ``sidecar_pack``
+(an earlier format 3 conversion) is read through them.
 Sidecars may record each episode's stats (``EpisodeEntry.stats``, the source's per-episode
 stats), covered by the sidecar's sha256; sidecars of earlier format 3 conversions have none and
 load as before (stats over an episode subset then fall back to ``meta/stats.json``).
@@ -23,6 +31,7 @@ load as before (stats over an episode subset then fall back to ``meta/stats.json
 Layout::
 
     OUT/manifest.json                 written last
+    OUT/sidecars.pack                 every sidecar, concatenated in shard order (format 3)
     OUT/shards/shard-000000.tar       whole episodes only
     OUT/shards/shard-000000.idx.json  sidecar: byte offsets of every member, clip frame tables
 
@@ -61,6 +70,7 @@ DIGEST_FIELD = "manifest_sha256"  # format 3: sha256 of the manifest's canonical
 FORMAT_NAME = "lerobot-shards"
 
 MANIFEST_NAME = "manifest.json"
+SIDECAR_PACK_NAME = "sidecars.pack"
 SHARDS_DIR = "shards"
 TMP_SUFFIX = ".tmp"
 RESIZE_MODES = ("pad", "crop", "stretch")
@@ -539,6 +549,25 @@ class ShardRecord:
 
 
 @dataclass(frozen=True)
+class PackRecord:
+    """The manifest's line for ``sidecars.pack``: every sidecar's bytes in shard order."""
+
+    name: str
+    bytes: int
+    sha256: str
+
+    @classmethod
+    def from_dict(cls, d: object, at: str = "sidecar_pack") -> PackRecord:
+        if not isinstance(d, dict):
+            raise FormatError(f"{at} is not a JSON object")
+        return cls(
+            name=check_name(d["name"], f"{at}.name"),
+            bytes=_int(d["bytes"], f"{at}.bytes"),
+            sha256=_hex(d["sha256"], f"{at}.sha256", 64),
+        )
+
+
+@dataclass(frozen=True)
 class Manifest:
     """``manifest.json``: written last; its presence marks a complete conversion."""
 
@@ -559,6 +588,8 @@ class Manifest:
     # Depth cameras (LeRobot's is_depth_map): camera -> the quantizer their 12-bit codes are read with
     # and the unit their stats are in, resolved as LeRobot resolves them from the feature's info.
     depth: dict[str, DepthParams] = field(default_factory=dict)
+    # Format 3: every sidecar in one object (``sidecars.pack``); None in earlier conversions.
+    sidecar_pack: PackRecord | None = None
 
     @property
     def total_episodes(self) -> int:
@@ -600,6 +631,7 @@ class Manifest:
                 "converter": self.converter,
                 **({"transforms": {c: t.to_dict() for c, t in self.transforms.items()}} if self.transforms else {}),
                 **({"depth": {c: p.to_dict() for c, p in self.depth.items()}} if self.depth else {}),
+                **({"sidecar_pack": asdict(self.sidecar_pack)} if self.sidecar_pack else {}),
                 "source_info": self.source_info,
                 "source_stats": self.source_stats,
             }
@@ -646,6 +678,8 @@ class Manifest:
                 format_version=int(version),
                 transforms={c: FrameTransform.from_dict(t) for c, t in d.get("transforms", {}).items()},
                 depth=_depth_records(d.get("depth", {})),
+                # an older format has no sidecar sizes, so no place of a sidecar in a pack: read without it
+                sidecar_pack=PackRecord.from_dict(d["sidecar_pack"]) if "sidecar_pack" in d and version >= 3 else None,
             )
             check_manifest(manifest, d.get("totals"))
         return manifest
@@ -762,11 +796,29 @@ def check_manifest(m: Manifest, totals: object = None) -> None:
                 f"shards: episodes {gaps or extra} of source_info.total_episodes = {total} are "
                 + ("in no shard and not recorded as skipped" if gaps else "not in the source")
             )
+    if m.sidecar_pack is not None and m.sidecar_pack.bytes != sum(s.sidecar_bytes or 0 for s in m.shards):
+        raise FormatError(
+            f"sidecar_pack.bytes = {m.sidecar_pack.bytes}, the shards' sidecar_bytes add up to "
+            f"{sum(s.sidecar_bytes or 0 for s in m.shards)}"
+        )
     if isinstance(totals, dict):
         want = {"episodes": m.total_episodes, "frames": m.total_frames, "bytes": m.total_bytes, "shards": len(m.shards)}
         for key, value in want.items():
             if key in totals and totals[key] != value:
                 raise FormatError(f"totals.{key} = {totals[key]!r}, the shards add up to {value}")
+
+
+def pack_offsets(m: Manifest) -> dict[int, tuple[int, int]]:
+    """Where each shard's sidecar lies in ``sidecars.pack``: shard index -> (start, end), the
+    records' ``sidecar_bytes`` summed in the manifest's order (format 3)."""
+    out: dict[int, tuple[int, int]] = {}
+    at = 0
+    for s in m.shards:
+        if s.sidecar_bytes is None:
+            raise FormatError(f"shard {s.index}: no sidecar_bytes, so no place in {SIDECAR_PACK_NAME}")
+        out[s.index] = (at, at + s.sidecar_bytes)
+        at += s.sidecar_bytes
+    return out
 
 
 def check_sidecar(sidecar: Sidecar, record: ShardRecord, manifest: Manifest) -> None:

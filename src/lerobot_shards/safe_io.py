@@ -89,6 +89,12 @@ def read_sidecar(
     uses one the manifest does not vouch for. Raises ``FormatError`` naming ``where``.
     """
     data = read_small(fs, path, record.sidecar_bytes or fmt.MAX_SIDECAR_BYTES, root=root, where=where)
+    return parse_sidecar(data, record, manifest, where=where), data
+
+
+def parse_sidecar(data: bytes, record: fmt.ShardRecord, manifest: fmt.Manifest, *, where: str) -> fmt.Sidecar:
+    """The shard ``record``'s sidecar from its bytes (its file's, or its slice of ``sidecars.pack``):
+    compared with the sha256 the manifest records for it (format 3), parsed and cross-checked."""
     if record.sidecar_sha256 is not None and fmt.sidecar_digest(data) != record.sidecar_sha256:
         raise FormatError(
             f"{where}: does not match the sha256 the manifest records for it ({record.sidecar_sha256[:16]}...): "
@@ -99,4 +105,4 @@ def read_sidecar(
         fmt.check_sidecar(sidecar, record, manifest)
     except FormatError as problem:
         raise FormatError(f"{where}: {problem}") from None
-    return sidecar, data
+    return sidecar

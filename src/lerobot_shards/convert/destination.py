@@ -30,7 +30,7 @@ from fsspec.callbacks import Callback
 
 from ..exceptions import LeRobotShardsError
 from ..filesystems import protocols, url_to_fs
-from ..format import MANIFEST_NAME, MAX_MANIFEST_BYTES, SHARDS_DIR, TMP_SUFFIX
+from ..format import MANIFEST_NAME, MAX_MANIFEST_BYTES, SHARDS_DIR, SIDECAR_PACK_NAME, TMP_SUFFIX
 from ..names import check_relpath
 from ..redaction import redact, register_secrets, without_credentials
 from ..safe_io import UnsafePathError, is_inside, read_small
@@ -48,7 +48,8 @@ RUN_RECORD = "convert.json"  # the run's options, written first: tells own outpu
 # names of its run record and manifest. Another array task's ``convert.json.<pid>-<hex>.tmp`` seen
 # before its rename must not make the destination look like foreign content.
 OWN_TOP_FILE = re.compile(
-    rf"{re.escape(LOCK_NAME)}|({re.escape(RUN_RECORD)}|{re.escape(MANIFEST_NAME)})\.\d+-[0-9a-f]{{8}}\.tmp"
+    rf"{re.escape(LOCK_NAME)}|({re.escape(RUN_RECORD)}|{re.escape(MANIFEST_NAME)}|{re.escape(SIDECAR_PACK_NAME)})"
+    r"\.\d+-[0-9a-f]{8}\.tmp"
 )
 
 RETRY_ATTEMPTS = 5  # tries per remote write: waits of about 0.5, 1, 2, 4 s in between (with jitter)
@@ -507,11 +508,11 @@ class Destination:
             os.close(fd)  # releases every lock this process holds on the file
 
     def clear_own_files(self) -> None:
-        """Remove what a conversion writes (manifest, run record, shard tars and sidecars and their
+        """Remove what a conversion writes (manifest, sidecar pack, run record, shard tars and sidecars and their
         temporary files, by their exact name patterns); leave anything else alone, and refuse a
         ``shards/`` that is a symlink out of the destination before deleting anything."""
         self.confined(SHARDS_DIR)
-        for rel in (MANIFEST_NAME, RUN_RECORD):
+        for rel in (MANIFEST_NAME, SIDECAR_PACK_NAME, RUN_RECORD):
             self.remove(rel)
         for name in self.entries(SHARDS_DIR):
             rel = posixpath.join(SHARDS_DIR, name)

@@ -36,11 +36,14 @@ from ..format import (
     FORMAT_VERSION,
     MANIFEST_NAME,
     SHARDS_DIR,
+    SIDECAR_PACK_NAME,
     FrameTransform,
     Manifest,
+    PackRecord,
     ShardRecord,
     Sidecar,
     shard_name,
+    sidecar_digest,
     sidecar_name,
 )
 from ..lerobot_v3 import LeRobotV3Source
@@ -357,6 +360,7 @@ def finalize(
     present = set(dest.entries(SHARDS_DIR))
     sidecars: list[Sidecar] = []
     digests: list[tuple[str | None, int | None]] = []  # each sidecar file's sha256 and size
+    packed: list[bytes] = []  # each sidecar file's bytes, for sidecars.pack
     missing: list[str] = []
     for shard in plan:
         tar, side = shard_name(shard.index), sidecar_name(shard.index)
@@ -372,6 +376,7 @@ def finalize(
             continue
         sidecars.append(status.sidecar)
         digests.append((status.sidecar_sha256, status.sidecar_bytes))
+        packed.append(status.sidecar_data if status.sidecar.episodes else b"")  # as the manifest lists them
     if missing:
         raise ConvertError(
             f"{dest.url}: cannot write {MANIFEST_NAME}, {len(missing)} of {len(plan)} shards are missing or "
@@ -395,6 +400,8 @@ def finalize(
             for e in s.episodes
             if not all(c.stream_copied for cam, c in e.clips.items() if cam not in sizes)
         )
+    pack = b"".join(packed)  # every sidecar in one object: a loader's rank reads them with one GET
+    dest.write_bytes(SIDECAR_PACK_NAME, pack)
     manifest = Manifest(
         source_info=source.info,
         source_stats=source.stats,
@@ -422,6 +429,7 @@ def finalize(
             if s.episodes
         ),
         skipped_episodes=skipped,
+        sidecar_pack=PackRecord(SIDECAR_PACK_NAME, len(pack), sidecar_digest(pack)),
         converter={"version": __version__, "arguments": {"source": record["source"], **record["options"]}},
     )
     dest.write_bytes(MANIFEST_NAME, manifest.to_json().encode())

@@ -25,6 +25,7 @@ class ShardStatus:
     problem: str | None  # None: complete
     sidecar_sha256: str | None = None  # of the sidecar file's bytes, for the manifest (format 3)
     sidecar_bytes: int | None = None
+    sidecar_data: bytes = b""  # the sidecar file's bytes as read: what ``sidecars.pack`` concatenates
 
     @property
     def complete(self) -> bool:
@@ -78,4 +79,4 @@ def shard_status(
         return ShardStatus(parsed, f"{size} bytes, sidecar says {parsed.size}", digest, nbytes)
     if check_sha256 and dest.sha256(rel_tar) != parsed.sha256:
         return ShardStatus(parsed, "sha256 differs from the sidecar's", digest, nbytes)
-    return ShardStatus(parsed, None, digest, nbytes)
+    return ShardStatus(parsed, None, digest, nbytes, data)

@@ -3,8 +3,9 @@
 Order of writes, so that a reader, who trusts only ``manifest.json``, never sees a partial
 dataset: the run record (``convert.json``) claims the destination exactly as ``convert`` does;
 a remote manifest is removed before anything else is sent; each shard's tar is sent and then,
-once it is stored complete, its sidecar (shards in parallel threads); the manifest goes last,
-after a listing shows every shard and sidecar at its size.
+once it is stored complete, its sidecar (shards in parallel threads); after a listing shows every
+shard and sidecar at its size, the sidecar pack (``sidecars.pack``, rebuilt from the checked
+sidecars), and the manifest last.
 
 What counts as already there, so that a re-run after a kill sends only what is missing: a shard
 whose remote tar has the sidecar's size and whose remote sidecar is byte-identical to the local
@@ -43,7 +44,7 @@ from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from ..exceptions import LeRobotShardsError
-from ..format import MANIFEST_NAME, MAX_MANIFEST_BYTES, SHARDS_DIR, FormatError, Manifest
+from ..format import MANIFEST_NAME, MAX_MANIFEST_BYTES, SHARDS_DIR, FormatError, Manifest, sidecar_digest
 from ..redaction import without_credentials
 from ..safe_io import check_local_file, read_sidecar, read_small
 from .destination import HASH_CHUNK, RUN_RECORD, Destination, DestinationBusy, overlap
@@ -71,6 +72,14 @@ class LocalShard:
     sha256: str
     sidecar: bytes  # the sidecar file's bytes, sent as they are
     out: Path  # the conversion it belongs to: the tar must lie inside it
+
+
+@dataclass(frozen=True)
+class LocalPack:
+    """``sidecars.pack`` as an upload sends it: joined from the checked sidecars, its sha256 the manifest's."""
+
+    name: str
+    data: bytes
 
 
 @dataclass
@@ -171,9 +180,10 @@ class _Sender:
             self.on_sent(shard.name)
 
 
-def read_conversion(out: Path) -> tuple[bytes, dict[str, Any], list[LocalShard]]:
+def read_conversion(out: Path) -> tuple[bytes, dict[str, Any], list[LocalShard], LocalPack | None]:
     """The finished conversion at ``out`` as an upload sends it: the manifest's bytes (checked against
-    its own digest), the run record, the shards with their sidecars (``local_shards``). An UploadError
+    its own digest), the run record, the shards with their sidecars (``local_shards``) and the
+    sidecar pack the manifest names (``local_pack``; None in older conversions). An UploadError
     naming the file when it is not a finished conversion; nothing is sent before this passes."""
     fs = LocalFileSystem()
     try:  # bounded reads of regular files: a FIFO or a symlink out of OUT is refused, not followed
@@ -189,7 +199,21 @@ def read_conversion(out: Path) -> tuple[bytes, dict[str, Any], list[LocalShard]]
     except FormatError as e:
         raise UploadError(f"{e}; nothing was uploaded") from None
     shards = local_shards(out, manifest)
-    return manifest_bytes, record, shards
+    return manifest_bytes, record, shards, local_pack(out, manifest, shards)
+
+
+def local_pack(out: Path, manifest: Manifest, shards: list[LocalShard]) -> LocalPack | None:
+    """``sidecars.pack`` rebuilt from the sidecars already checked (the local file is not read, so an
+    edited one is not sent), refused unless it matches the size and sha256 the manifest records."""
+    if manifest.sidecar_pack is None:
+        return None
+    data = b"".join(s.sidecar for s in shards)
+    if len(data) != manifest.sidecar_pack.bytes or sidecar_digest(data) != manifest.sidecar_pack.sha256:
+        raise UploadError(
+            f"{out / manifest.sidecar_pack.name}: the sidecars joined do not match the size and sha256 the manifest "
+            "records for the pack; nothing was uploaded"
+        )
+    return LocalPack(manifest.sidecar_pack.name, data)
 
 
 def upload_dataset(
@@ -211,7 +235,7 @@ def upload_dataset(
     """
     start = time.monotonic()
     out = Path(out)
-    manifest_bytes, record, shards = read_conversion(out)
+    manifest_bytes, record, shards, pack = read_conversion(out)
 
     dest = Destination(url, storage_options=storage_options)
     _refuse_upload_into_itself(out, dest)
@@ -219,7 +243,7 @@ def upload_dataset(
     try:
         with dest.lock(None):  # a local destination: no convert or upload writes there meanwhile
             return _upload(
-                out, dest, manifest_bytes, record, shards, workers, overwrite, progress, start, on_shard_sent
+                out, dest, manifest_bytes, record, shards, pack, workers, overwrite, progress, start, on_shard_sent
             )
     except DestinationBusy as e:
         raise UploadError(str(e)) from None
@@ -242,6 +266,7 @@ def _upload(
     manifest_bytes: bytes,
     record: dict[str, Any],
     shards: list[LocalShard],
+    pack: LocalPack | None,
     workers: int,
     overwrite: bool,
     progress: bool,
@@ -259,6 +284,7 @@ def _upload(
             summary.skipped_files += 2
             summary.skipped_bytes += s.size + len(s.sidecar)
     manifest_there = dest.exists(MANIFEST_NAME) and dest.read_bytes(MANIFEST_NAME) == manifest_bytes
+    manifest_there &= pack is None or (dest.exists(pack.name) and dest.size(pack.name) == len(pack.data))
     if not todo and manifest_there:
         summary.skipped_files += 1
         summary.skipped_bytes += len(manifest_bytes)
@@ -282,6 +308,10 @@ def _upload(
     missing = _missing(dest, shards)
     if missing:
         raise UploadError(f"{dest.url}: after the upload {len(missing)} objects are missing or short: {missing[:5]}")
+    if pack is not None:  # before the manifest: a reader who sees the manifest finds the pack
+        dest.write_bytes(pack.name, pack.data)
+        summary.uploaded_files += 1
+        summary.uploaded_bytes += len(pack.data)
     dest.write_bytes(MANIFEST_NAME, manifest_bytes)
     summary.uploaded_files += 1
     summary.uploaded_bytes += len(manifest_bytes)

@@ -45,6 +45,8 @@ from ..format import (
     header_member,
     legacy_refusal,
     member_checksum,
+    pack_offsets,
+    sidecar_digest,
     table_member,
 )
 from ..lerobot_v3 import LeRobotV3Source, SourceError
@@ -209,6 +211,42 @@ class _Verifier:
         self.dest, self.manifest, self.source, self.report = dest, manifest, source, report
         self.decode_check, self.seed = decode_check, seed
         self.source_frames = _SourceFrames(source) if source is not None else None
+
+    def pack(self) -> None:
+        """``sidecars.pack``: its size and sha256 as the manifest records them, and each sidecar's
+        slice matching the sha256 the manifest records for that sidecar (the loader reads the slices
+        instead of the files). Streamed slice by slice: a pack need not fit memory."""
+        record = self.manifest.sidecar_pack
+        assert record is not None
+        where = self.dest.path(record.name)
+        try:
+            path = self.dest.confined(record.name)
+            if self.dest.is_local:
+                check_local_file(path, root=self.dest.root, where=where)
+            offsets = pack_offsets(self.manifest)
+            whole = hashlib.sha256()
+            bad: list[str] = []
+            with open_bounded(self.dest.fs, path) as f:
+                for shard in self.manifest.shards:
+                    start, end = offsets[shard.index]
+                    data = f.read(end - start)
+                    whole.update(data)
+                    if sidecar_digest(data) != shard.sidecar_sha256:
+                        bad.append(shard.sidecar)
+                rest = len(f.read(1))
+        except FileNotFoundError:
+            self.report.problem(f"{where}: missing, though the manifest lists it")
+            return
+        except (OSError, FormatError) as e:
+            self.report.problem(f"{where}: unreadable ({e})")
+            return
+        if bad:
+            self.report.problem(
+                f"{where}: the slices of {len(bad)} sidecars ({', '.join(bad[:3])}) differ from the sha256 the manifest "
+                "records for them (edited or damaged after conversion)"
+            )
+        elif rest or whole.hexdigest() != record.sha256:
+            self.report.problem(f"{where}: does not match the size and sha256 the manifest records for it")
 
     def shard(self, record: ShardRecord, bar: tqdm) -> list[int]:
         """Check one shard; returns the indices of the sidecar's episodes that the tar really holds."""
@@ -611,6 +649,8 @@ def verify_dataset(
         for record in manifest.shards:
             for ep in verifier.shard(record, bar):
                 found.setdefault(ep, []).append(record.name)
+    if manifest.sidecar_pack is not None:
+        verifier.pack()
     expected = (
         {e.episode_index for e in src.episodes}
         if src is not None

@@ -5,7 +5,8 @@ Order of commits, so that a reader, who trusts only ``manifest.json``, never see
 a missing shard: the first commit claims the repo (``convert.json``) and, when shards are to be
 sent, removes a manifest already there; then the shards go in commits of about ``commit_bytes``
 each (tar and sidecar together); a listing then shows every shard at its sha256, and the last
-commit adds the manifest. Each commit is atomic on the Hub: a kill leaves the commits made and
+commit adds the sidecar pack (``sidecars.pack``, rebuilt from the checked sidecars) and the
+manifest. Each commit is atomic on the Hub: a kill leaves the commits made and
 nothing of the one in flight but its LFS objects, which the Hub keeps by sha256.
 
 What counts as already there, so that a re-run sends only what is missing: a tar listed with the
@@ -32,7 +33,7 @@ from typing import Any
 from ..convert.destination import RUN_RECORD
 from ..convert.upload import LocalShard, UploadError, UploadSummary, check_local_shard, read_conversion
 from ..filesystems import hub_repo_id
-from ..format import MANIFEST_NAME, SHARDS_DIR
+from ..format import MANIFEST_NAME, SHARDS_DIR, SIDECAR_PACK_NAME
 from .hub import endpoint, token_origin
 
 log = logging.getLogger(__name__)
@@ -83,7 +84,7 @@ def upload_to_hub(
 
     start = time.monotonic()
     out = Path(out)
-    manifest_bytes, record, shards = read_conversion(out)
+    manifest_bytes, record, shards, pack = read_conversion(out)
     record_bytes = (out / RUN_RECORD).read_bytes()
     api = HfApi(endpoint=endpoint())
     where = f"hf://datasets/{repo_id}@{revision}"
@@ -98,6 +99,7 @@ def upload_to_hub(
                 summary.skipped_files += 2
                 summary.skipped_bytes += s.size + len(s.sidecar)
         manifest_there = remote.get(MANIFEST_NAME, {}).get("oid") == _blob_id(manifest_bytes)
+        manifest_there &= pack is None or remote.get(pack.name, {}).get("size") == len(pack.data)
         if not todo and manifest_there and not stale:
             summary.skipped_files += 1
             summary.skipped_bytes += len(manifest_bytes)
@@ -137,6 +139,8 @@ def upload_to_hub(
         if missing:  # a local file changed after its check, or the Hub lost a file: no manifest
             raise UploadError(f"{where}: after the upload {len(missing)} shards are missing or differ: {missing[:5]}")
         last: list[Any] = [CommitOperationDelete(p) for p in sorted(_stale(remote, shards))]
+        if pack is not None:  # in the manifest's commit: no reader sees one without the other
+            last.append(CommitOperationAdd(pack.name, pack.data))
         last.append(CommitOperationAdd(MANIFEST_NAME, manifest_bytes))
         api.create_commit(
             repo_id, last, commit_message="lerobot-shards upload: manifest", repo_type="dataset", revision=revision
@@ -191,7 +195,9 @@ def _claim(
             f"{where}/{RUN_RECORD}: the repo holds a conversion with other settings; pass --overwrite to replace "
             "it or choose another repo (nothing was uploaded)"
         )
-    foreign = [p for p in remote if p not in (*HUB_TOP_FILES, RUN_RECORD, MANIFEST_NAME) and "/" not in p]
+    foreign = [
+        p for p in remote if p not in (*HUB_TOP_FILES, RUN_RECORD, MANIFEST_NAME, SIDECAR_PACK_NAME) and "/" not in p
+    ]
     foreign += [p for p in remote if "/" in p and not p.startswith(f"{SHARDS_DIR}/")]
     if theirs is None and foreign and not overwrite:
         raise UploadError(

@@ -34,7 +34,7 @@ from ...language import LanguageColumn, is_language_feature, language_column
 from ...lerobot_v3 import IMAGE_DTYPE, VIDEO_DTYPE, LeRobotV3Source, SourceError, numpy_of
 from ...names import check_name
 from ...resize import feature_size
-from ...safe_io import check_local_file, read_sidecar, read_small
+from ...safe_io import check_local_file, parse_sidecar, read_sidecar, read_small
 from ...shard_plan import plan_shards
 from ...storage import StorageLocation, as_location
 from ...timeouts import bounded
@@ -57,9 +57,27 @@ READ_AHEAD_BYTES = CHUNK_BYTES
 
 MISSING = "missing, though manifest.json lists it: the dataset is incomplete; restore the file or re-convert"
 
+# A rank reads a converted dataset's ``sidecars.pack`` whole, in one GET, when it is at most this
+# big, and hands it to its DataLoader workers with the manifest: no consumer then fetches a sidecar,
+# so a rank's metadata requests do not grow with its workers. 64 MiB holds the sidecars of about
+# 15,000 one-camera episodes of 10 s with stats (~4 KiB each, measured on synthetic ones); a larger
+# pack is not read (a rank would hold what its few shards never use): each consumer then reads its
+# own shards' sidecar files, one request each, as before the pack.
+PACK_WHOLE_BYTES = 64 << 20
+
+
+@dataclass(frozen=True)
+class ConvertedMetadata:
+    """What a rank read of a converted dataset: the checked manifest and, when the conversion wrote
+    one within ``PACK_WHOLE_BYTES``, ``sidecars.pack`` (checked against the manifest's sha256)."""
+
+    manifest: fmt.Manifest
+    pack: bytes | None = None
+
+
 # What an open source read of its metadata, handed to ``open_source(metadata=...)`` to open the
-# same source again without fetching it: a converted dataset's manifest, a raw dataset's tables.
-SourceMetadata = fmt.Manifest | LeRobotV3Source
+# same source again without fetching it: a converted dataset's manifest and sidecars, a raw dataset's tables.
+SourceMetadata = ConvertedMetadata | LeRobotV3Source
 
 
 @dataclass(frozen=True)
@@ -239,7 +257,7 @@ def _open_source(
     if location.root.endswith(fmt.MANIFEST_NAME):
         location = location.at(location.url.rstrip("/")[: -len(fmt.MANIFEST_NAME)].rstrip("/"))
     fs, path = location.fs, location.root
-    if isinstance(metadata, fmt.Manifest) or (
+    if isinstance(metadata, ConvertedMetadata) or (
         metadata is None and bounded(fs, "exists", posixpath.join(path, fmt.MANIFEST_NAME))
     ):
         if read.data_files_root is not None:
@@ -247,7 +265,7 @@ def _open_source(
                 f"{location.url}: a converted dataset holds its own files; data_files_root applies to a raw "
                 "LeRobot v3.0 dataset only"
             )
-        return ShardSource(location, read, manifest=metadata)
+        return ShardSource(location, read, metadata=metadata)
     if metadata is not None or bounded(fs, "exists", posixpath.join(path, "meta/info.json")):
         return RawSource(location, read, episodes=episodes, src=metadata)
     raise FileNotFoundError(
@@ -259,7 +277,11 @@ class ShardSource:
     """A converted dataset: manifest, per-shard sidecars, episodes read by byte range."""
 
     def __init__(
-        self, where: StorageLocation | str, read: ReadOptions | None = None, *, manifest: fmt.Manifest | None = None
+        self,
+        where: StorageLocation | str,
+        read: ReadOptions | None = None,
+        *,
+        metadata: ConvertedMetadata | None = None,
     ):
         read = read or ReadOptions()
         location = as_location(where, read.storage_options)
@@ -269,12 +291,17 @@ class ShardSource:
         where = posixpath.join(self.url, fmt.MANIFEST_NAME)
         # read_small: one GET (open().read() asks for the object's size first: two round trips)
         manifest_path = posixpath.join(self.root, fmt.MANIFEST_NAME)
-        self.manifest = manifest or fmt.Manifest.from_json(
-            read_small(self.fs, manifest_path, fmt.MAX_MANIFEST_BYTES, root=self._local_root, where=where),
-            where=where,
-            legacy=read.legacy_format,
-        )
-        self.metadata: SourceMetadata = self.manifest
+        if metadata is None:
+            manifest = fmt.Manifest.from_json(
+                read_small(self.fs, manifest_path, fmt.MAX_MANIFEST_BYTES, root=self._local_root, where=where),
+                where=where,
+                legacy=read.legacy_format,
+            )
+            metadata = ConvertedMetadata(manifest, self._read_pack(manifest))
+        self.manifest = metadata.manifest
+        self.metadata: SourceMetadata = metadata
+        self._pack = metadata.pack
+        self._pack_offsets = fmt.pack_offsets(self.manifest) if self._pack is not None else {}
         m = self.manifest
         self._records = {s.index: s for s in m.shards}
         self._by_name = {s.name: s for s in m.shards}
@@ -305,6 +332,29 @@ class ShardSource:
             },
         )
 
+    def _read_pack(self, manifest: fmt.Manifest) -> bytes | None:
+        """``sidecars.pack`` whole (one GET), checked against the manifest's sha256; None when the
+        conversion wrote none, when it is over ``PACK_WHOLE_BYTES``, or when it is missing (an upload
+        of an older version's did not send it: the sidecar files are read instead, said once)."""
+        record = manifest.sidecar_pack
+        if record is None or record.bytes > PACK_WHOLE_BYTES:
+            return None
+        where = f"{self.url}/{record.name}"
+        try:
+            data = read_small(
+                self.fs, posixpath.join(self.root, record.name), record.bytes, root=self._local_root, where=where
+            )
+        except FileNotFoundError:
+            log.warning("%s: missing, though manifest.json lists it; reading each shard's sidecar instead", where)
+            return None
+        if len(data) != record.bytes or fmt.sidecar_digest(data) != record.sha256:
+            raise fmt.FormatError(
+                f"{where}: does not match the size and sha256 the manifest records for it "
+                f"({record.bytes} bytes, {record.sha256[:16]}...): edited or damaged after conversion; restore it "
+                "or re-convert the dataset"
+            )
+        return data
+
     def _shard_path(self, name: str) -> str:
         return posixpath.join(self.root, fmt.SHARDS_DIR, check_name(name, f"{self.url}: shard name"))
 
@@ -324,6 +374,11 @@ class ShardSource:
         rec = self._records[shard]
         path = self._shard_path(rec.sidecar)
         where = f"{self.url}/{fmt.SHARDS_DIR}/{rec.sidecar}"
+        if self._pack is not None:  # its slice of the pack the rank read: no request
+            start, end = self._pack_offsets[shard]
+            assert self.manifest.sidecar_pack is not None
+            at = f"{self.url}/{self.manifest.sidecar_pack.name} (bytes {start}..{end}), {where}"
+            return parse_sidecar(self._pack[start:end], rec, self.manifest, where=at)
         try:
             sc, _ = read_sidecar(self.fs, path, rec, self.manifest, root=self._local_root, where=where)
         except FileNotFoundError:
@@ -333,7 +388,7 @@ class ShardSource:
     def _sidecar_async(self, shard: int) -> None:
         """Start fetching the shard's sidecar: one small request, so its round trip overlaps the
         current shard's reads instead of stalling the reader when it enters the shard."""
-        if self.remote is None or shard in self._sidecars or shard in self._sidecar_fetches:
+        if self.remote is None or self._pack is not None or shard in self._sidecars or shard in self._sidecar_fetches:
             return
         self._sidecar_fetches[shard] = self.remote.pool.submit(self._read_sidecar, shard)
 
