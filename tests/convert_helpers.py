@@ -25,12 +25,13 @@ from lerobot_shards.format import (
 from lerobot_shards.mp4cut import Mp4File
 from lerobot_shards.synth import read_identity
 from lerobot_shards.video import decode_frames, encode_video
+from waits import HANG_GUARD_S
 
 CLI = [sys.executable, "-m", "lerobot_shards.cli"]
 
 
 def run_cli(*args: object) -> subprocess.CompletedProcess:
-    return subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True, timeout=120)
+    return subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True, timeout=HANG_GUARD_S)
 
 
 def reseal(out: Path) -> None:
@@ -183,5 +184,5 @@ def claims_at_once(url: str, options: dict | None = None, processes: int = 4) ->
     for p in procs:
         p.start()
     for p in procs:
-        p.join(timeout=120)
-    return [r for r in (results.get(timeout=10) for _ in procs) if r is not None]
+        p.join(timeout=HANG_GUARD_S)
+    return [r for r in (results.get(timeout=HANG_GUARD_S) for _ in procs) if r is not None]

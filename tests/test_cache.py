@@ -23,6 +23,7 @@ from lerobot_shards.loader.read.shard_cache import (
     plan_evictions,
     scan,
 )
+from waits import HANG_GUARD_S
 
 # -- eviction decisions (pure) ----------------------------------------------------------------------
 
@@ -94,9 +95,9 @@ def test_processes_sharing_a_cache_download_a_file_once(tmp_path: Path) -> None:
     procs = [ctx.Process(target=_fetch_once, args=(str(tmp_path), barrier, results)) for _ in range(3)]
     for p in procs:
         p.start()
-    got = [results.get(timeout=60) for _ in procs]
+    got = [results.get(timeout=HANG_GUARD_S) for _ in procs]
     for p in procs:
-        p.join(timeout=30)
+        p.join(timeout=HANG_GUARD_S)
     assert all(ok for ok, _ in got)
     assert sum(c["cache_misses"] for _, c in got) == 1
     assert sum(c["cache_hits"] for _, c in got) == 2
@@ -126,7 +127,7 @@ def test_a_file_in_use_by_another_process_is_never_evicted(tmp_path: Path) -> No
         assert cache.acquire(_fetcher(other), "ds/other.tar", 6000, None, "other.tar") is None  # would not fit
         assert (tmp_path / "ds/held.tar").stat().st_size == 6000
         release.set()
-        proc.join(timeout=30)
+        proc.join(timeout=HANG_GUARD_S)
         f = cache.acquire(_fetcher(other), "ds/other.tar", 6000, None, "other.tar")
         assert f is not None and f.read(0, 6000) == other
         f.wait()
@@ -137,7 +138,7 @@ def test_a_file_in_use_by_another_process_is_never_evicted(tmp_path: Path) -> No
         pool.shutdown()
     finally:
         release.set()
-        proc.join(timeout=30)
+        proc.join(timeout=HANG_GUARD_S)
 
 
 def test_wrong_sized_cached_file_is_fetched_again(tmp_path: Path) -> None:

@@ -21,6 +21,7 @@ from lerobot_shards.convert.verify import verify_dataset
 from lerobot_shards.lerobot_v3 import LeRobotV3Source, SourceError
 from lerobot_shards.loader import EpisodePoolDataset
 from lerobot_shards.video import encode_video
+from waits import HANG_GUARD_S
 
 FRONT = "videos/observation.images.front/chunk-000"
 
@@ -256,7 +257,7 @@ def test_array_tasks_started_together_both_convert(src: Path, tmp_path: Path) ->
         subprocess.Popen([*CLI, *map(str, args), "--task-index", str(i)], stderr=subprocess.PIPE, text=True)
         for i in range(2)
     ]
-    errors = [p.communicate(timeout=120)[1] for p in procs]
+    errors = [p.communicate(timeout=HANG_GUARD_S)[1] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], errors
     assert (out / "manifest.json").is_file()
 
@@ -267,11 +268,14 @@ def test_fifo_mp4_is_refused_in_one_line_not_read(src: Path, tmp_path: Path) -> 
     fifo.unlink()
     os.mkfifo(fifo)
     result = subprocess.run(
-        [*CLI, "convert", str(src), str(tmp_path / "out"), "--no-progress"], capture_output=True, text=True, timeout=60
+        [*CLI, "convert", str(src), str(tmp_path / "out"), "--no-progress"],
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_S,
     )
     assert result.returncode == 1 and f"{fifo}: not a regular file" in result.stderr.strip().splitlines()[-1]
     loader = f"from lerobot_shards.loader import EpisodePoolDataset; list(EpisodePoolDataset({str(src)!r}))"
-    result = subprocess.run([sys.executable, "-c", loader], capture_output=True, text=True, timeout=60)
+    result = subprocess.run([sys.executable, "-c", loader], capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert result.returncode == 1
     assert (
         result.stderr.strip().splitlines()[-1] == f"lerobot_shards.lerobot_v3.SourceError: {fifo}: not a regular file"

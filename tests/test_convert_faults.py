@@ -23,6 +23,7 @@ from lerobot_shards.convert.run import convert_dataset
 from lerobot_shards.convert.verify import verify_dataset
 from lerobot_shards.format import MANIFEST_NAME, SHARDS_DIR
 from lerobot_shards.redaction import explain, redact, register_secrets
+from waits import HANG_GUARD_S
 
 
 def _one_line(result: subprocess.CompletedProcess) -> str:
@@ -35,7 +36,7 @@ def _one_line(result: subprocess.CompletedProcess) -> str:
 
 def _wait_for(predicate, proc: subprocess.Popen) -> None:
     """Wait until ``predicate()`` holds (shard 0 written by a held converter) or ``proc`` exits."""
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + HANG_GUARD_S
     while not predicate() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.01)
     assert predicate(), "the first converter should be mid-run"
@@ -51,7 +52,7 @@ def _mount_ns_cli(mount_opts: str, mountpoint: Path, *args: object) -> subproces
     mountpoint.mkdir(exist_ok=True)
     script = f'mount -t tmpfs -o {mount_opts} tmpfs "$0" && exec "$@"'
     cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, str(mountpoint), *CLI]
-    return subprocess.run([*cmd, *map(str, args)], capture_output=True, text=True, timeout=120)
+    return subprocess.run([*cmd, *map(str, args)], capture_output=True, text=True, timeout=HANG_GUARD_S)
 
 
 @pytest.fixture(scope="module")
@@ -286,7 +287,7 @@ def test_workers_die_with_a_killed_parent(synth_factory, tmp_path: Path) -> None
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert not (out / MANIFEST_NAME).exists(), "the kill should land mid-conversion"
-    _, alive = psutil.wait_procs(children, timeout=10)
+    _, alive = psutil.wait_procs(children, timeout=HANG_GUARD_S)
     assert not alive, f"still running after the parent's death: {[c.cmdline() for c in alive]}"
 
     result = run_cli("convert", root, out, *args)
@@ -315,7 +316,7 @@ def test_second_converter_into_the_same_destination_is_refused(synth_factory, tm
     assert (out / SHARDS_DIR / "shard-000000.tar").exists()
     release(hold)
     assert f"{out}: another conversion is writing shards 0..23 here right now" in line and "re-run" in line
-    assert first.wait(timeout=120) == 0, first.stderr.read()
+    assert first.wait(timeout=HANG_GUARD_S) == 0, first.stderr.read()
     assert verify_dataset(out, root).ok
     convert_dataset(root, tmp_path / "ref", ConvertOptions(episodes_per_shard=1), progress=False)
     assert output_files(out) == output_files(tmp_path / "ref")
@@ -329,7 +330,7 @@ def test_second_converter_into_the_same_destination_is_refused(synth_factory, tm
     one = run_cli(*task, "--task-index", "1")  # beside task 0, which is mid-run
     release(hold)
     assert one.returncode == 0 and "manifest waits for the other tasks" in one.stdout, one.stderr
-    assert zero.wait(timeout=120) == 0, zero.stderr.read()
+    assert zero.wait(timeout=HANG_GUARD_S) == 0, zero.stderr.read()
     assert output_files(array) == output_files(tmp_path / "ref")
 
 
@@ -358,7 +359,7 @@ try:
 except Exception as e:
     print(type(e).__name__, e)
 """
-    result = subprocess.run([CLI[0], "-c", code], capture_output=True, text=True, timeout=120)
+    result = subprocess.run([CLI[0], "-c", code], capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert "gone" in result.stdout and "Error" in result.stdout.split()[0], result.stdout + result.stderr
 
 

@@ -16,6 +16,7 @@ from convert_helpers import held_cli, output_files, run_cli
 from lerobot_shards.convert.plan import ConvertOptions
 from lerobot_shards.convert.run import ConvertError, convert_dataset
 from lerobot_shards.format import MANIFEST_NAME, SHARDS_DIR
+from waits import HANG_GUARD_S
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +75,7 @@ def test_resume_after_kill(synth_factory, tmp_path: Path) -> None:
         held_cli(tmp_path, "convert", root, out, *args[1:]), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )  # shard 0 is written, every other shard waits: the kill lands mid-conversion
     first = out / SHARDS_DIR / "shard-000000.idx.json"
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + HANG_GUARD_S
     while not first.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.01)
     proc.send_signal(signal.SIGKILL)
@@ -195,7 +196,7 @@ def test_slurm_array_script(source: Path, tmp_path: Path) -> None:
             capture_output=True,
             text=True,
             env={**env, "SLURM_ARRAY_TASK_ID": str(task_id)},
-            timeout=120,
+            timeout=HANG_GUARD_S,
         )
         assert result.returncode == 0, result.stderr
         assert f"task {task_id - 1} of 2" in result.stdout

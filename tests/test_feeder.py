@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader
 from lerobot_shards.lerobot_v3 import SourceError
 from lerobot_shards.loader import DeviceFeeder, EpisodePoolDataset
 from lerobot_shards.synth import read_identity, synth_dataset
+from waits import HANG_GUARD_S
 
 CAM = "observation.images.front"
 IMG = "observation.images.wrist"
@@ -37,7 +38,7 @@ def raw(tmp_path_factory) -> Path:
     )
 
 
-def _until(condition: Callable[[], bool], timeout: float = 60) -> None:
+def _until(condition: Callable[[], bool], timeout: float = HANG_GUARD_S) -> None:
     """Wait for a condition (not for a guessed time): fails the test if it does not hold within ``timeout``."""
     deadline = time.monotonic() + timeout
     while not condition():
@@ -156,7 +157,7 @@ def test_counters_and_clear_errors(raw: Path) -> None:
 
     def slow():
         yield {"x": torch.zeros(1, dtype=torch.uint8)}
-        go.wait(timeout=10)  # the loop is already waiting for this one
+        go.wait(timeout=HANG_GUARD_S)  # the loop is already waiting for this one
         yield {"x": torch.ones(1, dtype=torch.uint8)}
 
     feeder = DeviceFeeder(slow(), "cpu")

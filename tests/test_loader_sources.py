@@ -20,6 +20,7 @@ from lerobot_shards.format import Manifest
 from lerobot_shards.loader import EpisodePoolDataset
 from lerobot_shards.loader.read.sources import ShardSource
 from lerobot_shards.synth import FIXTURE_BITS, read_identity, synth_dataset
+from waits import HANG_GUARD_S
 
 CAMS = ("observation.images.front", "observation.images.top")
 
@@ -136,7 +137,7 @@ def test_iteration_shuts_down_its_shard_downloads(pair, s3_server, tmp_path: Pat
     )
     downloaders = [t for t in threading.enumerate() if t.name.startswith("shard-prefetch")]
     for t in downloaders:
-        t.join(timeout=30)
+        t.join(timeout=HANG_GUARD_S)
     assert not [t for t in downloaders if t.is_alive()]
 
 

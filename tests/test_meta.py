@@ -23,6 +23,7 @@ from lerobot_shards.loader import EpisodePoolDataset
 from lerobot_shards.loader.meta import aggregate_stats, episode_stats_rows
 from lerobot_shards.loader.mix.dataset import Mixture, MixtureDataset, MixtureSource
 from lerobot_shards.synth import read_identity
+from waits import HANG_GUARD_S
 
 CAMS = ("observation.images.front", "observation.images.top")
 
@@ -141,7 +142,7 @@ def test_subset_stats_from_a_bucket_fetch_their_sidecars_together(
     manifest = Manifest.from_json((converted_fixture / "manifest.json").read_text())
     chosen = [rec.episodes[0] for rec in manifest.shards[:2]]  # in two shards
     local = EpisodePoolDataset(str(converted_fixture), episodes=chosen).meta
-    meet = threading.Barrier(2, timeout=30)
+    meet = threading.Barrier(2, timeout=HANG_GUARD_S)
     read = ShardSource._read_sidecar
 
     def together(self, shard):

@@ -23,6 +23,7 @@ from lerobot_shards.convert.verify import verify_dataset
 from lerobot_shards.lerobot_v3 import LeRobotV3Source, SourceError
 from lerobot_shards.loader import EpisodePoolDataset
 from lerobot_shards.synth import read_identity
+from waits import HANG_GUARD_S
 
 CAM = "cam"
 SMALL = dict(num_episodes=4, cameras=(CAM,), length_range=(10, 16))
@@ -180,7 +181,7 @@ def test_a_raw_episodes_mp4_headers_are_read_together_from_a_bucket(fixture_root
     fs = s3_server.filesystem()
     fs.mkdir("raw-headers")
     fs.put(str(fixture_root), "raw-headers/", recursive=True)
-    meet = threading.Barrier(2, timeout=30)
+    meet = threading.Barrier(2, timeout=HANG_GUARD_S)
     header = LeRobotV3Source.video_header
 
     def together(self, rel_path, local_path=None):

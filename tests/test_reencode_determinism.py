@@ -16,6 +16,7 @@ import pytest
 
 from lerobot_shards.synth import paint_identity, read_identity
 from lerobot_shards.video import decode_frames, encode_video, reencode_clip
+from waits import HANG_GUARD_S
 
 H, W, FPS = 64, 160, 30
 EPISODE, LENGTH, SOURCE_GOP = 3, 24, 5
@@ -76,7 +77,7 @@ def test_same_bytes_in_process_and_across_concurrent_processes(source: Path) -> 
     args = [sys.executable, "-c", _CHILD, str(source), str(FIRST), str(COUNT), str(GOP), str(REPEATS), *CODECS]
     children = [subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(3)]
     for child in children:
-        out, err = child.communicate(timeout=120)
+        out, err = child.communicate(timeout=HANG_GUARD_S)
         assert child.returncode == 0, err
         for codec, hashes in json.loads(out).items():
             assert hashes == [expected[codec]] * REPEATS, f"{codec}: a concurrent process encoded other bytes"

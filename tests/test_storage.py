@@ -20,6 +20,7 @@ from lerobot_shards.format import DIGEST_FIELD, FormatError, Manifest, manifest_
 from lerobot_shards.loader import EpisodePoolDataset, ReadOptions
 from lerobot_shards.loader.read.shard_cache import scan
 from lerobot_shards.synth import read_identity, synth_dataset
+from waits import HANG_GUARD_S
 
 CAM = "observation.images.front"
 WINDOW = {CAM: [-1 / 30, 0.0], "action": [0.0, 1 / 30]}
@@ -172,7 +173,7 @@ def test_two_ranks_sharing_a_cache_download_each_shard_once(data, s3_server, tmp
         p.start()
     results = [out for _, out in sorted(queue.get(timeout=300) for _ in procs)]
     for p in procs:
-        p.join(timeout=30)
+        p.join(timeout=HANG_GUARD_S)
     assert [p.exitcode for p in procs] == [0, 0]
     manifest = Manifest.from_json((converted / "manifest.json").read_text())
     everything = sorted(

@@ -11,6 +11,7 @@ from typing import Any
 from lerobot_shards.redaction import redact
 from lerobot_shards.storage import StorageLocation
 from lerobot_shards.timeouts import READ_TIMEOUT_S
+from waits import HANG_GUARD_S
 
 SECRET = "SECRETOFTHELOCATION"
 ENDPOINT = "http://10.213.7.9:19999"
@@ -36,8 +37,8 @@ def test_a_spawned_process_that_unpickles_it_hides_its_secrets_and_keeps_the_tim
     queue = context.Queue()
     child = context.Process(target=_redacted_in_child, args=(blob, queue))
     child.start()
-    text, timeout = queue.get(timeout=120)
-    child.join(timeout=60)
+    text, timeout = queue.get(timeout=HANG_GUARD_S)
+    child.join(timeout=HANG_GUARD_S)
     assert SECRET not in text and "10.213.7.9" not in text, text
     assert timeout == READ_TIMEOUT_S
 
@@ -54,7 +55,7 @@ def test_a_forked_process_makes_its_own_file_system(tmp_path: Path) -> None:
     queue = context.Queue()
     child = context.Process(target=_fresh_fs_in_child, args=(location, parents, queue))
     child.start()
-    inherited, root = queue.get(timeout=120)
-    child.join(timeout=60)
+    inherited, root = queue.get(timeout=HANG_GUARD_S)
+    child.join(timeout=HANG_GUARD_S)
     assert not inherited
     assert root == location.root == str(tmp_path / "ds")

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from lerobot_shards.torch_pair import check_torch_pair
+from waits import HANG_GUARD_S
 
 
 def test_the_installed_pair_and_the_tested_ones_pass() -> None:
@@ -50,7 +51,11 @@ def test_importing_the_loader_with_a_mismatched_torchcodec_fails_with_that_line(
     (fake / "METADATA").write_text(f"Metadata-Version: 2.1\nName: torchcodec\nVersion: 0.{minor - 2}.0\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
     result = subprocess.run(
-        [sys.executable, "-c", "import lerobot_shards.loader"], capture_output=True, text=True, env=env, timeout=120
+        [sys.executable, "-c", "import lerobot_shards.loader"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=HANG_GUARD_S,
     )
     assert result.returncode == 1
     last = result.stderr.strip().splitlines()[-1]

@@ -18,6 +18,7 @@ from lerobot_shards.integrations.lerobot_train import (
     _logged,
     choose_layout,
 )
+from waits import HANG_GUARD_S
 
 
 def test_without_lerobot_one_line_names_the_supported_versions_and_the_install() -> None:
@@ -31,7 +32,7 @@ def test_without_lerobot_one_line_names_the_supported_versions_and_the_install()
         [sys.executable, "-m", "lerobot_shards.cli", "train", "--policy.type=act"],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=HANG_GUARD_S,  # a hang guard only: the start imports torch, over 60 s at load 50
     )
     assert proc.returncode == 1
     lines = proc.stderr.strip().splitlines()

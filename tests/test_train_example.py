@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from lerobot_shards.synth import synth_dataset
+from waits import HANG_GUARD_S
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train.py"
 WORLD = 2
@@ -45,7 +46,7 @@ def _launch(root: Path, ckpt: Path, *extra: str) -> list[subprocess.Popen]:
 
 def _finish(procs: list[subprocess.Popen]) -> str:
     try:
-        outputs = [p.communicate(timeout=240)[0] for p in procs]
+        outputs = [p.communicate(timeout=HANG_GUARD_S)[0] for p in procs]
     except subprocess.TimeoutExpired:  # a hung run fails this test, never the suite: kill every rank's group
         for p in procs:
             with contextlib.suppress(ProcessLookupError):
@@ -78,7 +79,7 @@ def test_sigkill_mid_epoch_and_relaunch_ends_with_the_same_parameters(tmp_path: 
     for p in killed:  # every process the rank started (its DataLoader workers too)
         os.killpg(p.pid, signal.SIGKILL)
     for p in killed:
-        p.wait(timeout=60)
+        p.wait(timeout=HANG_GUARD_S)
     assert lines and lines[-1].startswith("checkpoint step 3 epoch 0 batch 3"), "".join(lines)[-3000:]
 
     resumed = _finish(_launch(root, tmp_path / "run" / "ckpt.pt"))
@@ -94,6 +95,6 @@ def test_sigkill_mid_epoch_and_relaunch_ends_with_the_same_parameters(tmp_path: 
 def test_a_count_out_of_range_is_refused_naming_the_flag(flag: str, value: str, tmp_path: Path) -> None:
     """They used to divide by zero mid-run, or stop after one step."""
     proc = subprocess.run(
-        [sys.executable, str(EXAMPLE), str(tmp_path), flag, value], capture_output=True, text=True, timeout=120
+        [sys.executable, str(EXAMPLE), str(tmp_path), flag, value], capture_output=True, text=True, timeout=HANG_GUARD_S
     )
     assert proc.returncode == 2 and f"{flag} must be at least" in proc.stderr, proc.stderr

@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader, default_convert
 from lerobot_shards.loader import DeviceFeeder, EpisodePoolDataset
 from lerobot_shards.loader.transport.slabs import SlabCollate, slab_loader, with_slabs
 from lerobot_shards.synth import read_identity
+from waits import HANG_GUARD_S
 
 CAMS = ("observation.images.front", "observation.images.top")
 WINDOW = {CAMS[0]: [-1 / 30, 0.0], "action": [i / 30 for i in range(5)]}
@@ -290,7 +291,7 @@ def test_with_slabs_rebuilds_a_loader_built_elsewhere_keeping_its_settings(synth
         drop_last=False,
         generator=torch.Generator().manual_seed(3),
         pin_memory=False,
-        timeout=120,
+        timeout=HANG_GUARD_S,
         worker_init_fn=_no_op,
         multiprocessing_context="fork",
     )
