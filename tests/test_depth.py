@@ -155,3 +155,22 @@ def test_a_lossless_reencode_keeps_every_code(depth_raw: Path) -> None:
     assert codes.dtype == torch.uint16 and codes.shape == (3, 1, 64, 96)
     for got, f in zip(codes, (8, 3, 5)):  # episode 0's frames 3..8 of the file
         np.testing.assert_array_equal(got[0].numpy(), paint_depth(0, f, 64, 96))
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        ({"video.depth_min": -1e308, "video.depth_max": 1e308, "video.use_log": False}, "beyond float32's range"),
+        ({"video.shift": 1e308}, r"depth shift = 1e\+308 is beyond float32's range"),
+    ],
+)
+def test_a_quantizer_beyond_float32_is_refused_before_any_frame(edit: dict, message: str) -> None:
+    """Finite in float64 but not in the float32 depth is decoded in: every frame came out NaN (a vast
+    shift), or the decode failed mid-epoch naming the mp4, not the field."""
+    from lerobot_shards.depth import DepthError, depth_params
+
+    info = {"video.is_depth_map": True, "video.depth_min": 0.01, "video.depth_max": 10.0, "video.shift": 3.5}
+    spec = {"dtype": "video", "shape": [64, 96, 1], "info": {**info, **edit}}
+    with pytest.raises(DepthError, match=f"camera x: .*{message}") as raised:
+        depth_params(spec, "camera x")
+    assert "\n" not in str(raised.value)

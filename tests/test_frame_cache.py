@@ -357,6 +357,70 @@ def test_a_reservation_with_room_does_not_walk_the_directory(
     assert int(ledger.read_bytes()) == total and walks == [False, False]
 
 
+def _swap_height_and_width(path: str) -> None:
+    """Edit the entry's header in place: (C, H, W) becomes (C, W, H), the same bytes per frame, so
+    every frame still passes its checksum (format 1 returned the frames in the wrong shape)."""
+    with open(path, "r+b") as f:
+        block = f.read(ALIGN)
+        key, layout = _parse_header(block, path)
+        c, h, w = layout.shape
+        old, new = f'"shape": [{c}, {h}, {w}]'.encode(), f'"shape": [{c}, {w}, {h}]'.encode()
+        assert len(old) == len(new) and h != w
+        f.seek(0)
+        f.write(block.replace(old, new))
+
+
+def _one_frame_entry(path: str) -> None:
+    """Rewrite the entry whole as a valid entry of its key holding only its first frame (what a
+    planted or foreign file could be): the loader asked for frames past it (a bare IndexError)."""
+    data = Path(path).read_bytes()
+    key, layout = _parse_header(data[:ALIGN], path)
+    one = frame_cache.Layout(1, layout.shape)
+    table = data[layout.table : layout.table + frame_cache.DIGEST_BYTES].ljust(one.data - one.table, b"\0")
+    Path(path).write_bytes(frame_cache._header(key, one) + table + data[layout.data : layout.data + layout.frame_bytes])
+
+
+def _fifo_ledger(cache: Path) -> None:
+    """A FIFO where the ledger goes: reading it blocked every reservation forever, under the global lock."""
+    ledger = cache / ".locks" / frame_cache.LEDGER
+    ledger.unlink()
+    os.mkfifo(ledger)
+    for path in _entries(cache):
+        os.unlink(path)  # the next run reserves again
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda cache: [_swap_height_and_width(p) for p in _entries(cache)],
+        lambda cache: [_one_frame_entry(p) for p in _entries(cache)],
+        _fifo_ledger,
+    ],
+    ids=["header-shape-edited", "entry-of-one-frame", "fifo-ledger"],
+)
+def test_an_edited_or_planted_cache_gives_the_same_frames(raw: Path, tmp_path: Path, edit: Callable) -> None:
+    want = _batches(_dataset(raw, None))
+    _batches(_dataset(raw, tmp_path))
+    edit(tmp_path)
+    ds = _dataset(raw, tmp_path)
+    _same(want, _batches(ds))
+    assert _total(ds)["frame_cache_fills"] > 0  # the bad entries were refilled, the ledger replaced
+    assert (tmp_path / ".locks" / frame_cache.LEDGER).is_file()
+    _same(want, _batches(_dataset(raw, tmp_path)))
+
+
+def test_a_file_where_the_entries_go_is_decoding_without_the_cache_and_no_traceback(
+    raw: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each clip's lookup was a NotADirectoryError logged with its traceback by the decode thread."""
+    (tmp_path / ENTRIES_DIR).write_text("not a folder")
+    want = _batches(_dataset(raw, None))
+    with caplog.at_level("WARNING"):
+        _same(want, _batches(_dataset(raw, tmp_path)))
+    assert not [r for r in caplog.records if r.levelname == "ERROR"], caplog.text
+    assert sum("frame_cache_dir" in r.getMessage() for r in caplog.records) == 1  # said once: no room to fill
+
+
 def test_two_resize_settings_share_a_directory(raw: Path, tmp_path: Path) -> None:
     small: dict[str, Any] = {"resize": (32, 48), "image_dtype": torch.uint8}
     other: dict[str, Any] = {"resize": (32, 48), "resize_mode": "crop", "image_dtype": torch.uint8}

@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader
 
 from hub_server import VALID_TOKEN, HubServer
 from lerobot_shards.filesystems import hub_repo_id, resolve_source, url_to_fs
-from lerobot_shards.integrations.hub import HubAuthError, HubNotFound, HubUnavailable, safe_version
+from lerobot_shards.integrations.hub import HubAuthError, HubListingError, HubNotFound, HubUnavailable, safe_version
 from lerobot_shards.lerobot_v3 import LeRobotV3Source
 from lerobot_shards.loader import EpisodePoolDataset
 from lerobot_shards.synth import read_identity, synth_dataset
@@ -296,3 +296,44 @@ def test_rate_limits_and_server_errors_are_retried(hub: HubServer, raw: Path) ->
     hub.fail(500, times=1000, path_contains="/refs")
     with pytest.raises(HubUnavailable, match="last: HTTP 500"):
         resolve_source("me/other", storage_options=FAST)
+
+
+LIES = {  # what a Hub (or a proxy before it) may put in a tree listing, and the error's words
+    "negative size": (lambda e: e.update(size=-5), r"gives data/chunk-000/file-000.parquet the size -5, not a whole"),
+    "size as text": (lambda e: e.update(size="abc"), r"the size 'abc', not a whole number >= 0"),
+    "no size": (lambda e: e.pop("size"), r"the size None, not a whole number >= 0"),
+    "fractional size": (lambda e: e.update(size=e["size"] + 0.5), r"the size \d+\.5, not a whole number"),
+    "a path up and out": (
+        lambda e: e.update(path="../../other/" + e["path"]),
+        r"names a path outside it \(path = '\.\./\.\./other/.*': part '\.\.' is a directory reference",
+    ),
+    "an absolute path": (lambda e: e.update(path="/etc/" + e["path"]), r"names a path outside it .* absolute path"),
+    "no path": (lambda e: e.update(path=None), r"names a path outside it \(path = None is not a relative path"),
+    "an mp4 half its size": (
+        lambda e: e.update(size=e["size"] // 2) if e["path"].endswith(".mp4") else None,
+        r"/videos/.*\.mp4: the Hub's tree listing gives \d+ bytes, its answer \d+; retry",
+    ),
+}
+
+
+@pytest.mark.parametrize("lie", sorted(LIES))
+def test_a_tree_listing_that_lies_is_one_line_naming_the_repo_and_entry(
+    hub: HubServer, raw: Path, monkeypatch: pytest.MonkeyPatch, lie: str
+) -> None:
+    """Sizes that are no sizes were a bare KeyError or ValueError, or "not a readable mp4" (the
+    listing's size clipped the reads); paths outside the repo entered the file system's listing."""
+    import hub_server
+
+    edit, message = LIES[lie]
+    entry = hub_server._File.entry
+
+    def lying(self, rel: str) -> dict:
+        out = entry(self, rel)
+        edit(out)
+        return out
+
+    monkeypatch.setattr(hub_server._File, "entry", lying)
+    hub.add_dataset("me/ds", raw)
+    with pytest.raises(HubListingError, match=message) as raised:
+        _stream("hf://datasets/me/ds")
+    assert "\n" not in str(raised.value) and "me/ds" in str(raised.value)

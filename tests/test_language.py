@@ -167,6 +167,12 @@ HUGE_LIST = [{"role": "user", "content": "a", "style": "interjection"}] * (langu
         (LANGUAGE_EVENTS, lambda f: [{"role": 3}], "field 'role' is int64, not text"),
         (LANGUAGE_PERSISTENT, lambda f: ["a sentence"], "not structs of role, content"),
         (LANGUAGE_EVENTS, lambda f: [{"role": "user", "tool_calls": ["{not json"]}], "which is not JSON"),
+        (LANGUAGE_EVENTS, lambda f: [{"role": "user", "tool_calls": ["[" * 200_000]}], "which is not JSON"),
+        (
+            LANGUAGE_EVENTS,
+            lambda f: [{"role": "user", "tool_calls": ['{"x": 1.5, "n": 99999999999999999999999}']}],
+            "which is not JSON a sample decodes (Value is too big!",
+        ),
     ],
 )
 def test_untrusted_rows_are_refused_naming_episode_and_column(

@@ -225,6 +225,18 @@ SLURM = ("SLURM_LOCALID", "SLURM_NODEID", "SLURM_STEP_TASKS_PER_NODE", "SLURM_NT
             },
             (1, "SLURM_STEP_TASKS_PER_NODE"),
         ),
+        (  # counted, not expanded into a list of 10**11 entries (minutes, then a MemoryError)
+            {"SLURM_LOCALID": "0", "SLURM_NODEID": "5", "SLURM_STEP_TASKS_PER_NODE": "4(x99999999999),2"},
+            (4, "SLURM_STEP_TASKS_PER_NODE"),
+        ),
+        (
+            {"SLURM_LOCALID": "0", "SLURM_NODEID": "2", "SLURM_STEP_TASKS_PER_NODE": "3,2(x1)"},
+            (2, "SLURM_STEP_TASKS_PER_NODE"),
+        ),
+        (
+            {"SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_STEP_TASKS_PER_NODE": "3,2(x1)"},
+            (3, "SLURM_STEP_TASKS_PER_NODE"),
+        ),
     ],
 )
 def test_the_ranks_per_node_come_from_torchrun_or_an_srun_task(

@@ -175,3 +175,18 @@ def test_admission_order_covers_the_remaining_episodes_and_is_taken_at_the_call(
     assert len(order) == len(set(order))
     assert set(needed) <= set(order)
     assert {p for p, _ in set(order) - set(needed)} <= {80 // per_pass}  # only the cut-short last pass's tail
+
+
+@pytest.mark.parametrize("lengths", [LENGTHS, [4]])
+def test_a_pool_larger_than_the_episodes_is_their_count(lengths) -> None:
+    """A pool of 10**18 (an option or a resume state's) was a list of 10**18 slots: a bare MemoryError.
+    Slots beyond the episodes stay empty, so the order is the one of a pool of every episode."""
+    from lerobot_shards.loader.plan.progress import consumer_progress
+
+    huge = 10**18
+    assert emissions(lengths, huge) == emissions(lengths, len(lengths)) == emissions(lengths, 100)
+    for skip in range(1, sum(lengths)):
+        got = consumer_progress(lengths, huge, np.random.default_rng(0), skip)
+        want = consumer_progress(lengths, len(lengths), np.random.default_rng(0), skip)
+        assert got.admitted == want.admitted and got.partial.keys() == want.partial.keys()
+        assert all(np.array_equal(got.partial[k], want.partial[k]) for k in want.partial)

@@ -5,10 +5,18 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 
 import pytest
 
-from lerobot_shards.integrations.train_settings import TrainSettings, resolve, split_args, usage
+from lerobot_shards.integrations.train_settings import (
+    STATE_MAX_BYTES,
+    TrainSettings,
+    read_data_state,
+    resolve,
+    split_args,
+    usage,
+)
 
 SECRET = "never-stored-9f3c"
 OPTIONS = {"key": "AKIDEXAMPLE", "secret": SECRET, "client_kwargs": {"endpoint_url": "http://127.0.0.1:9"}}
@@ -122,3 +130,53 @@ def test_a_data_files_root_is_recorded_with_its_options_less_their_secrets_and_r
         resolve({"data_files_storage_options": "{}"}, None, {})
     with pytest.raises(ValueError, match=r"--shards.data_files_storage_options .* must be a JSON object"):
         resolve({"data_files_root": "/d", "data_files_storage_options": "[1]"}, None, {})
+
+
+def test_a_checkpoints_settings_are_checked_naming_its_file_and_hold_no_secret() -> None:
+    """A checkpoint's settings edited by hand: a bad value was blamed on --shards.NAME (which the user
+    never gave), and a secret put there was used; it is dropped (a resume takes secrets from its shell)."""
+    where = "/run/checkpoints/000010/training_state/lerobot_shards_data.json"
+    for name, value in [
+        ("episode_pool_size", -3),
+        ("episode_pool_size", True),
+        ("cache_dir", ["/etc"]),
+        ("equal_samples_per_rank", 1),
+        ("partition", "rack"),
+        ("storage_options", "secret-in-a-string"),
+    ]:
+        with pytest.raises(ValueError, match=rf"^lerobot-shards train: {where}: settings\.{name} must be ") as raised:
+            resolve({}, {name: value}, {}, recorded_in=where)
+        assert "secret-in-a-string" not in str(raised.value) and f"give --shards.{name} to override" in str(
+            raised.value
+        )
+    with pytest.raises(ValueError, match=rf"{where}: settings is not a JSON object"):
+        resolve({}, ["x"], {}, recorded_in=where)  # type: ignore[arg-type]
+    planted = {"storage_options": {"secret": SECRET, "client_kwargs": {"region_name": "x"}}}
+    resumed = resolve({}, planted, {"LEROBOT_SHARDS_STORAGE_OPTIONS": json.dumps({"key": "k2"})}, recorded_in=where)
+    assert resumed.storage_options == {"key": "k2", "client_kwargs": {"region_name": "x"}}
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b'{"epoch": 1, "settings": {"cache_dir"', r"not JSON \(JSONDecodeError"),
+        (b"[1, 2]", "not a JSON object"),
+        (b" " * (STATE_MAX_BYTES + 1), r"more than the 1048576 a metadata file may have"),
+        ("fifo", "not a regular file"),
+    ],
+)
+def test_a_damaged_data_state_is_one_line_naming_it(tmp_path, content, message: str) -> None:
+    """It was read with Path.read_text and json.loads: a truncated one was a bare JSONDecodeError, a
+    list an AttributeError, a FIFO (not is_file()) a resume that silently started the data over."""
+    path = tmp_path / "lerobot_shards_data.json"
+    assert read_data_state(str(path)) == (None, None)  # none: a checkpoint of LeRobot's own dataset
+    if content == "fifo":
+        os.mkfifo(path)
+    else:
+        path.write_bytes(content)
+    with pytest.raises(ValueError, match=message) as raised:
+        read_data_state(str(path))
+    assert str(path) in str(raised.value) and "\n" not in str(raised.value)
+    path.unlink()
+    path.write_text(json.dumps({"epoch": 2, "settings": {"cache_dir": "/c"}}))
+    assert read_data_state(str(path)) == ({"epoch": 2}, {"cache_dir": "/c"})

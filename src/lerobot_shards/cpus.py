@@ -27,12 +27,13 @@ def local_world_size() -> tuple[int, str] | None:
         text = env.get(name, "").strip()
         if not text:
             continue
-        per_node: list[str] = []
-        for part in text.split(","):  # "2(x3),1": 2 tasks on each of 3 nodes, then 1
-            count, _, times = part.partition("(x")
-            per_node += [count] * (_count(name, times.rstrip(")"), text) if times else 1)
         node = _count("SLURM_NODEID", env.get("SLURM_NODEID", "0") or "0", zero=True)
-        return _count(name, per_node[min(node, len(per_node) - 1)], text), name
+        for part in text.split(","):  # "2(x3),1": 2 tasks on each of 3 nodes, then 1 (the last part
+            count, _, times = part.partition("(x")  # also counts for nodes past the list)
+            node -= _count(name, times.rstrip(")"), text) if times else 1  # counted, never expanded:
+            if node < 0:  # "2(x99999999999)" was a list of 10**11 strings
+                break
+        return _count(name, count, text), name
     return None
 
 

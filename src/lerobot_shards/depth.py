@@ -27,6 +27,7 @@ DEPTH_PIX_FMT = "gray12le"
 UNITS = ("mm", "m")
 MM_PER_METRE = 1000.0
 _UINT16_MAX = 65535
+_FLOAT32_MAX = 3.4028234663852886e38  # float32's largest: dequantize computes in float32, LeRobot's too
 # DepthEncoderConfig's defaults (lerobot/configs/video.py), for a field the feature does not record
 _DEFAULTS = {"depth_min": 0.01, "depth_max": 10.0, "shift": 3.5, "use_log": True}
 
@@ -96,6 +97,11 @@ def _checked(depth_min: Any, depth_max: Any, shift: Any, use_log: Any, unit: Any
         raise DepthError(f"{what}: depth_min = {depth_min!r} is not below depth_max = {depth_max!r}")
     if use_log and depth_min + shift <= 0:
         raise DepthError(f"{what}: depth_min + shift = {depth_min + shift!r} must be above 0 for log quantization")
+    for name, value in (("depth_min", depth_min), ("depth_max", depth_max), ("shift", shift)):
+        # torch's clamp refused it mid-decode ("cannot be converted to type float"), naming the mp4; a
+        # vast shift made every frame NaN. Within the range, the clamp keeps every depth finite.
+        if abs(value) > _FLOAT32_MAX:
+            raise DepthError(f"{what}: depth {name} = {value!r} is beyond float32's range, in which depth is decoded")
     return DepthParams(float(depth_min), float(depth_max), float(shift), use_log, unit)
 
 

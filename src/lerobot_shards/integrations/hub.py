@@ -52,6 +52,7 @@ from huggingface_hub.hf_file_system import (
 from huggingface_hub.utils import build_hf_headers, get_session
 
 from ..exceptions import LeRobotShardsError
+from ..names import UnsafeNameError, check_relpath
 from ..redaction import register_secrets
 
 CODEBASE_VERSION = "v3.0"  # the LeRobot dataset format this package reads
@@ -73,6 +74,10 @@ _VERSION = re.compile(r"^v?(\d+)\.(\d+)(?:\.(\d+))?$")
 
 class HubError(LeRobotShardsError, OSError):
     """The Hub could not give what was asked; the message names the repo or file and what to do."""
+
+
+class HubListingError(HubError):
+    """A tree listing the Hub sent is not one: an entry outside the repo, a size that is no size."""
 
 
 class HubUnavailable(HubError, TimeoutError):
@@ -323,7 +328,7 @@ class HubFileSystem(HfFileSystem):
             entries = []
             while url is not None:
                 response = self.request("GET", url, where, params=params)
-                entries += response.json()
+                entries += _listed(response, where)
                 url, params = response.links.get("next", {}).get("url"), None  # the next link has the query
             for entry in entries:
                 if entry.get("type") == "directory":
@@ -399,7 +404,7 @@ class HubFileSystem(HfFileSystem):
             entries = []
             while url is not None:
                 response = self.request("GET", url, where, params=params)
-                entries += response.json()
+                entries += _listed(response, where)
                 url, params = response.links.get("next", {}).get("url"), None
             listings: dict[str, list[dict[str, Any]]] = {}
             files = [e for e in entries if e.get("type") == "file"]
@@ -458,7 +463,11 @@ class HubFileSystem(HfFileSystem):
         end = size if end is None else end + size if end < 0 else min(end, size)
         if start >= end:
             return b""
-        data = self.request("GET", url, where, headers={"Range": f"bytes={start}-{end - 1}"}).content
+        response = self.request("GET", url, where, headers={"Range": f"bytes={start}-{end - 1}"})
+        total = response.headers.get("Content-Range", "").rpartition("/")[2]
+        if total.isdigit() and int(total) != size:  # the listing lied about the size: reads past it, or short
+            raise HubListingError(f"{where}: the Hub's tree listing gives {size} bytes, its answer {total}; retry")
+        data = response.content
         if len(data) != end - start:
             raise HubError(f"{where}: the Hub sent {len(data)} bytes for a range of {end - start}; read it again")
         return data
@@ -473,7 +482,7 @@ class HubFileSystem(HfFileSystem):
         not taken for a missing file ("neither a converted dataset nor a LeRobot dataset")."""
         try:
             self.info(path, **kwargs)
-        except (HubUnavailable, HubAuthError):
+        except (HubUnavailable, HubAuthError, HubListingError):
             raise
         except OSError:
             return False
@@ -506,6 +515,35 @@ class HubFile(HfFileSystemFile):
 
     def _fetch_range(self, start: int, end: int) -> bytes:
         return self.fs.read_range(self.path, start, end)
+
+
+def _listed(response: Any, where: str) -> list[dict[str, Any]]:
+    """A page of a tree listing, each entry checked: a file or folder whose path stays inside the
+    repo or bucket (no ``..``, no leading ``/``), a file's size a whole number >= 0. A Hub (or a
+    proxy) answering otherwise is one error naming the repo and the entry, not a bare KeyError
+    or a misleading "not a readable mp4" later, and no listed name leads out of the repo."""
+    try:
+        page = response.json()
+    except ValueError:
+        page = None
+    if not isinstance(page, list):
+        raise HubListingError(f"{where}: the Hub's tree listing is not a list of entries; retry, or check HF_ENDPOINT")
+    for entry in page:
+        path = entry.get("path") if isinstance(entry, dict) else None
+        try:
+            check_relpath(path, "path")
+        except UnsafeNameError as e:
+            raise HubListingError(f"{where}: the Hub's tree listing names a path outside it ({e})") from None
+        kind, size = entry.get("type"), entry.get("size")
+        if kind not in ("file", "directory"):
+            raise HubListingError(
+                f"{where}: the Hub's tree listing gives {path} the type {kind!r}, not file or directory"
+            )
+        if kind == "file" and (isinstance(size, bool) or not isinstance(size, int) or size < 0):
+            raise HubListingError(
+                f"{where}: the Hub's tree listing gives {path} the size {size!r}, not a whole number >= 0"
+            )
+    return page
 
 
 def _retry_after(value: str | None) -> float | None:

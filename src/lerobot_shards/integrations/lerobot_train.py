@@ -61,14 +61,13 @@ from ..loader.transport.slabs import with_slabs
 from ..storage import StorageLocation
 from .eval_split import eval_subset, split_episodes
 from .frame_cache_choice import choose_frame_cache, choose_partition
-from .train_settings import TrainSettings, resolve, split_args, usage
+from .train_settings import SETTINGS_KEY, TrainSettings, read_data_state, resolve, split_args, usage
 
 log = logging.getLogger(__name__)
 
 SUPPORTED = ("0.6",)  # LeRobot minor versions this integration is tested with
 INSTALL_HINT = 'pip install "lerobot[training]==0.6.1"  (needs Python >= 3.12)'
 DATA_STATE_NAME = "lerobot_shards_data.json"  # in a checkpoint's training_state/
-SETTINGS_KEY = "settings"  # our settings in it, beside the data position (``train_settings``)
 
 
 class LeRobotUnavailable(LeRobotShardsError, RuntimeError):
@@ -349,12 +348,9 @@ def _make_datasets(original: Any, run: type[_Run], argv: Sequence[str], given: M
             )
             return original(cfg)
         url = dataset_url(cfg)
-        state: dict[str, Any] | None = None
-        state_path = Path(cfg.checkpoint_path) / "training_state" / DATA_STATE_NAME if cfg.resume else None
-        if state_path is not None and state_path.is_file():
-            state = json.loads(state_path.read_text())
-        recorded = state.pop(SETTINGS_KEY, None) if state is not None else None
-        settings = run.settings = resolve(given, recorded)
+        state_path = str(Path(cfg.checkpoint_path) / "training_state" / DATA_STATE_NAME) if cfg.resume else ""
+        state, recorded = read_data_state(state_path) if cfg.resume else (None, None)
+        settings = run.settings = resolve(given, recorded, recorded_in=state_path)
         options = settings.storage_options
         if not _is_our_source(url, options):
             log.info(

@@ -24,9 +24,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import fsspec
+
 from ..redaction import split_secrets
+from ..safe_io import read_small
 
 PREFIX = "--shards."
+SETTINGS_KEY = "settings"  # our settings in a checkpoint's data state, beside the data position
+STATE_MAX_BYTES = 1 << 20  # a data state is a few hundred bytes: a larger file is not one
 ENV_PREFIX = "LEROBOT_SHARDS_"
 SlabLayout = Literal["sample", "contiguous"]
 TrainPartition = Literal["auto", "global", "node"]
@@ -64,25 +69,12 @@ class TrainSettings:
     data_files_storage_options: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
-        for name in OPTION_FIELDS:
-            if getattr(self, name) is not None and not isinstance(getattr(self, name), dict):
-                raise ValueError(_bad(name, "a JSON object of fsspec options", getattr(self, name)))
+        for f in dataclasses.fields(self):
+            allowed = _problem(f.name, getattr(self, f.name))
+            if allowed is not None:
+                raise ValueError(_bad(f.name, allowed, getattr(self, f.name)))
         if self.data_files_storage_options is not None and self.data_files_root is None:
             raise ValueError(f"lerobot-shards train: {PREFIX}data_files_storage_options given without data_files_root")
-        for name in ("cache_dir", "sample_log", "data_files_root"):
-            if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
-                raise ValueError(_bad(name, "a path", getattr(self, name)))
-        pool = self.episode_pool_size
-        if isinstance(pool, bool) or not isinstance(pool, int) or pool < 1:
-            raise ValueError(_bad("episode_pool_size", "a whole number >= 1", pool))
-        if self.equal_samples_per_rank not in (None, True, False):
-            raise ValueError(_bad("equal_samples_per_rank", "true, false or null", self.equal_samples_per_rank))
-        if self.slab_layout not in typing.get_args(SlabLayout):
-            raise ValueError(_bad("slab_layout", " or ".join(map(repr, typing.get_args(SlabLayout))), self.slab_layout))
-        if not isinstance(self.frame_cache, str) or not self.frame_cache.strip():
-            raise ValueError(_bad("frame_cache", "'auto', 'off' or a directory", self.frame_cache))
-        if self.partition not in typing.get_args(TrainPartition):
-            raise ValueError(_bad("partition", " or ".join(map(repr, typing.get_args(TrainPartition))), self.partition))
 
     def recorded(self) -> dict[str, Any]:
         """What a checkpoint keeps: every recorded field, the storage options without their secrets."""
@@ -91,6 +83,25 @@ class TrainSettings:
             if getattr(self, name) is not None:
                 out[name] = split_secrets(getattr(self, name))[0]
         return out
+
+
+def _problem(name: str, value: Any) -> str | None:
+    """What setting ``name`` must be, when ``value`` is not that; None when it is."""
+    if name in OPTION_FIELDS:
+        ok = value is None or isinstance(value, dict)
+        return None if ok else "a JSON object of fsspec options"
+    if name in ("cache_dir", "sample_log", "data_files_root"):
+        return None if value is None or isinstance(value, str) else "a path"
+    if name == "episode_pool_size":
+        return None if not isinstance(value, bool) and isinstance(value, int) and value >= 1 else "a whole number >= 1"
+    if name == "equal_samples_per_rank":
+        return None if value is None or isinstance(value, bool) else "true, false or null"
+    if name in ("slab_layout", "partition"):
+        choices = typing.get_args(SlabLayout if name == "slab_layout" else TrainPartition)
+        return None if isinstance(value, str) and value in choices else " or ".join(map(repr, choices))
+    if name == "frame_cache":
+        return None if isinstance(value, str) and value.strip() else "'auto', 'off' or a directory"
+    raise AssertionError(f"setting {name} has no check")
 
 
 def _bad(name: str, allowed: str, value: Any) -> str:
@@ -159,24 +170,60 @@ def parse(name: str, text: str, where: str) -> Any:
 
 
 def resolve(
-    given: Mapping[str, str], recorded: Mapping[str, Any] | None, environ: Mapping[str, str] = os.environ
+    given: Mapping[str, str],
+    recorded: Mapping[str, Any] | None,
+    environ: Mapping[str, str] = os.environ,
+    recorded_in: str = "the checkpoint",
 ) -> TrainSettings:
-    """The settings: the command line's, then a resumed checkpoint's (``recorded``), then the
-    environment's, then the defaults. A recorded storage option gets its secrets from the command
-    line's or the environment's options, which the checkpoint never holds."""
+    """The settings: the command line's, then a resumed checkpoint's (``recorded``, read from
+    ``recorded_in``), then the environment's, then the defaults. A recorded storage option gets its
+    secrets from the command line's or the environment's options, never from the checkpoint, which
+    ours never write there (one found there was put there by hand, and is dropped). A recorded value
+    that is not its setting's kind is one error naming the checkpoint's file and the setting (not
+    ``--shards.NAME``, which the user did not give)."""
     env = from_environment(environ)
     values: dict[str, Any] = {n: parse(n, t, f"{ENV_PREFIX}{n.upper()}") for n, t in env.items()}
     fields = {f.name: f for f in dataclasses.fields(TrainSettings)}
+    if recorded is not None and not isinstance(recorded, Mapping):
+        raise ValueError(f"lerobot-shards train: {recorded_in}: {SETTINGS_KEY} is not a JSON object")
     for name, value in (recorded or {}).items():
         if name in fields and fields[name].metadata.get("recorded", True):
-            values[name] = value
+            allowed = _problem(name, value)
+            if allowed is not None:
+                raise ValueError(
+                    f"lerobot-shards train: {recorded_in}: {SETTINGS_KEY}.{name} must be {allowed}, got "
+                    f"{type(value).__name__ if name in OPTION_FIELDS else repr(value)} "
+                    f"(edited, or written by another version); give {PREFIX}{name} to override it"
+                )
+            values[name] = split_secrets(value)[0] if name in OPTION_FIELDS and value is not None else value
     values.update({n: parse(n, t, f"{PREFIX}{n}") for n, t in given.items()})
     for name in OPTION_FIELDS:
         kept = (recorded or {}).get(name)
         if name not in given and isinstance(kept, Mapping):
             current = parse(name, env[name], "") if name in env else None
-            values[name] = _merged(kept, split_secrets(current)[1] if isinstance(current, dict) else {})
+            values[name] = _merged(values[name], split_secrets(current)[1] if isinstance(current, dict) else {})
     return TrainSettings(**values)
+
+
+def read_data_state(path: str) -> tuple[dict[str, Any] | None, Mapping[str, Any] | None]:
+    """(the loader's resume state, our recorded settings) from a checkpoint's data state file
+    (``lerobot_train.DATA_STATE_NAME``); (None, None) where the checkpoint has none (LeRobot's own
+    dataset trained it). Anything else that is not a JSON object of bounded size (a FIFO, a symlink
+    elsewhere, a truncated write, an edit) is one error naming the file: a resume never blocks on
+    it, nor starts the data over silently."""
+    try:
+        data = read_small(fsspec.filesystem("file"), path, STATE_MAX_BYTES, where=path)
+    except FileNotFoundError:
+        return None, None
+    try:
+        state = json.loads(data)
+    except (ValueError, RecursionError) as e:
+        raise ValueError(
+            f"lerobot-shards train: {path}: not JSON ({type(e).__name__}: {e}); the checkpoint is damaged"
+        ) from None
+    if not isinstance(state, dict):
+        raise ValueError(f"lerobot-shards train: {path}: not a JSON object; the checkpoint is damaged")
+    return state, state.pop(SETTINGS_KEY, None)
 
 
 def _merged(base: Mapping[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:

@@ -23,7 +23,9 @@ lock in ``.locks/``, taken without waiting: another consumer that needs the entr
 decodes its samples as without the cache, and reads the entry once it is complete).
 
 Verified on read: each frame's xxh3-128 is recorded in the entry's header block and checked on
-every read (~50 us per 480p frame), and the header names the entry's full key. A frame whose
+every read (~50 us per 480p frame); the header names the entry's full key, its frame count must be
+the key's, and its own xxh3-128 follows it (a flipped bit in its shape would otherwise pass every
+frame's checksum and return the frame's bytes in another shape). A frame whose
 bytes do not match (truncated, changed on disk, a disk error) is never returned: the entry is
 deleted and the frames are decoded again.
 
@@ -74,11 +76,11 @@ from ..read.sources import ClipRef
 
 log = logging.getLogger(__name__)
 
-MAGIC = b"LRSFRAMES1\n"
+MAGIC = b"LRSFRAMES2\n"
 ALIGN = 4096  # header and checksum table end on a page: frames start page-aligned
 DIGEST_BYTES = 16  # xxh3-128
 ENTRIES_DIR = "frames"
-FORMAT = 1
+FORMAT = 2  # 2: the header's JSON is followed by its xxh3-128 (a flipped bit in it is caught)
 # In ``LOCKS_DIR`` (never counted, never evicted): an upper bound of the entries' sum, kept under
 # the global lock, so that a reservation with room reads 8 bytes instead of walking the directory.
 LEDGER = "frames.bytes"
@@ -163,7 +165,7 @@ def _aligned(n: int) -> int:
 
 def _header(key: str, layout: Layout) -> bytes:
     body = json.dumps({"key": key, "frames": layout.frames, "shape": list(layout.shape)}).encode()
-    block = MAGIC + len(body).to_bytes(4, "little") + body
+    block = MAGIC + len(body).to_bytes(4, "little") + body + xxhash.xxh3_128_digest(body)
     if len(block) > ALIGN:
         raise ValueError(f"frame cache key too long ({len(block)} bytes)")
     return block.ljust(ALIGN, b"\0")
@@ -173,8 +175,11 @@ def _parse_header(block: bytes, where: str) -> tuple[str, Layout]:
     if not block.startswith(MAGIC):
         raise FrameCacheError(errno.EINVAL, f"{where}: not a frame cache entry (bad magic)")
     n = int.from_bytes(block[len(MAGIC) : len(MAGIC) + 4], "little")
+    body = block[len(MAGIC) + 4 : len(MAGIC) + 4 + n]
+    if len(body) != n or block[len(MAGIC) + 4 + n : len(MAGIC) + 4 + n + DIGEST_BYTES] != xxhash.xxh3_128_digest(body):
+        raise FrameCacheError(errno.EINVAL, f"{where}: header fails its checksum")
     try:
-        head = json.loads(block[len(MAGIC) + 4 : len(MAGIC) + 4 + n])
+        head = json.loads(body)
         layout = Layout(int(head["frames"]), tuple(int(x) for x in head["shape"]))  # type: ignore[arg-type]
         key = str(head["key"])
     except (ValueError, KeyError, TypeError) as e:
@@ -330,20 +335,38 @@ class Fill(_Frames):
 
 
 def _read_ledger(path: str) -> int | None:
-    """The ledger's bound of the entries' sum; None when it is missing or not a number (a torn write)."""
+    """The ledger's bound of the entries' sum; None (walk the directory) when it is missing, not a
+    regular file (a FIFO put there would block every reservation, under the global lock, forever),
+    or not a number >= 0 (a torn write, an edit)."""
     try:
-        with open(path, "rb") as f:
-            return int(f.read(32))
-    except (OSError, ValueError):
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
         return None
+    try:
+        text = os.read(fd, 32) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
+    finally:
+        os.close(fd)
+    try:
+        total = int(text)
+    except ValueError:
+        return None
+    return total if total >= 0 else None
 
 
 def _write_ledger(path: str, total: int) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+    """Replace the ledger whole (whatever stood there: a FIFO or symlink is replaced, never opened)."""
+    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}{TMP_SUFFIX}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
     try:
         os.write(fd, str(max(0, total)).encode())
     finally:
         os.close(fd)
+    try:
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 class FrameCache:
@@ -365,7 +388,7 @@ class FrameCache:
         _, path = self._path(key)
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):  # NotADirectory: a file stands where frames/ goes
             return None
         try:
             fcntl.flock(fd, fcntl.LOCK_SH)
@@ -374,9 +397,10 @@ class FrameCache:
                 os.close(fd)
                 return None
             got_key, layout = _parse_header(os.pread(fd, ALIGN, 0), path)
-            if got_key != key or st.st_size != layout.size:
+            if got_key != key or st.st_size != layout.size or layout.frames != json.loads(key)["frames"]:
                 raise FrameCacheError(
-                    errno.EINVAL, f"{path}: holds another entry or is {st.st_size} bytes, not {layout.size}"
+                    errno.EINVAL,
+                    f"{path}: holds another entry, or {layout.frames} frames in {st.st_size} bytes, not its key's",
                 )
             table = os.pread(fd, layout.frames * DIGEST_BYTES, layout.table)
             digests = [table[i : i + DIGEST_BYTES] for i in range(0, len(table), DIGEST_BYTES)]

@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .sampling import FILL_EVERY, UNIFORM_BLOCK, PoolSampler
+from .sampling import FILL_EVERY, UNIFORM_BLOCK, PoolSampler, pool_slots
 
 
 class Progress(NamedTuple):
@@ -55,6 +55,7 @@ def consumer_progress(
         sampler.skip(skip)
         return Progress(*sampler.progress())
     array = np.asarray(lengths, dtype=np.int64)
+    pool_size = pool_slots(pool_size, len(lengths))
     admitted, position, remaining, emitted, orders = kernel(array, pool_size, rng, skip, FILL_EVERY, UNIFORM_BLOCK)
     partial = {
         int(position[s]): orders[s][: emitted[s]].copy()

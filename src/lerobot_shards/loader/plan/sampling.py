@@ -49,6 +49,13 @@ class Emission(NamedTuple):
     last: bool  # final emission of this episode in the current pass: evict it now
 
 
+def pool_slots(pool_size: int, episodes: int) -> int:
+    """The pool's slots: never more than the episodes to admit, whose slots beyond stay empty all
+    along (an empty slot is skipped and draws nothing), so the order is the same, and a pool size
+    of 10**18 is not a list of 10**18 slots (a bare MemoryError)."""
+    return max(1, min(pool_size, episodes))
+
+
 class PoolSampler(Iterator[Emission]):
     """Uniform random frames across a bounded pool of resident episodes, each frame once per pass.
 
@@ -95,7 +102,7 @@ class PoolSampler(Iterator[Emission]):
         self.num_samples = num_samples
         self._rng = rng
         self._shuffle = shuffle
-        slots = pool_size if shuffle else 1
+        slots = pool_slots(pool_size, len(self._lengths)) if shuffle else 1
         self._position = [-1] * slots  # episode in each slot, -1 when empty
         self._remaining = [0] * slots  # frames of that episode not yet emitted
         self._order: list[np.ndarray | None] = [None] * slots  # frame permutation (shuffle only)
