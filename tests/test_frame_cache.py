@@ -475,7 +475,7 @@ print("fills", int(total["frame_cache_fills"]))
 
 
 def test_a_full_disk_falls_back_to_decoding_with_one_message(raw: Path, tmp_path: Path) -> None:
-    result = _in_tmpfs("size=256k", tmp_path / "mnt", ON_A_SMALL_DISK, str(raw), str(tmp_path / "mnt"))
+    result = _in_tmpfs("size=256k,mode=755", tmp_path / "mnt", ON_A_SMALL_DISK, str(raw), str(tmp_path / "mnt"))
     assert result.returncode == 0, result.stderr
     full = [line for line in result.stderr.splitlines() if "No space left on device" in line]
     assert len(full) == 1 and f"frame_cache_dir {tmp_path / 'mnt'}" in full[0]
@@ -483,7 +483,7 @@ def test_a_full_disk_falls_back_to_decoding_with_one_message(raw: Path, tmp_path
 
 
 def test_a_read_only_directory_is_one_line(raw: Path, tmp_path: Path) -> None:
-    result = _in_tmpfs("ro", tmp_path / "ro", ON_A_SMALL_DISK, str(raw), str(tmp_path / "ro"))
+    result = _in_tmpfs("ro,mode=755", tmp_path / "ro", ON_A_SMALL_DISK, str(raw), str(tmp_path / "ro"))
     assert result.returncode != 0
     last = result.stderr.strip().splitlines()[-1]
     assert f"frame_cache_dir {tmp_path / 'ro'}: Read-only file system" in last and "choose a writable" in last

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -30,9 +31,9 @@ def tmpdir_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def test_auto_turns_it_on_in_tmpdir_when_the_frames_fit(tmpdir_env: Path) -> None:
     choice = choose_frame_cache("auto", 10 << 20)
-    assert choice.directory == str(tmpdir_env / DEFAULT_NAME)
+    assert choice.directory == str(tmpdir_env / f"{DEFAULT_NAME}-{os.geteuid()}")  # the user's own
     assert choice.max_bytes is not None and choice.max_bytes >= int((10 << 20) * HEADROOM)
-    assert "on in" in choice.line() and str(tmpdir_env / DEFAULT_NAME) in choice.line()
+    assert "on in" in choice.line() and f"{DEFAULT_NAME}-{os.geteuid()}, at most" in choice.line()
     assert "--shards.frame_cache=off" in choice.line()
 
 
@@ -90,3 +91,38 @@ def test_the_chosen_cache_is_set_on_an_open_dataset_and_serves_the_frames_asked_
     assert ds.stats()["total"]["frame_cache_misses"] == 0 and ds.stats()["total"]["frame_cache_hits"] > 0
     ds.set_frame_cache(None)
     assert ds.decode.frame_cache_dir is None
+
+
+def _as_another_user(path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("making a directory another user's needs root")
+    os.chown(path, os.geteuid() + 4242, -1)
+
+
+def test_a_directory_another_user_made_or_everyone_writes_is_refused(small_synth: Path, tmp_path: Path) -> None:
+    """Anyone who may write the cache can plant well-formed entries of wrong frames (the checksums
+    are the directory's own): /tmp/lerobot-shards-frames, made by whoever ran first on a shared node,
+    was the default of every user."""
+    from lerobot_shards.loader.read.shard_cache import CacheDirError
+
+    theirs, everyones = tmp_path / "theirs", tmp_path / "everyones"
+    theirs.mkdir()
+    everyones.mkdir()
+    everyones.chmod(0o777)
+    _as_another_user(theirs)
+    with pytest.raises(CacheDirError, match=rf"frame_cache_dir {theirs}: made by another user \(uid \d+\), who"):
+        EpisodePoolDataset(str(small_synth), frame_cache_dir=str(theirs))
+    with pytest.raises(CacheDirError, match=rf"frame_cache_dir {everyones}: every user may write it \(mode 777\)"):
+        EpisodePoolDataset(str(small_synth), frame_cache_dir=str(everyones))
+    link = tmp_path / "link"
+    link.symlink_to(theirs)
+    with pytest.raises(CacheDirError, match="made by another user"):
+        EpisodePoolDataset(str(small_synth), frame_cache_dir=str(link))
+    assert not list(theirs.iterdir()) and not list(everyones.iterdir())  # nothing made there first
+
+
+def test_auto_leaves_it_off_when_its_directory_is_another_users(tmpdir_env: Path) -> None:
+    (tmpdir_env / f"{DEFAULT_NAME}-{os.geteuid()}").mkdir()
+    _as_another_user(tmpdir_env / f"{DEFAULT_NAME}-{os.geteuid()}")
+    choice = choose_frame_cache("auto", 10 << 20)
+    assert choice.directory is None and "made by another user" in choice.line() and "cache off" in choice.line()

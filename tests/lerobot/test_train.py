@@ -94,7 +94,7 @@ def test_act_trains_20_steps_from_a_bucket(act_run: tuple[Path, str, int]) -> No
     assert "lerobot-shards train: s3://train-shards/so101: 4 episodes, 1492 frames, rank 0/1" in log
     assert manifest_reads == 1  # the dataset is opened once: its windows are set after reading its meta
     assert "num_workers=0, decode_threads=" in log  # the layout it chose, reported
-    frames = out.parent / "lerobot-shards-frames"
+    frames = out.parent / f"lerobot-shards-frames-{os.geteuid()}"  # the user's own
     assert f"decoded-frame cache on in {frames}, at most " in log  # the disk had room: on by itself
     assert "partition=node (each node's caches hit from the second epoch), 1 node" in log
     assert list(frames.rglob("*")), "the frame cache holds no entry"

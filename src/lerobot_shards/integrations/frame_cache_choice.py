@@ -28,6 +28,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..loader.decoding.frame_cache import check_owned
+from ..loader.read.shard_cache import CacheDirError
+
 AUTO, OFF = "auto", "off"
 DISK_SHARE = 0.8  # of the free space (plus the cache's own bytes): leave the node's disk room to work
 HEADROOM = 1.1  # entries' headers and checksum tables, a node's part above the mean
@@ -35,8 +38,10 @@ DEFAULT_NAME = "lerobot-shards-frames"
 
 
 def default_directory() -> str:
-    """``$TMPDIR/lerobot-shards-frames`` (``/tmp`` without ``TMPDIR``): node-local on most machines."""
-    return os.path.join(tempfile.gettempdir(), DEFAULT_NAME)
+    """``$TMPDIR/lerobot-shards-frames-<uid>`` (``/tmp`` without ``TMPDIR``): node-local on most
+    machines, and the user's own (another user's run on the node has its own; the cache refuses a
+    directory another user made: ``frame_cache.check_owned``)."""
+    return os.path.join(tempfile.gettempdir(), f"{DEFAULT_NAME}-{os.geteuid()}")
 
 
 def gib(n: int) -> str:
@@ -84,6 +89,11 @@ def choose_frame_cache(setting: str, needed: int) -> FrameCacheChoice:
     if setting == OFF:
         return FrameCacheChoice(None, None, "turned off")
     directory = default_directory() if setting == AUTO else setting
+    if setting == AUTO:
+        try:
+            check_owned(directory)
+        except CacheDirError as e:  # auto never stops a run: off, saying why
+            return FrameCacheChoice(None, None, str(e))
     want = int(needed * HEADROOM) + (64 << 20)
     room = int((free_bytes(directory) + held_bytes(directory)) * DISK_SHARE)
     fits = f"the decoded frames need {gib(want)}, {gib(room)} of room there"
