@@ -3,11 +3,16 @@
 The datasets are served by ``tests/hub_server.py`` (the Hub's HTTP API, run as its own process with a
 request-rate limit answered by 429 + Retry-After) behind ``harness/shaper.py`` (per-request latency,
 shared bandwidth), ``HF_ENDPOINT`` pointing at the shaper. Each round runs, interleaved, each case in a
-fresh process (cold caches, nothing listed or downloaded yet), through the same ``DataLoader`` layout
-(``--workers``, ``--batch``):
+fresh process (cold caches, nothing listed or downloaded yet), with the same ``--workers`` and
+``--batch``; ours in the layout README recommends with workers (``slab_loader``: batches in reused
+shared memory, not pickled through the DataLoader's queues), LeRobot's in a plain ``DataLoader``:
 
 - ``ours-local``: ``EpisodePoolDataset`` on the local folder (the 0.8x target's reference);
 - ``ours-hub``: ``EpisodePoolDataset`` on the repo id (revision resolved, tree listed, raw streaming);
+- ``ours-hub-frame-cache``: the same with an empty decoded-frame cache (``frame_cache_dir``, which
+  ``lerobot-shards train`` turns on by default): the epoch is its cold, first pass;
+- ``ours-hub-plain``: ``ours-hub`` through a plain ``DataLoader`` (default collate, batches pickled),
+  the layout earlier figures used;
 - ``lerobot-streaming``: LeRobot's ``StreamingLeRobotDataset(repo_id)`` (its own hf:// streaming);
 - ``lerobot``: LeRobot's ``LeRobotDataset(repo_id)`` (downloads the episodes' files, then reads them).
 
@@ -38,7 +43,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
-CASES = ("ours-local", "ours-hub", "lerobot-streaming", "lerobot")
+CASES = ("ours-local", "ours-hub", "ours-hub-frame-cache", "ours-hub-plain", "lerobot-streaming", "lerobot")
 PEER = "lerobot-streaming"  # the issue's ratio: ours-hub against it
 
 
@@ -49,14 +54,20 @@ def _child(case: str, source: str, workers: int, batch: int) -> dict[str, Any]:
     started = time.perf_counter()
     from torch.utils.data import DataLoader
 
+    loader_of: Any = DataLoader
+
     if case.startswith("ours"):
         from lerobot_shards.integrations import hub  # noqa: F401  (imported lazily by a repo id: counted as import)
-        from lerobot_shards.loader import EpisodePoolDataset
+        from lerobot_shards.loader import EpisodePoolDataset, slab_loader
 
         def make() -> Any:
-            return EpisodePoolDataset(source, seed=0, episode_pool_size=4)
+            # an empty cache in the case's own HF_HOME, which the parent removes after the case
+            frame_cache = f"{os.environ['HF_HOME']}/frames" if case.endswith("frame-cache") else None
+            return EpisodePoolDataset(source, seed=0, episode_pool_size=4, frame_cache_dir=frame_cache)
 
         shuffle = None
+        if not case.endswith("plain"):
+            loader_of = slab_loader  # README's layout with workers
     else:
         from lerobot.datasets.lerobot_dataset import LeRobotDataset
         from lerobot.datasets.streaming_dataset import StreamingLeRobotDataset
@@ -72,7 +83,7 @@ def _child(case: str, source: str, workers: int, batch: int) -> dict[str, Any]:
     t0, cpu0 = time.perf_counter(), time.process_time()
     n = 0
     try:
-        loader = DataLoader(make(), batch_size=batch, num_workers=workers, shuffle=shuffle)
+        loader = loader_of(make(), batch_size=batch, num_workers=workers, shuffle=shuffle)
         it = iter(loader)
         first = next(it)
         out["first_batch_s"] = time.perf_counter() - t0
@@ -147,12 +158,17 @@ def summarize(results: list[dict[str, Any]], datasets: list[str]) -> dict[str, A
                 },
                 **({"errors": errors} if errors else {}),
             }
-        hub = per.get("ours-hub", {}).get("samples_per_s")
         ratios = {}
-        for ref in ("ours-local", PEER, "lerobot"):
-            theirs = per.get(ref, {}).get("samples_per_s")
-            if hub and theirs:
-                ratios[f"ours-hub / {ref}"] = hub / theirs
+        for ours, refs in (
+            ("ours-hub", ("ours-local", PEER, "lerobot")),
+            ("ours-hub-frame-cache", (PEER,)),
+            ("ours-hub-plain", (PEER,)),
+        ):
+            mine = per.get(ours, {}).get("samples_per_s")
+            for ref in refs:
+                theirs = per.get(ref, {}).get("samples_per_s")
+                if mine and theirs:
+                    ratios[f"{ours} / {ref}"] = mine / theirs
         out[size] = {"cases": per, "ratios": ratios}
     return out
 
@@ -162,7 +178,8 @@ def write_summary(path: Path, summary: dict[str, Any], meta: dict[str, Any]) -> 
         "# Raw streaming from the shaped Hub server: ours beside LeRobot 0.6.1",
         "",
         f"`benchmarks/hub_stream.py`: {meta['profile']}, {meta['requests_per_s_limit']:g} requests/s then 429, "
-        f"{meta['workers']} DataLoader workers, batch {meta['batch']}, {meta['rounds']} interleaved rounds, each "
+        f"{meta['workers']} DataLoader workers (ours through `slab_loader` unless named `plain`), batch {meta['batch']}, "
+        f"{meta['rounds']} interleaved rounds, each "
         f"case a fresh process with empty caches; load average {meta['loadavg_min']:.1f}-{meta['loadavg_max']:.1f} "
         f"during the runs ({meta['machine']}). Medians.",
         "",
