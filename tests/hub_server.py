@@ -166,6 +166,7 @@ class HubServer:
         self._buckets: dict[str, _Bucket] = {}
         self._failures: list[_Failure] = []
         self._log: list[tuple[str, str, int]] = []
+        self._served: list[tuple[str, int]] = []  # (path, bytes) of each file GET answered
         self._lock = threading.Lock()
         self._running = threading.Event()
         self._running.set()
@@ -232,9 +233,15 @@ class HubServer:
                 if (method is None or r[0] == method) and path_contains in urllib.parse.unquote(r[1])
             ]
 
+    def bytes_served(self, path_contains: str = "") -> int:
+        """Bytes of file contents in the answers to GETs so far whose path contains ``path_contains``."""
+        with self._lock:
+            return sum(n for path, n in self._served if path_contains in urllib.parse.unquote(path))
+
     def clear_log(self) -> None:
         with self._lock:
             self._log.clear()
+            self._served.clear()
 
     def start(self) -> HubServer:
         self._thread.start()
@@ -648,6 +655,8 @@ def _handler(server: HubServer) -> type[BaseHTTPRequestHandler]:
             with open(f.path, "rb") as fh:
                 fh.seek(start)
                 body = fh.read(end - start) if method == "GET" else b""
+            with server._lock:
+                server._served.append((self.path, len(body)))
             self._send(status, body, headers, head=method == "HEAD", length=end - start)
 
         def _send(

@@ -337,3 +337,46 @@ def test_a_tree_listing_that_lies_is_one_line_naming_the_repo_and_entry(
     with pytest.raises(HubListingError, match=message) as raised:
         _stream("hf://datasets/me/ds")
     assert "\n" not in str(raised.value) and "me/ds" in str(raised.value)
+
+
+@pytest.mark.parametrize("bframes", [0, 2])
+def test_a_raw_mp4_on_the_hub_is_indexed_from_its_tables_not_scanned(
+    hub: HubServer, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch, bframes: int
+) -> None:
+    """torchcodec's exact seek mode demuxes a whole file before its first frame: a raw camera file
+    read from the Hub is indexed from its moov instead, so decoding an episode reads the file's start,
+    its tables and that episode's frames. A file whose tables are not read so (B-frames) is scanned as
+    before. Either way the frames are those the local file's exact scan gives."""
+    from lerobot_shards.loader.decoding import decoders
+    from lerobot_shards.loader.read.sources import ClipRef
+    from lerobot_shards.storage import StorageLocation
+
+    raw = synth_dataset(
+        tmp_path_factory.mktemp("seek") / "raw",
+        num_episodes=4,
+        cameras=CAMS[:1],
+        episodes_per_video_file=4,
+        length_range=(30, 30),
+        texture="realistic",
+        height=240,
+        width=320,
+        gop=4,
+        bframes=bframes,
+        seed=1,
+    )
+    hub.add_dataset("me/ds", raw)
+    monkeypatch.setattr(decoders, "REMOTE_BLOCK_BYTES", 4096)  # the file is many blocks
+    url, rel = resolve_source("me/ds"), f"videos/{CAMS[0]}/chunk-000/file-000.mp4"
+    hub.clear_log()
+    remote = decoders.DecoderCache(1, None, StorageLocation(url))
+    frames = remote.frames(ClipRef("hub", None, f"{url}/{rel}", 30, None), [0, 1, 5])  # episode 1's
+    remote.close()
+    assert [read_identity(f) for f in frames] == [(1, 0), (1, 1), (1, 5)]
+    local = decoders.DecoderCache(1)
+    assert torch.equal(frames, local.frames(ClipRef("local", None, str(raw / rel), 30, None), [0, 1, 5]))
+    local.close()
+    size = (raw / rel).stat().st_size
+    if bframes:
+        assert hub.bytes_served(rel) >= size
+    else:
+        assert hub.bytes_served(rel) < size / 2, (hub.bytes_served(rel), size)

@@ -59,6 +59,7 @@ class Mp4Track:
     durations: np.ndarray  # from stts, in timescale units
     dts: np.ndarray  # start of each sample, first sample at 0
     sync: np.ndarray  # bool: stss says it is a sync sample (all True without stss)
+    composition_offset: int = 0  # ctts's one offset (pts - dts before an edit list), 0 without ctts
 
     @property
     def num_samples(self) -> int:
@@ -297,6 +298,7 @@ def _parse_moov(moov: bytes) -> Mp4Track:
         durations=durations,
         dts=dts,
         sync=sync,
+        composition_offset=ctts_shift,
     )
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import io
+import json
 import logging
 import time
 import warnings
@@ -35,6 +36,7 @@ from torch.utils.data import get_worker_info
 from ...cpus import cores_per_rank
 from ...depth import dequantize
 from ...exceptions import LeRobotShardsError
+from ...mp4cut import Mp4CutUnsupported, Mp4File
 from ...redaction import redact
 from ...resize import plan_transform
 from ...storage import StorageLocation
@@ -76,6 +78,31 @@ def fallback_message(where: str, device: str, codec: str, status: str) -> str:
         f"{where}: {device} cannot decode this {codec or 'video'} stream on NVDEC ({status}); "
         f"convert with `lerobot-shards convert --reencode h264 --gop 2` for GPU decoding"
     )
+
+
+def source_frame_mappings(file: Any) -> str | None:
+    """torchcodec ``custom_frame_mappings`` of a source mp4 read from storage, from its sample tables.
+
+    Why: torchcodec's exact seek mode demuxes the whole file before its first frame, so a raw camera
+    file on the Hub or in a bucket (LeRobot's are up to 500 MB) was read whole to decode one episode.
+    The moov's tables (stts, stss) give every frame's pts, duration and key flag; the reads are the
+    file's start and its moov, which FFmpeg reads anyway when it opens the file. Frames are then
+    found as the exact mode finds them: pts = dts (tested against the demuxer's packets). None,
+    and the exact scan, where that does not hold or the tables are not read (B-frames, a composition
+    offset, a fragmented or unusual file: ``mp4cut`` refuses what it does not know).
+    """
+    try:
+        with Mp4File(file) as mp4:
+            track = mp4.track
+    except Mp4CutUnsupported:
+        return None
+    if track.composition_offset:
+        return None
+    frames = [
+        {"pts": int(p), "duration": int(d), "key_frame": int(k)}
+        for p, d, k in zip(track.dts.tolist(), track.durations.tolist(), track.sync.tolist())
+    ]
+    return json.dumps({"frames": frames})
 
 
 _plan_transform = functools.lru_cache(maxsize=64)(plan_transform)  # pure: once per (size, target, mode)
@@ -126,17 +153,24 @@ class DecoderCache:
             source = handle
         else:
             source = clip.url
+        mappings = clip.frame_mappings
+        if mappings is None and handle is not None:
+            try:
+                mappings = source_frame_mappings(handle)
+            except Exception:
+                handle.close()
+                raise
         if clip.depth is not None:  # PyAV, on the CPU: torchcodec gives 8-bit RGB (see depth_frames)
             try:
-                depth = DepthClip(source, clip.frame_mappings)
+                depth = DepthClip(source, mappings)
             except Exception:
                 if handle is not None:
                     handle.close()
                 raise
             return self._keep(clip, depth, handle)
         kwargs: dict[str, Any] = {"device": self.device, "num_ffmpeg_threads": self.decode.num_ffmpeg_threads}
-        if clip.frame_mappings is not None:
-            kwargs["custom_frame_mappings"] = clip.frame_mappings
+        if mappings is not None:
+            kwargs["custom_frame_mappings"] = mappings
         else:
             kwargs["seek_mode"] = "exact"
         try:
