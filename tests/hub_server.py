@@ -299,7 +299,7 @@ _API = re.compile(
     r"^/api/datasets/(?P<repo>[^/]+/[^/]+?)(?:/(?P<op>refs|revision|tree|paths-info)(?:/(?P<rest>.*))?)?$"
 )
 _RESOLVE = re.compile(r"^/datasets/(?P<repo>[^/]+/[^/]+)/resolve/(?P<rev>[^/]+)/(?P<path>.+)$")
-_BUCKET_API = re.compile(r"^/api/buckets/(?P<bucket>[^/]+/[^/]+?)(?:/tree(?P<tree>/.*)?|(?P<tree_root>/tree))?$")
+_BUCKET_API = re.compile(r"^/api/buckets/(?P<bucket>[^/]+/[^/]+?)(?P<tree_root>/tree(?P<tree>/.*)?)?$")
 _PREUPLOAD = re.compile(r"^/api/datasets/(?P<repo>[^/]+/[^/]+)/preupload/(?P<rev>[^/]+)$")
 _COMMIT = re.compile(r"^/api/datasets/(?P<repo>[^/]+/[^/]+)/commit/(?P<rev>[^/]+)$")
 _LFS_BATCH = re.compile(r"^/datasets/(?P<repo>[^/]+/[^/]+)\.git/info/lfs/objects/batch$")

@@ -116,16 +116,3 @@ def test_a_depth_camera_lerobot_wrote_reads_as_lerobots(depth_written: Path, uni
                     assert got == value, (source, key)
             seen += 1
         assert seen == theirs.num_frames == 15 + 19 + 23
-
-
-def test_a_storage_bucket_goes_to_lerobots_own_dataset(tmp_path: Path) -> None:
-    """``--dataset.repo_type=bucket`` (no root): LeRobot's streaming dataset reads it, said in one line, never
-    looked up as a dataset repo of that name (offline here, so LeRobot's own read then fails)."""
-    from procs import CLI, env, started
-
-    args = ["--dataset.repo_id=me/bucket", "--dataset.repo_type=bucket", "--dataset.streaming=true"]
-    args += ["--policy.type=act", "--policy.device=cpu", "--policy.push_to_hub=false", f"--output_dir={tmp_path / 'o'}"]
-    with started([*CLI, "train", *args], tmp_path / "log.txt", env()) as proc:
-        assert proc.wait(timeout=300) != 0
-    log = (tmp_path / "log.txt").read_text()
-    assert "--dataset.repo_type=bucket: LeRobot's own streaming dataset reads hf://buckets/me/bucket" in log

@@ -214,6 +214,35 @@ def test_repo_id_alone_trains_from_the_hub(written, hub, tmp_path: Path) -> None
     assert (tmp_path / "run/checkpoints/000002/pretrained_model/model.safetensors").is_file()
 
 
+def test_a_storage_bucket_trains_through_our_loader(written, hub, tmp_path: Path) -> None:
+    """--dataset.repo_type=bucket without --dataset.root: our loader streams hf://buckets/<repo_id> (the URL
+    LeRobot's streaming dataset reads) as it streams a repo; resumed after its step-2 checkpoint, the run
+    ends with the uninterrupted run's weights."""
+    import shutil
+
+    hub.add_bucket("me/bucket", written.raw)
+    args = [a for a in _args("", tmp_path / "a", ACT, steps=4, save_freq=2) if not a.startswith("--dataset.")]
+    args = ["--dataset.repo_id=me/bucket", "--dataset.repo_type=bucket", "--dataset.streaming=true", *args]
+    log = run([*CLI, "train", *args], tmp_path / "a.txt", env(HF_HUB_OFFLINE="0"), TIMEOUT)
+    assert "lerobot-shards train: hf://buckets/me/bucket: " in log
+    assert hub.requests("GET", "/buckets/me/bucket/resolve/") and not hub.requests("GET", "/api/datasets/")
+    b = tmp_path / "b"  # the same run as it stood after its step-2 checkpoint
+    shutil.copytree(tmp_path / "a", b, symlinks=True)
+    shutil.rmtree(b / "checkpoints/000004")
+    (b / "checkpoints/last").unlink()
+    (b / "checkpoints/last").symlink_to("000002")
+    config = b / "checkpoints/000002/pretrained_model/train_config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "output_dir": str(b)}))
+    resumed = run(
+        [*CLI, "train", "--resume=true", f"--config_path={config}"],
+        tmp_path / "b.txt",
+        env(HF_HUB_OFFLINE="0"),
+        TIMEOUT,
+    )
+    assert "lerobot-shards train: hf://buckets/me/bucket: " in resumed
+    assert _weights_hash(b / "checkpoints/000004") == _weights_hash(tmp_path / "a/checkpoints/000004")
+
+
 def test_metadata_from_the_hub_and_data_files_from_a_root(written, hub, tmp_path: Path) -> None:
     """--dataset.repo_id with a repo holding meta/ only and --shards.data_files_root naming a folder
     with data/ and videos/: our loader trains on them, and the checkpoint records the root."""

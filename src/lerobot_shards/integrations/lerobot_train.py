@@ -149,9 +149,13 @@ def _is_our_source(url: str, storage_options: dict[str, Any] | None) -> bool:
 def dataset_url(cfg: Any) -> str:
     """``--dataset.root``, else the Hub dataset repo ``--dataset.repo_id`` at ``--dataset.revision``
     (None: the codebase-version tag, as LeRobot picks it) as ``hf://datasets/<repo_id>@<commit>``,
-    streamed by our loader (``integrations.hub``), not downloaded into LeRobot's cache first."""
+    streamed by our loader (``integrations.hub``), not downloaded into LeRobot's cache first. With
+    ``--dataset.repo_type=bucket``: the storage bucket LeRobot's streaming dataset reads,
+    ``hf://buckets/<repo_id>`` (a bucket has no revisions: LeRobot ignores ``--dataset.revision``)."""
     if cfg.dataset.root:
         return str(cfg.dataset.root)
+    if getattr(cfg.dataset, "repo_type", "dataset") == "bucket":
+        return f"hf://buckets/{cfg.dataset.repo_id}"
     from .hub import repo_url
 
     return repo_url(cfg.dataset.repo_id, getattr(cfg.dataset, "revision", None))
@@ -339,14 +343,6 @@ def _frame_cache(dataset: EpisodePoolDataset | MixtureDataset, setting: str, par
 
 def _make_datasets(original: Any, run: type[_Run], argv: Sequence[str], given: Mapping[str, str]) -> Any:
     def make_train_eval_datasets(cfg: Any) -> Any:
-        if not cfg.dataset.root and getattr(cfg.dataset, "repo_type", "dataset") == "bucket":
-            print(
-                f"lerobot-shards train: --dataset.repo_type=bucket: LeRobot's own streaming dataset reads "
-                f"hf://buckets/{cfg.dataset.repo_id} (lerobot-shards does not read Storage Buckets yet)",
-                file=sys.stderr,
-                flush=True,
-            )
-            return original(cfg)
         url = dataset_url(cfg)
         state_path = str(Path(cfg.checkpoint_path) / "training_state" / DATA_STATE_NAME) if cfg.resume else ""
         state, recorded = read_data_state(state_path) if cfg.resume else (None, None)
