@@ -292,3 +292,15 @@ def test_a_pack_over_the_bound_is_not_read(converted: tuple[Path, Path], tmp_pat
     with caplog.at_level("WARNING", logger="lerobot_shards"):
         assert _read_all(out) == clean
     assert not [r for r in caplog.records if PACK_NAME in r.getMessage()]
+
+
+def test_a_directory_whose_name_ends_in_manifest_json_is_a_dataset(converted: tuple[Path, Path], tmp_path: Path) -> None:
+    """Only a path whose last part is ``manifest.json`` names a dataset's manifest: a directory named
+    ``so101_manifest.json`` was cut to ``so101_`` ("neither a converted dataset nor ..."), and a
+    mixture file ``mix_manifest.json`` was taken for a dataset."""
+    from lerobot_shards.loader.mix.spec import is_mixture_file
+
+    out = tmp_path / "so101_manifest.json"
+    shutil.copytree(converted[1], out)
+    assert _read_all(out) == _read_all(converted[1]) and _read_all(out / MANIFEST_NAME) == _read_all(out)
+    assert is_mixture_file(tmp_path / "mix_manifest.json") and not is_mixture_file(out / MANIFEST_NAME)

@@ -354,4 +354,5 @@ def _check_keys(file: Path, where: str, entry: Mapping[str, Any], known: set[str
 
 def is_mixture_file(path: str | os.PathLike[str]) -> bool:
     """Whether ``path`` names a mixture file (by its extension) rather than a dataset."""
-    return str(path).lower().endswith((".yaml", ".yml", ".json")) and not str(path).endswith("manifest.json")
+    name = os.path.basename(str(path).rstrip("/"))  # a dataset's manifest.json, not a mix_manifest.json
+    return name.lower().endswith((".yaml", ".yml", ".json")) and name != "manifest.json"

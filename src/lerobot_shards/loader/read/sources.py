@@ -254,7 +254,7 @@ def open_source(
 def _open_source(
     location: StorageLocation, read: ReadOptions, episodes: Sequence[int] | None, metadata: SourceMetadata | None
 ) -> EpisodeSource:
-    if location.root.endswith(fmt.MANIFEST_NAME):
+    if posixpath.basename(location.root.rstrip("/")) == fmt.MANIFEST_NAME:  # not a directory named x_manifest.json
         location = location.at(location.url.rstrip("/")[: -len(fmt.MANIFEST_NAME)].rstrip("/"))
     fs, path = location.fs, location.root
     if isinstance(metadata, ConvertedMetadata) or (
