@@ -7,6 +7,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -487,3 +488,35 @@ def test_a_read_only_directory_is_one_line(raw: Path, tmp_path: Path) -> None:
     assert result.returncode != 0
     last = result.stderr.strip().splitlines()[-1]
     assert f"frame_cache_dir {tmp_path / 'ro'}: Read-only file system" in last and "choose a writable" in last
+
+
+def _free_box(n: int) -> bytes:
+    return n.to_bytes(4, "big") + b"free" + bytes(n - 8)
+
+
+def test_a_raw_mp4_rewritten_in_place_with_its_size_and_mtime_is_not_served_stale(
+    synth_factory: Callable[..., Path], tmp_path: Path
+) -> None:
+    """The cache names a raw mp4 by its path, size and times: file-000.mp4 (episodes 0 and 1)
+    rewritten in place with file-001.mp4's frames (episodes 2 and 3, as long; both padded with an
+    mp4 ``free`` box to one size) and its modification time set back served episode 0's old frames
+    from the cache, where decoding gives the new ones. The change time, which nobody sets, is in
+    the key now."""
+    root = tmp_path / "raw"
+    shutil.copytree(synth_factory(num_episodes=4, length_range=(10, 10), seed=5), root)
+    videos = root / "videos" / FRONT / "chunk-000"
+    old, new = (videos / "file-000.mp4").read_bytes(), (videos / "file-001.mp4").read_bytes()
+    size = max(len(old), len(new)) + 16
+    old, new = old + _free_box(size - len(old)), new + _free_box(size - len(new))
+    (videos / "file-000.mp4").write_bytes(old)
+    cache = tmp_path / "cache"
+    _batches(_dataset(root, cache, shuffle=False))  # fills the cache with episode 0's frames
+    st = os.stat(videos / "file-000.mp4")
+    with open(videos / "file-000.mp4", "r+b") as f:  # same inode, same size
+        f.write(new)
+    os.utime(videos / "file-000.mp4", ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert os.stat(videos / "file-000.mp4").st_mtime_ns == st.st_mtime_ns
+    want = _batches(_dataset(root, None, shuffle=False))
+    got = _batches(_dataset(root, cache, shuffle=False))
+    _same(want, got)
+    assert read_identity(got[0][FRONT][0][1]) == (2, 0)  # episode 0's row now holds episode 2's frames

@@ -294,7 +294,9 @@ def test_a_pack_over_the_bound_is_not_read(converted: tuple[Path, Path], tmp_pat
     assert not [r for r in caplog.records if PACK_NAME in r.getMessage()]
 
 
-def test_a_directory_whose_name_ends_in_manifest_json_is_a_dataset(converted: tuple[Path, Path], tmp_path: Path) -> None:
+def test_a_directory_whose_name_ends_in_manifest_json_is_a_dataset(
+    converted: tuple[Path, Path], tmp_path: Path
+) -> None:
     """Only a path whose last part is ``manifest.json`` names a dataset's manifest: a directory named
     ``so101_manifest.json`` was cut to ``so101_`` ("neither a converted dataset nor ..."), and a
     mixture file ``mix_manifest.json`` was taken for a dataset."""

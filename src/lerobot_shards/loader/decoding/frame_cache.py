@@ -7,8 +7,8 @@ in order into an entry here (``frame_fill``), and samples read their windows fro
 An entry is one clip at one decoded size: every frame of one episode's camera, uint8 (C, H, W)
 exactly as the loader returns it (after ``resize``), contiguous, so a window is one read. Its
 name is a hash of what decides its bytes (``entry_key``): the clip's content (the xxh3-128 of a
-converted clip's bytes, which is its member checksum; a raw mp4's URL, size and modification
-time), the episode's first frame and length in it, the frame tables, the decoded size and resize
+converted clip's bytes, which is its member checksum; a raw mp4's URL, inode, size, modification
+and change times), the episode's first frame and length in it, the frame tables, the decoded size and resize
 mode, and the versions of torchcodec, its FFmpeg and this package (which decode and resize). A changed
 source or another resize is another entry, never a stale one.
 
@@ -108,7 +108,9 @@ def entry_key(clip: ClipRef, length: int, size: tuple[int, int] | None, mode: st
             st = os.stat(clip.url)
         except OSError:
             return None
-        content = f"file:{clip.cache_key}:{st.st_size}:{st.st_mtime_ns}"
+        # the change time too: nobody sets it (touch -d and utime set it to now), so an mp4 rewritten
+        # in place, its size and modification time restored, is another entry, never the old frames
+        content = f"file:{clip.cache_key}:{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
     else:
         return None
     mappings = None if clip.frame_mappings is None else xxhash.xxh3_128_hexdigest(clip.frame_mappings.encode())
