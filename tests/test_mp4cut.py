@@ -369,3 +369,16 @@ def test_converter_cuts_every_clip_by_bytes(small_synth: Path, tmp_path: Path, m
 
     convert_dataset(str(small_synth), str(tmp_path / "out"), workers=1, progress=False)
     assert list((tmp_path / "out/shards").glob("*.tar"))
+
+
+def test_a_sample_count_beyond_the_file_is_refused_before_any_array(tmp_path: Path) -> None:
+    """stsz with one size for every sample holds no table, so its count bounded nothing: 12 bytes
+    edited (size 1, count 2^32 - 1) had every reader of the file (convert, verify, the loader's moov
+    index of a Hub or bucket mp4) ask numpy for 32 GiB. The count times the size must fit in the file."""
+    data = bytearray(_clip(0, 6, "h264"))
+    at = data.index(b"stsz")
+    struct.pack_into(">II", data, at + 8, 1, 10**6)  # 1 MB of samples in a file of a few KB
+    path = tmp_path / "bomb.mp4"
+    path.write_bytes(bytes(data))
+    with pytest.raises(Mp4CutUnsupported, match=r"stsz: 1000000 samples of 1 bytes, more than the file's \d+ bytes"):
+        Mp4File(str(path))

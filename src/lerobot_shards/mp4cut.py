@@ -218,7 +218,9 @@ def _find_moov(reader: _Reader) -> bytes:
     raise Mp4CutUnsupported("no moov box")
 
 
-def _parse_moov(moov: bytes) -> Mp4Track:
+def _parse_moov(moov: bytes, file_size: int) -> Mp4Track:
+    """The only track's tables; every count bounded by the bytes holding it before an array is made
+    (a constant-size stsz's count by the file's size: 12 bytes edited asked for 32 GiB)."""
     top = _children(moov, 0, len(moov), {b"mvhd", b"trak"}, set())  # mvex (fragments) is refused here
     version, _ = _full_box(moov, top[b"mvhd"][0])
     movie_timescale = struct.unpack_from(">I", moov, top[b"mvhd"][0] + (20 if version == 1 else 12))[0]
@@ -253,6 +255,8 @@ def _parse_moov(moov: bytes) -> Mp4Track:
 
     s, _ = stbl[b"stsz"]
     sample_size, n = struct.unpack_from(">II", moov, s + 4)
+    if sample_size and n * sample_size > file_size:
+        raise Mp4CutUnsupported(f"stsz: {n} samples of {sample_size} bytes, more than the file's {file_size} bytes")
     sizes = np.full(n, sample_size, np.int64) if sample_size else _table(moov, s + 12, n, ">u4", 1)
     if n == 0:
         raise Mp4CutUnsupported("no samples")
@@ -483,7 +487,7 @@ class Mp4File:
         except (OSError, ValueError) as e:  # missing, unreadable or unmappable: PyAV reports it its way
             raise Mp4CutUnsupported(f"cannot open the source: {e}") from e
         try:
-            self.track = _parse_moov(_find_moov(self._reader))
+            self.track = _parse_moov(_find_moov(self._reader), self._reader.size)
         except (struct.error, ValueError, IndexError, StopIteration) as e:  # malformed: let PyAV judge it
             self._reader.close()
             raise Mp4CutUnsupported(f"cannot parse the mp4: {e}") from e
