@@ -380,3 +380,24 @@ def test_a_raw_mp4_on_the_hub_is_indexed_from_its_tables_not_scanned(
         assert hub.bytes_served(rel) >= size
     else:
         assert hub.bytes_served(rel) < size / 2, (hub.bytes_served(rel), size)
+
+
+def test_a_cache_dir_another_user_could_fill_is_refused_for_raw_mp4s(hub: HubServer, raw: Path, tmp_path: Path) -> None:
+    """A raw dataset's mp4 in ``cache_dir`` is checked against the xxh3 recorded there at download:
+    whoever else may write the directory could plant an mp4 of other frames and its record. So, as
+    for the frame cache, a directory another user made or every user may write is one line naming it
+    (a converted dataset's shards are checked against its manifest: its cache_dir is not refused)."""
+    from lerobot_shards.loader.read.shard_cache import CacheDirError
+
+    hub.add_dataset("me/ds", raw)
+    everyones = tmp_path / "everyones"
+    everyones.mkdir()
+    everyones.chmod(0o777)
+    with pytest.raises(CacheDirError, match=rf"cache_dir {everyones}: every user may write it \(mode 777\)"):
+        _stream("me/ds", cache_dir=str(everyones))
+    if os.geteuid() == 0:
+        theirs = tmp_path / "theirs"
+        theirs.mkdir()
+        os.chown(theirs, 4242, -1)
+        with pytest.raises(CacheDirError, match=rf"cache_dir {theirs}: made by another user \(uid 4242\)"):
+            _stream("me/ds", cache_dir=str(theirs))

@@ -28,8 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..loader.decoding.frame_cache import check_owned
-from ..loader.read.shard_cache import CacheDirError
+from ..loader.read.shard_cache import CacheDirError, check_owned
 
 AUTO, OFF = "auto", "off"
 DISK_SHARE = 0.8  # of the free space (plus the cache's own bytes): leave the node's disk room to work
@@ -91,7 +90,7 @@ def choose_frame_cache(setting: str, needed: int) -> FrameCacheChoice:
     directory = default_directory() if setting == AUTO else setting
     if setting == AUTO:
         try:
-            check_owned(directory)
+            check_owned(directory, "frame_cache_dir")
         except CacheDirError as e:  # auto never stops a run: off, saying why
             return FrameCacheChoice(None, None, str(e))
     want = int(needed * HEADROOM) + (64 << 20)

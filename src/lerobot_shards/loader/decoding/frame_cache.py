@@ -63,12 +63,12 @@ from ..options import DecodeOptions
 from ..read.shard_cache import (
     GLOBAL_LOCK,
     LOCKS_DIR,
-    CacheDirError,
     _check_ours,
     _evict,
     _lock_name,
     _locked,
     check_cache_dir,
+    check_owned,
     default_cache_bytes,
     plan_evictions,
     scan,
@@ -461,38 +461,6 @@ class FrameCache:
             )
 
 
-def check_owned(root: str) -> None:
-    """Refuse a cache directory that another user could have filled, before anything is made in it.
-
-    Its frames are verified against checksums the directory itself holds, so whoever else may
-    write there could plant well-formed entries of wrong frames: a directory (or a symlink to one)
-    that another user made, such as a ``/tmp/lerobot-shards-frames`` on a shared node, or one that
-    every user may write. Its group may write it (user-private groups make folders 0775). A
-    directory not there yet is made by ``check_cache_dir``, the user's own."""
-    if not os.path.lexists(root):
-        return
-    uid = os.geteuid()
-    try:
-        link, st = os.lstat(root), os.stat(root)
-    except OSError as e:  # a dangling symlink: check_cache_dir says what is wrong with it
-        if e.errno == errno.ENOENT:
-            return
-        raise CacheDirError(e.errno, f"frame_cache_dir {root}: {e.strerror}") from None
-    owner = link.st_uid if stat.S_ISLNK(link.st_mode) and link.st_uid != uid else st.st_uid
-    if owner != uid:
-        raise CacheDirError(
-            errno.EPERM,
-            f"frame_cache_dir {root}: made by another user (uid {owner}), who could plant frames there; "
-            "choose a directory of your own",
-        )
-    if st.st_mode & stat.S_IWOTH:
-        raise CacheDirError(
-            errno.EPERM,
-            f"frame_cache_dir {root}: every user may write it (mode {stat.S_IMODE(st.st_mode):o}) and could plant "
-            "frames there; chmod o-w it, or choose a directory of your own",
-        )
-
-
 def resolve_options(decode: DecodeOptions) -> DecodeOptions:
     """``decode`` with the frame cache's settings resolved where the dataset is built: an unusable
     ``frame_cache_dir`` is one error naming it now, ``frame_cache_bytes`` defaults as
@@ -508,7 +476,7 @@ def resolve_options(decode: DecodeOptions) -> DecodeOptions:
                 decode.video_decode_device,
             )
         return dataclasses.replace(decode, frame_cache_dir=None)
-    check_owned(decode.frame_cache_dir)
+    check_owned(decode.frame_cache_dir, "frame_cache_dir")
     check_cache_dir(decode.frame_cache_dir, what="frame_cache_dir")
     if decode.frame_cache_bytes is None:
         decode = dataclasses.replace(decode, frame_cache_bytes=default_cache_bytes(decode.frame_cache_dir))

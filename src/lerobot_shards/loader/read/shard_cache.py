@@ -92,6 +92,40 @@ def check_cache_dir(root: str, what: str = "cache_dir") -> None:
         raise CacheDirError(e.errno, f"{what} {root}: {e.strerror} ({e.filename}); {hint}") from None
 
 
+def check_owned(root: str, what: str) -> None:
+    """Refuse a cache directory (the option ``what``) that another user could have filled, before
+    anything is made in it.
+
+    Where its files are verified only against checksums the directory itself holds (the frame
+    cache's entries; a raw dataset's mp4s, whose xxh3 is recorded at download), whoever else may
+    write there could plant well-formed files of wrong frames: a directory (or a symlink to one)
+    that another user made, such as a ``/tmp/lerobot-shards-frames`` on a shared node, or one that
+    every user may write. Its group may write it (user-private groups make folders 0775). A
+    directory not there yet is made by ``check_cache_dir``, the user's own."""
+    if not os.path.lexists(root):
+        return
+    uid = os.geteuid()
+    try:
+        link, st = os.lstat(root), os.stat(root)
+    except OSError as e:  # a dangling symlink: check_cache_dir says what is wrong with it
+        if e.errno == errno.ENOENT:
+            return
+        raise CacheDirError(e.errno, f"{what} {root}: {e.strerror}") from None
+    owner = link.st_uid if stat.S_ISLNK(link.st_mode) and link.st_uid != uid else st.st_uid
+    if owner != uid:
+        raise CacheDirError(
+            errno.EPERM,
+            f"{what} {root}: made by another user (uid {owner}), who could plant files there; "
+            "choose a directory of your own",
+        )
+    if st.st_mode & stat.S_IWOTH:
+        raise CacheDirError(
+            errno.EPERM,
+            f"{what} {root}: every user may write it (mode {stat.S_IMODE(st.st_mode):o}) and could plant "
+            "files there; chmod o-w it, or choose a directory of your own",
+        )
+
+
 def default_cache_bytes(cache_dir: str) -> int:
     """The cap used when only ``cache_dir`` is given: half of the space the cache could use (its
     filesystem's free space plus what it already holds), at most ``DEFAULT_CACHE_CAP``. Half,

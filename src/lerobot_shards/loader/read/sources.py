@@ -43,7 +43,7 @@ from ..options import ReadOptions
 from ..plan.partition import ShardSpec
 from .integrity import IntegrityError, check_episode_bytes
 from .remote import LocalFile, Reader, RemoteFile, RemoteIO, close_when_open, ranged, reading, settled
-from .shard_cache import CHUNK_BYTES, CachedFile, IOCounters
+from .shard_cache import CHUNK_BYTES, CachedFile, IOCounters, check_owned
 
 log = logging.getLogger(__name__)
 # Shards opened ahead of the reader, by size: the next one, and more while they fit in this many
@@ -708,6 +708,7 @@ class RawSource:
         self.counters = IOCounters()
         self.remote = None
         if read.cache_dir is not None and "file" not in protocols(self.src.data_fs):
+            check_owned(read.cache_dir, "cache_dir")  # its mp4s are checked against its own records only
             self.remote = RemoteIO(self.src.data_url, read, self.counters)  # the cache's names: the files' root
         self._files: dict[str, Future[CachedFile | None]] = {}  # mp4s downloading or held
         self._refs: dict[str, int] = {}  # resident episodes per held mp4
