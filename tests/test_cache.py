@@ -23,7 +23,7 @@ from lerobot_shards.loader.read.shard_cache import (
     plan_evictions,
     scan,
 )
-from waits import HANG_GUARD_S
+from waits import HANG_GUARD_S, until, waiting_in
 
 # -- eviction decisions (pure) ----------------------------------------------------------------------
 
@@ -66,7 +66,7 @@ def _fetcher(data: bytes, requests: list[tuple[int, int]] | None = None, gate: t
         if requests is not None:
             requests.append((start, end))
         if gate is not None and start > 0:
-            assert gate.wait(30)
+            assert gate.wait(HANG_GUARD_S)
         return data[start:end]
 
     return fetch
@@ -110,7 +110,7 @@ def _hold(root: str, held, release) -> None:
     f = cache.acquire(_fetcher(data), "ds/held.tar", len(data), None, "held.tar")
     f.wait()
     held.set()
-    release.wait(60)
+    release.wait(HANG_GUARD_S)
     f.close()
     pool.shutdown()
 
@@ -121,7 +121,7 @@ def test_a_file_in_use_by_another_process_is_never_evicted(tmp_path: Path) -> No
     proc = ctx.Process(target=_hold, args=(str(tmp_path), held, release))
     proc.start()
     try:
-        assert held.wait(60)
+        assert held.wait(HANG_GUARD_S)
         cache, counters, pool = _cache(tmp_path, 10_000)
         other = _blob(6000, 3)
         assert cache.acquire(_fetcher(other), "ds/other.tar", 6000, None, "other.tar") is None  # would not fit
@@ -248,18 +248,20 @@ def test_uncached_read_ahead_waits_until_the_reads_own_chunks_landed() -> None:
     def fetch(start: int, end: int) -> bytes:
         requests.append((start, end))
         if start == 1000:
-            assert gate.wait(30)
+            assert gate.wait(HANG_GUARD_S)
         return data[start:end]
 
     f = RemoteFile(fetch, len(data), pool, IOCounters(), chunk=1000, ahead=3)
     f.start()
     assert f.read(0, 500) == data[:500]
+    until(lambda: len(requests) >= 4, "read 1's read-ahead requested")
     reader = threading.Thread(target=lambda: f.read(1500, 1600))
     reader.start()
-    reader.join(0.3)  # chunk 1 is held back: nothing beyond it may be requested meanwhile
+    # chunk 1 is held back: once the reader waits for it, nothing beyond it may have been requested
+    until(lambda: waiting_in(reader.ident, "wait") or not reader.is_alive(), "the reader waiting for chunk 1")
     assert sorted(requests) == [(0, 1000), (1000, 2000), (2000, 3000), (3000, 4000)]  # read 1's ahead only
     gate.set()
-    reader.join(30)
+    reader.join(HANG_GUARD_S)
     pool.shutdown()
     assert (4000, 5000) in requests  # read 2's own chunk landed: its read-ahead followed
 
@@ -270,12 +272,12 @@ def test_settled_wakes_for_chunks_cancelled_while_queued() -> None:
     wake for those: the opener thread would hang, and the process with it at exit."""
     pool = ThreadPoolExecutor(max_workers=1)
     gate = threading.Event()
-    running = pool.submit(gate.wait, 30)
+    running = pool.submit(gate.wait, HANG_GUARD_S)
     queued = pool.submit(bytes, 8)
     pool.shutdown(wait=False, cancel_futures=True)
     assert queued.cancelled()
     waiter = threading.Thread(target=settled, args=([running, queued],))
     waiter.start()
     gate.set()
-    waiter.join(30)
+    waiter.join(HANG_GUARD_S)
     assert not waiter.is_alive()

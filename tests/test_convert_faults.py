@@ -161,7 +161,9 @@ def test_an_unguarded_script_with_workers_is_told_about_the_main_guard(source: P
         f"convert_dataset({str(source)!r}, {str(tmp_path / 'out')!r}, ConvertOptions(episodes_per_shard=1), "
         "workers=2, progress=False)\n"
     )
-    result = subprocess.run([sys.executable, script.name], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, script.name], cwd=tmp_path, capture_output=True, text=True, timeout=HANG_GUARD_S
+    )
     assert result.returncode == 1
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("lerobot_shards.exceptions.ConvertError: ") and 'if __name__ == "__main__":' in last, (
@@ -169,7 +171,7 @@ def test_an_unguarded_script_with_workers_is_told_about_the_main_guard(source: P
     )
     call = script.read_text().splitlines()[1]
     script.write_text(script.read_text().replace(call, f'if __name__ == "__main__":\n    {call}'))
-    assert subprocess.run([sys.executable, script.name], cwd=tmp_path, timeout=300).returncode == 0
+    assert subprocess.run([sys.executable, script.name], cwd=tmp_path, timeout=HANG_GUARD_S).returncode == 0
 
 
 def test_error_mapping_and_redaction() -> None:

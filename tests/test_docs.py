@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from lerobot_shards.demo import build_demo_data
+from waits import HANG_GUARD_S
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -110,7 +111,9 @@ def test_python_block_runs(
     if any(call in code for call in SPAWNING):
         script = workdir / f"{block.page.stem}_{block.line}.py"
         script.write_text(code)
-        result = subprocess.run([sys.executable, script.name], cwd=workdir, capture_output=True, text=True, timeout=300)
+        result = subprocess.run(
+            [sys.executable, script.name], cwd=workdir, capture_output=True, text=True, timeout=HANG_GUARD_S
+        )
         assert result.returncode == 0, f"{block.where} as a script:\n{result.stderr[-3000:]}"
         return
     exec(compile(code, block.where, "exec"), {"__name__": "__main__"})

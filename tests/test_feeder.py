@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import multiprocessing
 import shutil
-import sys
 import threading
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -17,7 +14,7 @@ from torch.utils.data import DataLoader
 from lerobot_shards.lerobot_v3 import SourceError
 from lerobot_shards.loader import DeviceFeeder, EpisodePoolDataset
 from lerobot_shards.synth import read_identity, synth_dataset
-from waits import HANG_GUARD_S
+from waits import HANG_GUARD_S, until, waiting_in
 
 CAM = "observation.images.front"
 IMG = "observation.images.wrist"
@@ -36,24 +33,6 @@ def raw(tmp_path_factory) -> Path:
         episodes_per_video_file=1,
         seed=5,
     )
-
-
-def _until(condition: Callable[[], bool], timeout: float = HANG_GUARD_S) -> None:
-    """Wait for a condition (not for a guessed time): fails the test if it does not hold within ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.005)
-
-
-def _waiting_in(thread_id: int, function: str) -> bool:
-    """Whether the thread ``thread_id`` is inside ``function`` right now."""
-    frame = sys._current_frames().get(thread_id)
-    while frame is not None:
-        if frame.f_code.co_name == function:
-            return True
-        frame = frame.f_back
-    return False
 
 
 def _loader(root: Path, dtype: torch.dtype, num_workers: int = 2, window: dict | None = WINDOW, **kwargs) -> DataLoader:
@@ -125,7 +104,9 @@ def test_early_break_stops_the_thread_and_workers(raw: Path) -> None:
         if n == 1:
             break
     assert not _feeder_threads()
-    _until(lambda: not set(multiprocessing.active_children()) - before)  # the DataLoader workers were shut down
+    until(
+        lambda: not set(multiprocessing.active_children()) - before, "the DataLoader workers shut down"
+    )  # the DataLoader workers were shut down
     assert feeder.stats()["batches"] == 2
 
 
@@ -147,7 +128,7 @@ def test_counters_and_clear_errors(raw: Path) -> None:
     out = []
     for b in feeder:
         if not out:  # a slow first step: hold batch 0 until the feeder has found its queue full
-            _until(lambda: feeder.stats()["queue_full"] >= 1)
+            until(lambda: feeder.stats()["queue_full"] >= 1, "the feeder's queue full")
         out.append(b)
     assert [b["x"][0, 0].item() for b in out] == [(torch.tensor(float(i)) / 255).item() for i in range(5)]
     assert out[0]["task"] == ["a", "b"]
@@ -164,7 +145,9 @@ def test_counters_and_clear_errors(raw: Path) -> None:
     it = iter(feeder)
     next(it)
     loop = threading.get_ident()  # set go once the loop waits on the empty queue for item 1
-    threading.Thread(target=lambda: (_until(lambda: _waiting_in(loop, "_get")), go.set()), daemon=True).start()
+    threading.Thread(
+        target=lambda: (until(lambda: waiting_in(loop, "_get"), "the loop waiting in _get"), go.set()), daemon=True
+    ).start()
     assert next(it)["x"].item() == (torch.tensor(1.0) / 255).item()
     stats = feeder.stats()
     assert stats["queue_empty"] >= 1 and stats["batches"] == 2 and stats["wait_max_s"] > 0

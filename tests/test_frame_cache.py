@@ -27,6 +27,7 @@ from lerobot_shards.loader.decoding import frame_cache, frame_fill
 from lerobot_shards.loader.decoding.frame_cache import ALIGN, ENTRIES_DIR, FrameCache, _parse_header
 from lerobot_shards.loader.read.shard_cache import CacheDirError
 from lerobot_shards.synth import read_identity
+from waits import HANG_GUARD_S
 
 FPS = 30
 FRONT, TOP = "observation.images.front", "observation.images.top"
@@ -236,7 +237,7 @@ def test_two_processes_on_one_directory_fill_each_entry_once(raw: Path, tmp_path
         p.stdin.flush()
     totals = []
     for i, p in enumerate(procs):
-        out, _ = p.communicate(timeout=300)
+        out, _ = p.communicate(timeout=HANG_GUARD_S)
         assert p.returncode == 0
         totals.append(json.loads(out.strip().splitlines()[-1]))
         _same(want, torch.load(tmp_path / f"out{i}.pt"))
@@ -457,7 +458,9 @@ def _in_tmpfs(mount_opts: str, mountpoint: Path, script: str, *args: str) -> sub
     mountpoint.mkdir(exist_ok=True)
     sh = f'mount -t tmpfs -o {mount_opts} tmpfs "$0" && exec "$@"'
     cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c", sh, str(mountpoint)]
-    return subprocess.run([*cmd, sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [*cmd, sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=HANG_GUARD_S
+    )
 
 
 ON_A_SMALL_DISK = """

@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from waits import HANG_GUARD_S
+
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_check.sh"
 
 
@@ -22,7 +24,9 @@ def test_script_syntax() -> None:
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA path; the GPU path is for the GPU machine")
 def test_quick_run_without_cuda(tmp_path: Path) -> None:
     env = dict(os.environ, OUT=str(tmp_path), PYTHON=sys.executable, GPU_CHECK_BUDGET="280")
-    done = subprocess.run(["bash", str(SCRIPT), "--quick"], env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        ["bash", str(SCRIPT), "--quick"], env=env, capture_output=True, text=True, timeout=HANG_GUARD_S
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "no CUDA: running the CPU parts only" in done.stdout
     report = json.loads((tmp_path / "gpu_check.json").read_text())

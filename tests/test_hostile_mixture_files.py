@@ -12,6 +12,7 @@ import pytest
 
 from lerobot_shards.loader import Mixture, MixtureSource, load_mixture
 from lerobot_shards.loader.mix.spec import MixtureFileError, source_counts
+from waits import HANG_GUARD_S
 
 MAX_SAMPLES_PER_EPOCH = 1 << 31  # mixture_spec.MAX_SAMPLES_PER_EPOCH
 
@@ -71,7 +72,7 @@ def test_a_fifo_is_refused_before_it_is_opened(tmp_path: Path) -> None:
 
     reader = threading.Thread(target=load, daemon=True)
     reader.start()
-    reader.join(60)
+    reader.join(HANG_GUARD_S)
     if reader.is_alive():  # blocked in open(): give it a writer, so that the thread ends, then fail
         with open(fifo, "w"):
             pass

@@ -273,7 +273,7 @@ def test_reading_episodes_never_imports_pandas(pair, which: int) -> None:
         "n = sum(1 for _ in ds)\n"
         "assert n > 0 and 'pandas' not in sys.modules, (n, [m for m in sys.modules if 'pandas' in m][:3])\n"
     )
-    subprocess.run([sys.executable, "-c", script], check=True, timeout=300)
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=HANG_GUARD_S)
 
 
 @pytest.mark.parametrize("through", ["loop", "feeder", "thread"])
@@ -295,7 +295,7 @@ def test_a_loop_left_early_exits_quietly(pair, through: str) -> None:
             f"    for batch in {loader}:\n"
             "        got.set()\n"
             "threading.Thread(target=consume, daemon=True).start()\n"
-            "assert got.wait(120)\n"
+            f"assert got.wait({HANG_GUARD_S})\n"
         ),
     }[through]
     script = (
@@ -305,7 +305,7 @@ def test_a_loop_left_early_exits_quietly(pair, through: str) -> None:
         f"ds = EpisodePoolDataset({str(pair[1])!r}, episode_pool_size=2, image_dtype=torch.uint8)\n" + take
     )
     for _ in range(2):  # the abort depends on where the thread is at exit
-        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=HANG_GUARD_S)
         assert done.returncode == 0 and not done.stderr.strip(), (done.returncode, done.stderr[-2000:])
 
 

@@ -20,6 +20,7 @@ from lerobot_shards.convert.run import convert_dataset
 from lerobot_shards.loader import EpisodePoolDataset
 from lerobot_shards.loader.plan.budget import EXTRA_EPISODES, EpisodeTooLarge, MemoryNeeds, fit_pool
 from lerobot_shards.synth import synth_dataset
+from waits import HANG_GUARD_S
 
 BATCH = 4
 EPISODES = 16
@@ -173,7 +174,7 @@ def _consume(root: Path, budget: int | None, samples: int) -> dict[str, int]:
         [sys.executable, "-c", CONSUMER, str(root), "none" if budget is None else str(budget), str(samples)],
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=HANG_GUARD_S,
     )
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout.strip().splitlines()[-1])

@@ -20,7 +20,7 @@ from lerobot_shards.format import DIGEST_FIELD, FormatError, Manifest, manifest_
 from lerobot_shards.loader import EpisodePoolDataset, ReadOptions
 from lerobot_shards.loader.read.shard_cache import scan
 from lerobot_shards.synth import read_identity, synth_dataset
-from waits import HANG_GUARD_S
+from waits import HANG_GUARD_S, until, waiting_in
 
 CAM = "observation.images.front"
 WINDOW = {CAM: [-1 / 30, 0.0], "action": [0.0, 1 / 30]}
@@ -171,7 +171,7 @@ def test_two_ranks_sharing_a_cache_download_each_shard_once(data, s3_server, tmp
     procs = [ctx.Process(target=_rank, args=(*args, r, s3_server.storage_options, queue)) for r in range(2)]
     for p in procs:
         p.start()
-    results = [out for _, out in sorted(queue.get(timeout=300) for _ in procs)]
+    results = [out for _, out in sorted(queue.get(timeout=HANG_GUARD_S) for _ in procs)]
     for p in procs:
         p.join(timeout=HANG_GUARD_S)
     assert [p.exitcode for p in procs] == [0, 0]
@@ -372,7 +372,7 @@ def test_a_shard_read_ahead_waits_for_the_chunks_requested_of_the_current_one(da
             if name == "shard-000001.tar":
                 shard1_requested.set()
             if (name, start) == ("shard-000000.tar", held):
-                assert release.wait(30)
+                assert release.wait(HANG_GUARD_S)
             data = fetch(start, stop)
             events.append(("end", name, start))
             return data
@@ -384,7 +384,9 @@ def test_a_shard_read_ahead_waits_for_the_chunks_requested_of_the_current_one(da
         source.prefetch(1)
         episode = source.read_episode(0, 0)
         assert read_identity(_frame(episode, 0)) == (0, 0)
-        assert not shard1_requested.wait(0.5)  # an ungated opener asks at once; this one waits for `release`
+        # shard 1's opener waits for the held chunk (an ungated one would have asked at once)
+        until(lambda: any(waiting_in(t.ident, "settled") for t in threading.enumerate()), "shard 1's opener waiting")
+        assert not shard1_requested.is_set()
         release.set()
         episode = source.read_episode(1, 1)
         assert read_identity(_frame(episode, episode.length - 1)) == (1, episode.length - 1)
