@@ -7,7 +7,9 @@ out (no video), the end-to-end one reads every frame's identity back from its pi
 from __future__ import annotations
 
 import collections
+import functools
 import itertools
+import multiprocessing
 import random
 from pathlib import Path
 
@@ -102,6 +104,26 @@ def test_elastic_resume_covers_the_epoch_exactly_once(raw: Path, layout: tuple[i
     after = collections.Counter(k for rank in _resumed(raw, state, *layout) for b in rank for k in b)
     assert before + after == _all_frames(raw)  # nothing lost, nothing twice
     assert all(n == 1 for n in (before + after).values())
+
+
+def test_an_elastic_resume_is_summarised_once_per_rank_not_per_worker(raw: Path, monkeypatch) -> None:
+    """Resumed under another world size with 3 workers: where the old consumers stopped is found
+    once, in the rank's process at ``load_state_dict``, before the DataLoader forks; the workers
+    inherit it (one call in all, counted across the processes), and the epoch is covered exactly
+    once as before."""
+    calls = multiprocessing.Value("i", 0)
+
+    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        with calls.get_lock():
+            calls.value += 1
+        return emitted_frames(*args, **kwargs)
+
+    monkeypatch.setattr(elastic, "_emitted_frames_cached", functools.lru_cache(maxsize=1)(counted))
+    before, state = _interrupted(raw, 4)
+    assert calls.value == 0
+    after = collections.Counter(k for rank in _resumed(raw, state, 1, 3) for b in rank for k in b)
+    assert calls.value == 1
+    assert before + after == _all_frames(raw)
 
 
 def test_elastic_resume_is_deterministic(raw: Path) -> None:
@@ -223,7 +245,9 @@ def _progress_cases(count: int):
 
 
 def _sampler_progress(lengths, pool_size, seed, skip, fill_every=FILL_EVERY, shuffle=True):
-    sampler = PoolSampler(lengths, pool_size, keyed_rng(seed), fill_every=fill_every, shuffle=shuffle)
+    sampler = PoolSampler(
+        lengths, pool_size, keyed_rng(seed), fill_every=fill_every, shuffle=shuffle, num_samples=max(skip, 1)
+    )
     sampler.skip(skip)
     return sampler.progress()
 
@@ -258,8 +282,22 @@ def test_consumer_progress_equals_the_replay(monkeypatch, compiled: bool, shuffl
         got = progress.consumer_progress(lengths, pool_size, keyed_rng(case), skip, shuffle=shuffle)
         _same(got, _sampler_progress(lengths, pool_size, case, skip, shuffle=shuffle))
     assert progress.consumer_progress([3, 4], 2, keyed_rng(0), 0) == (0, {})
-    with pytest.raises(ValueError, match=r"skip must be in \[0, 7\)"):
-        progress.consumer_progress([3, 4], 2, keyed_rng(0), 7)
+    with pytest.raises(ValueError, match="skip must be non-negative"):
+        progress.consumer_progress([3, 4], 2, keyed_rng(0), -1)
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_consumer_progress_past_a_pass_equals_the_replay(monkeypatch, compiled: bool, shuffle: bool) -> None:
+    """A mixture's source reads further passes from the same generator: after any number of samples,
+    a pass's end included, the summary is the sampler's own (its current pass)."""
+    if not compiled:
+        monkeypatch.setattr(progress, "_kernel", lambda: None)
+    for case, lengths, pool_size, _, skip in _progress_cases(40):
+        total = sum(lengths)
+        for past in (skip + total, 2 * total, skip + 3 * total):
+            got = progress.consumer_progress(lengths, pool_size, keyed_rng(case), past, shuffle=shuffle)
+            _same(got, _sampler_progress(lengths, pool_size, case, past, shuffle=shuffle))
 
 
 def _emitted_by_replay(shards, *, seed, epoch, options, pool_size, origin, drop_last, replay=None):

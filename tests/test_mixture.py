@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import collections
 import datetime
+import functools
 import json
+import multiprocessing
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,6 +26,7 @@ from convert_helpers import run_cli
 from lerobot_shards.convert.plan import ConvertOptions
 from lerobot_shards.convert.run import convert_dataset
 from lerobot_shards.loader.meta import aggregate_stats
+from lerobot_shards.loader.mix import order as mix_order
 from lerobot_shards.loader.mix.dataset import (
     Mixture,
     MixtureDataset,
@@ -35,6 +38,7 @@ from lerobot_shards.loader.mix.dataset import (
 from lerobot_shards.loader.mix.layout import mix_stats
 from lerobot_shards.loader.mix.order import interleave
 from lerobot_shards.loader.mix.spec import MixtureFileError, source_counts
+from lerobot_shards.loader.plan import progress
 from lerobot_shards.loader.plan.sampling import keyed_rng
 from lerobot_shards.synth import identity_vector, read_identity, synth_dataset
 from test_train_example import _finish, _launch, _sha
@@ -666,6 +670,90 @@ def test_elastic_resume_continues_a_share_of_several_passes_pass_by_pass(tables:
             assert sum(n for k, n in together.items() if k[0] == name) == count
             assert set(k for k in together if k[0] == name) == set(k for k in _all_frames(first) if k[0] == name)
             assert reads(together, name) == reads(uninterrupted, name), (cut, name)
+
+
+def test_interleaved_counts_are_the_schedules_head_counted() -> None:
+    """What an elastic resume reads of each interrupted consumer's schedule (its first samples' count
+    per source) is the sorted schedule's, found by selection; ties, as ``interleave`` sorts them."""
+    rng = np.random.default_rng(3)
+    for case in range(200):
+        shares = rng.integers(0, 40, rng.integers(1, 5)).tolist()
+        for head in {0, 1, sum(shares) // 2, sum(shares) - 1, sum(shares), sum(shares) + 3}:
+            want = np.bincount(interleave(shares, keyed_rng(case))[: max(head, 0)], minlength=len(shares))
+            assert np.array_equal(mix_order.interleaved_counts(shares, keyed_rng(case), head), want), (shares, head)
+
+    class Ties:  # every key of equal rank equal: (k + 0.5) / n, so two sources of one share tie everywhere
+        def random(self, n: int) -> np.ndarray:
+            return np.full(n, 0.5)
+
+    for head in range(9):
+        want = np.bincount(interleave([4, 4], Ties())[:head], minlength=2)  # type: ignore[arg-type]
+        assert np.array_equal(mix_order.interleaved_counts([4, 4], Ties(), head), want)  # type: ignore[arg-type]
+
+
+def test_elastic_resume_finds_the_sources_cuts_compiled_as_the_samplers_replay_does(
+    tables: dict[int, Path], monkeypatch
+) -> None:
+    """Where each interrupted consumer stood in each source, a share of several passes included, is
+    found by the compiled loop (``progress.consumer_progress``), not by running every sampler
+    emission by emission: the resumed samples are those of the replay (the reference, numba off)."""
+    mix = _mixture(
+        tables, samples_per_epoch=400, **{"10fps": {"repeat": 2}, "15fps": {"weight": 1}, "30fps": {"weight": 1}}
+    )
+    first = MixtureDataset(mix, **_resume_kwargs())
+    for i, _ in enumerate(DataLoader(first, batch_size=BATCH, num_workers=2)):
+        if i == 50:  # past a pass in 10fps
+            break
+    state = first.state_dict(batches_consumed=50, batch_size=BATCH)
+
+    def resumed() -> list[list[tuple[str, int, int]]]:
+        out = []
+        for rank in range(2):
+            ds = MixtureDataset(mix, rank=rank, world_size=2, **_resume_kwargs())
+            ds.load_state_dict(state)
+            out += _batches(ds)
+        return out
+
+    compiled = resumed()
+    monkeypatch.setattr(progress, "_kernel", lambda: None)
+    assert compiled and resumed() == compiled
+
+
+def test_an_elastic_mixture_resume_finds_the_cuts_once_per_rank_not_per_worker(
+    tables: dict[int, Path], monkeypatch
+) -> None:
+    """From 1 rank x 2 workers to 2 ranks x 3 workers: where the old consumers stood in each source
+    is found once per rank, at ``load_state_dict`` before the DataLoader forks (counted across the
+    processes), and the samples are those of workers that each find it themselves."""
+    mix = _mixture(tables, **{"10fps": {"repeat": 2}, "15fps": {"choose": 25}, "30fps": {"repeat": 1}})
+    first = MixtureDataset(mix, **_resume_kwargs())
+    for i, _ in enumerate(DataLoader(first, batch_size=BATCH, num_workers=2)):
+        if i == 5:
+            break
+    state = first.state_dict(batches_consumed=5, batch_size=BATCH)
+    calls = multiprocessing.Value("i", 0)
+    cut = mix_order._elastic_cut.__wrapped__
+
+    def counted(*args: Any) -> Any:
+        with calls.get_lock():
+            calls.value += 1
+        return cut(*args)
+
+    def resumed() -> list[list[tuple[str, int, int]]]:
+        out = []
+        for rank in range(2):
+            ds = MixtureDataset(mix, rank=rank, world_size=2, **_resume_kwargs())
+            ds.load_state_dict(state)
+            out.append(_batches(ds, num_workers=3))
+        return out
+
+    monkeypatch.setattr(mix_order, "_elastic_cut", functools.lru_cache(maxsize=1)(counted))
+    once = resumed()
+    assert calls.value == 2  # one per rank
+    calls.value = 0
+    monkeypatch.setattr(mix_order, "_elastic_cut", functools.lru_cache(maxsize=1)(counted))  # nothing found yet
+    monkeypatch.setattr(mix_order.MixtureOrder, "prepare", lambda self, resume: None)
+    assert resumed() == once and calls.value == 2 * 3  # one per worker
 
 
 def test_a_resume_with_other_weights_or_a_single_dataset_state_is_refused(tables: dict[int, Path]) -> None:

@@ -120,6 +120,61 @@ def measure(args: argparse.Namespace, frames: int) -> dict[str, Any]:
     return row
 
 
+def measure_mixture(args: argparse.Namespace, frames: int) -> dict[str, Any]:
+    """``--mixture``: the same for a mixture of three sources of ``frames / 3`` frames each, the first
+    read twice (``repeat: 2``, so its old consumers stand in their second pass): one new consumer's
+    start (``MixtureOrder._start_elastic``: each old consumer's schedule up to the cut, then where it
+    stood in each source, by summaries, or by replay up to ``--replay-up-to``)."""
+    from lerobot_shards.loader.mix import order as mix_order
+    from lerobot_shards.loader.mix.order import MixtureOrder
+    from lerobot_shards.loader.plan.order import EpochOrder
+
+    mean = sum(args.length_range) / 2
+    world, workers = args.from_layout
+    new_world, new_workers = args.to_layout
+    orders = []
+    for d in range(3):
+        shards = make_shards(round(frames / 3 / mean), args.length_range, args.episodes_per_shard, args.seed + d)
+        orders.append(EpochOrder(tuple(shards), f"source-{d}", 0, True, args.pool_size, False, False, 0, new_world))
+    sizes = [sum(s.frames for s in o.shards) for o in orders]
+    mix = MixtureOrder(tuple(orders), (2 * sizes[0], sizes[1], sizes[2]), ("a", "b", "c"))
+    rank_samples = sum(mix.rank_counts(0, 0, world, workers))
+    origin = Origin(world, workers, int(args.fraction * rank_samples) // args.batch_size, args.batch_size)
+
+    def start() -> Any:
+        mix_order._elastic_cut.cache_clear()  # a new rank's process: nothing found yet
+        got = mix._start_elastic(0, origin, (), 0, new_workers)
+        return got.schedule, [[(p.plan, p.skip) for p in parts] for parts in got.parts]
+
+    def replayed() -> Any:
+        kernel, progress._kernel = progress._kernel, lambda: None  # PoolSampler.skip, sample by sample
+        try:
+            return start()
+        finally:
+            progress._kernel = kernel
+
+    row: dict[str, Any] = {
+        "frames": sum(sizes),
+        "samples": sum(mix.counts),
+        "episodes": sum(len(s.episodes) for o in orders for s in o.shards),
+    }
+    if sum(mix.counts) <= args.replay_up_to:
+        slow, replay_s, replay_cpu = _timed(replayed)
+        row.update(replay_s=round(replay_s, 2), replay_cpu_s=round(replay_cpu, 2))
+    result, summary_s, summary_cpu = _timed(start)
+    if "replay_s" in row:
+        assert np.array_equal(result[0], slow[0]) and result[1] == slow[1], "the summaries and the replay disagree"
+        row["cpu_speedup"] = round(replay_cpu / summary_cpu, 1)
+    row.update(
+        batches_consumed_per_rank=origin.batches_consumed,
+        seconds_per_consumer=round(summary_s, 2),
+        cpu_seconds_per_consumer=round(summary_cpu, 2),
+        cpu_ns_per_sample=round(summary_cpu / sum(mix.counts) * 1e9, 1),
+        peak_mb=round(_peak_bytes(start) / 2**20, 1),
+    )
+    return row
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--frames", default="1000000,10000000,100000000", help="dataset sizes, in frames")
@@ -133,7 +188,10 @@ def main() -> None:
     ap.add_argument("--replay-up-to", type=int, default=10_000_000, help="frames up to which the replay runs too")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tag", default="", help="results/elastic-TAG.* instead of results/elastic.*")
+    ap.add_argument("--mixture", action="store_true", help="a mixture of three sources (results/elastic-mixture.*)")
     args = ap.parse_args()
+    if args.mixture:
+        return main_mixture(args)
 
     load_start = time.perf_counter()
     assert progress._kernel() is not None, "numba is not installed: the summaries would replay"
@@ -168,6 +226,41 @@ def main() -> None:
     settings = {k: list(v) if isinstance(v, tuple) else v for k, v in vars(args).items()}
     meta = {"kernel_load_s": round(kernel_s, 2), "load_average": [round(x, 1) for x in load]}
     (RESULTS / f"{name}.json").write_text(json.dumps({"settings": settings, **meta, "rows": rows}, indent=1) + "\n")
+    (RESULTS / f"{name}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def main_mixture(args: argparse.Namespace) -> None:
+    """``--mixture``: ``measure_mixture`` per size, written to ``results/elastic-mixture[-TAG].*``."""
+    assert progress._kernel() is not None, "numba is not installed: the summaries would replay"
+    progress.consumer_progress([2, 3], 2, np.random.default_rng(0), 1)  # compiled, or loaded from numba's cache
+    rows = []
+    for frames in (int(x) for x in args.frames.split(",")):
+        rows.append(measure_mixture(args, frames))
+        print(json.dumps(rows[-1]), flush=True)
+    (fw, fn), (tw, tn) = args.from_layout, args.to_layout
+    load = os.getloadavg()
+    lines = [
+        f"# Elastic resume of a mixture: seconds per new consumer ({fw}x{fn} -> {tw}x{tn} consumers, stopped at "
+        f"{args.fraction:.0%} of the epoch, batch {args.batch_size}, pool {args.pool_size}; three sources of "
+        f"a third of the frames each, the first with repeat 2; episodes of {args.length_range[0]}-"
+        f"{args.length_range[1]} frames; {platform.machine()}, {os.cpu_count()} cores, load average "
+        f"{load[0]:.1f} at the end: shared machine, figures under load)",
+        "",
+        "| frames | samples per epoch | per consumer: wall s | CPU s | CPU ns per sample | replay: wall s | CPU s "
+        "| CPU speedup | peak MB |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    lines += [
+        f"| {r['frames']:,} | {r['samples']:,} | {r['seconds_per_consumer']:.2f} | {r['cpu_seconds_per_consumer']:.2f} "
+        f"| {r['cpu_ns_per_sample']:.0f} | {r.get('replay_s', '-')} | {r.get('replay_cpu_s', '-')} | "
+        f"{r.get('cpu_speedup', '-')} | {r['peak_mb']:.1f} |"
+        for r in rows
+    ]
+    name = f"elastic-mixture-{args.tag}" if args.tag else "elastic-mixture"
+    settings = {k: list(v) if isinstance(v, tuple) else v for k, v in vars(args).items()}
+    record = {"settings": settings, "load_average": [round(x, 1) for x in load], "rows": rows}
+    (RESULTS / f"{name}.json").write_text(json.dumps(record, indent=1) + "\n")
     (RESULTS / f"{name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

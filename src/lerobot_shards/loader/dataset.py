@@ -464,6 +464,14 @@ class EpisodePoolDataset(ResumableDataset):
     def _resume_order(self) -> EpochOrder:
         return self._order
 
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """``ResumableDataset.load_state_dict``; an elastic resume's summaries are found here, once per
+        rank, before the DataLoader forks its workers (``EpochOrder.prepare``)."""
+        super().load_state_dict(state)
+        resume = self._control.resume
+        if resume is not None:
+            self._order.prepare(resume)
+
     # -- planning (pure) ------------------------------------------------------------------------
 
     @property

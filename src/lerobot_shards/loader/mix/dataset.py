@@ -292,6 +292,8 @@ class MixtureDataset(ResumableDataset):
                 f"with the mixture that saved it, or start a new epoch without the state"
             )
         super().load_state_dict({k: v for k, v in state.items() if k not in (MIXTURE_DIGEST, MIXTURE_COUNTS)})
+        if self._control.resume is not None:  # an elastic resume's cuts, found before the workers fork
+            self._order.prepare(self._control.resume)
 
     def epoch_samples(self, num_workers: int) -> int:
         """Samples this rank yields this epoch with ``num_workers`` DataLoader workers."""

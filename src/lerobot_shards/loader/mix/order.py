@@ -35,8 +35,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..plan.elastic import ElasticPlan, Origin, SubsetSampler
-from ..plan.order import EpochOrder, ResumeState, elastic_origin
+from ..plan.elastic import Drawn, ElasticPlan, Emitted, Origin, SubsetSampler
+from ..plan.order import EpochOrder, ResumeState, elastic_origin, known_origin
 from ..plan.partition import Consumer, ConsumerPlan, ShardSpec, split_shards, work_units
 from ..plan.resume import Segments, resume_point, samples_to_skip
 from ..plan.sampling import PoolSampler, keyed_rng
@@ -56,6 +56,24 @@ def interleave(shares: Sequence[int], rng: np.random.Generator) -> np.ndarray:
     return labels[np.argsort(np.concatenate(keys), kind="stable")]
 
 
+def interleaved_counts(shares: Sequence[int], rng: np.random.Generator, head: int) -> np.ndarray:
+    """``np.bincount(interleave(shares, rng)[:head], minlength=len(shares))`` without sorting the
+    whole schedule: the ``head`` smallest keys found by selection (O(n), where the sort is
+    O(n log n)), ties taken in the sort's stable order. An elastic resume asks it of every
+    interrupted consumer."""
+    labels = np.repeat(np.arange(len(shares), dtype=np.int32), shares)
+    keys = [(np.arange(n) + rng.random(n)) / n for n in shares if n]
+    if head <= 0 or not keys:
+        return np.zeros(len(shares), dtype=np.int64)
+    if head >= len(labels):
+        return np.bincount(labels, minlength=len(shares))
+    every = np.concatenate(keys)
+    cut = np.partition(every, head - 1)[head - 1]
+    below = labels[every < cut]
+    tied = labels[every == cut][: head - len(below)]  # in concatenation order, as the stable sort puts them
+    return np.bincount(np.concatenate([below, tied]), minlength=len(shares))
+
+
 def apportion(total: int, loads: Sequence[int], index: int, equal: bool) -> int:
     """Consumer ``index``'s part of ``total`` samples: by its ``loads`` (telescoping floors), or equal."""
     if equal:
@@ -65,12 +83,6 @@ def apportion(total: int, loads: Sequence[int], index: int, equal: bool) -> int:
         return 0
     before = sum(loads[:index])
     return total * (before + loads[index]) // frames - total * before // frames
-
-
-@functools.lru_cache(maxsize=256)
-def _loads(shards: tuple[ShardSpec, ...], consumers: int, seed: int, epoch: int, shuffle: bool) -> tuple[int, ...]:
-    units = work_units(shards, consumers, seed=seed, epoch=epoch, shuffle=shuffle)
-    return tuple(sum(s.frames for s in mine) for mine in units)
 
 
 class Part(NamedTuple):
@@ -116,27 +128,45 @@ class MixtureOrder:
     def shares(self, epoch: int, consumer: Consumer) -> tuple[int, ...]:
         """Samples of each source that ``consumer`` yields in ``epoch`` (see the module)."""
         return tuple(
-            apportion(
-                n,
-                _loads(o.shards, consumer.count, o.seed, epoch, o.shuffle),
-                consumer.index,
-                o.equal_samples_per_rank,
-            )
-            for o, n in zip(self.orders, self.counts)
+            apportion(n, self._loads(d, consumer.count, epoch), consumer.index, o.equal_samples_per_rank)
+            for d, (o, n) in enumerate(zip(self.orders, self.counts))
         )
+
+    @functools.cached_property
+    def _loads_seen(self) -> dict[tuple[int, int, int], tuple[int, ...]]:
+        return {}
+
+    def _loads(self, d: int, consumers: int, epoch: int) -> tuple[int, ...]:
+        """Frames of every consumer in source d (``partition.work_units``), kept by (source, consumers,
+        epoch): an elastic resume asks for them once per old consumer and source, and hashing the
+        source's shard list for a shared cache cost more than the layout at 100k episodes."""
+        key = (d, consumers, epoch)
+        if key not in self._loads_seen:
+            o = self.orders[d]
+            units = work_units(o.shards, consumers, seed=o.seed, epoch=epoch, shuffle=o.shuffle)
+            self._loads_seen[key] = tuple(sum(s.frames for s in mine) for mine in units)
+        return self._loads_seen[key]
 
     def schedule(self, epoch: int, consumer: Consumer, shares: Sequence[int], elastic: bool = False) -> np.ndarray:
         """The consumer's source indices in ``epoch`` (an elastic epoch's on their own stream)."""
+        return interleave(shares, self._schedule_rng(epoch, consumer, elastic))
+
+    def _schedule_rng(self, epoch: int, consumer: Consumer, elastic: bool = False) -> np.random.Generator:
         worker = consumer.worker + (ELASTIC_FLAG if elastic else 0)
-        return interleave(shares, keyed_rng(MIX_SCHEDULE, self.first.seed, epoch, consumer.rank, worker))
+        return keyed_rng(MIX_SCHEDULE, self.first.seed, epoch, consumer.rank, worker)
 
     def sampler(self, d: int, plan: ConsumerPlan, num_samples: int, epoch: int, elastic: bool = False) -> PoolSampler:
         """Source d's sampler on ``plan`` for ``num_samples`` samples (its own random stream)."""
+        o = self.orders[d]
+        rng = self.sampler_rng(d, plan, epoch, elastic)
+        return PoolSampler(plan.lengths, o.pool_size, rng, shuffle=o.shuffle, num_samples=num_samples)
+
+    def sampler_rng(self, d: int, plan: ConsumerPlan, epoch: int, elastic: bool = False) -> np.random.Generator:
+        """The generator of source d's sampler on ``plan`` (fresh): an elastic resume runs it again,
+        compiled, to find where an interrupted consumer stood (``progress.consumer_progress``)."""
         c = plan.consumer
         worker = c.worker + (ELASTIC_FLAG if elastic else 0)
-        rng = keyed_rng(MIX_SAMPLER, self.first.seed, epoch, c.rank, worker, d)
-        o = self.orders[d]
-        return PoolSampler(plan.lengths, o.pool_size, rng, shuffle=o.shuffle, num_samples=num_samples)
+        return keyed_rng(MIX_SAMPLER, self.first.seed, epoch, c.rank, worker, d)
 
     def rank_counts(self, epoch: int, rank: int, world_size: int, num_workers: int) -> list[int]:
         """Samples of every worker's stream on ``rank`` (what ``resume_point`` needs)."""
@@ -176,8 +206,9 @@ class MixtureOrder:
             for w in range(workers):
                 consumer = Consumer(rank, origin.world_size, w, workers)
                 skip = samples_to_skip(origin.segments(), counts, w, self.first.drop_last)
-                schedule = self.schedule(epoch, consumer, self.shares(epoch, consumer))
-                out[rank, w] = np.bincount(schedule[:skip], minlength=len(self.orders))
+                out[rank, w] = interleaved_counts(
+                    self.shares(epoch, consumer), self._schedule_rng(epoch, consumer), skip
+                )
         return out
 
     def _cut(self, d: int, epoch: int, origin: Origin, done: dict[tuple[int, int], np.ndarray]) -> list[Cut]:
@@ -194,20 +225,41 @@ class MixtureOrder:
             cuts.append(Cut(tuple(mine), frames, current, self.shares(epoch, c)[d] - k))
         return cuts
 
+    def prepare(self, resume: ResumeState) -> None:
+        """Find, in the rank's process, where the interrupted run's consumers stood in each source when
+        ``resume`` is elastic whatever this rank's worker count (``order.known_origin``): its DataLoader
+        workers, forked later, inherit it (``_elastic_cut``) instead of each finding it again."""
+        origin = known_origin(resume, self.first.world_size)
+        if origin is not None:
+            _elastic_cut(self, resume.epoch, origin)
+
+    def _emitted(self, d: int, epoch: int, origin: Origin, done: dict[tuple[int, int], np.ndarray]) -> Emitted:
+        """Source d's frames the interrupted run emitted this epoch (``elastic.emitted_frames``), from
+        where each old consumer stood in it: its sampler's draws summarised by the compiled loop
+        (``progress.consumer_progress``, its current pass), not replayed sample by sample; found once
+        per source, whatever the groups and streams it is laid out for."""
+
+        def drawn(old: Consumer, plan: ConsumerPlan) -> Drawn:
+            return Drawn(
+                self.sampler_rng(d, plan, epoch), int(done[old.rank, old.worker][d]), self.shares(epoch, old)[d]
+            )
+
+        return self.orders[d].emitted_frames(epoch, origin, drawn)
+
     def _current_passes(
-        self, d: int, epoch: int, origin: Origin, done: dict[tuple[int, int], np.ndarray], consumer: Consumer
+        self,
+        d: int,
+        epoch: int,
+        origin: Origin,
+        done: dict[tuple[int, int], np.ndarray],
+        emitted: Emitted,
+        consumer: Consumer,
     ) -> list[ElasticPlan]:
         """Source d's frames left in the interrupted consumers' current passes, laid out for ``consumer``:
         first those of the consumers whose shares cover their pass (every frame, once), then those
         of the consumers whose shares end inside it (as many as they owe, each frame at most once);
         ``plan.num_samples`` is ``consumer``'s part."""
         order = self.orders[d]
-
-        def replay(old: Consumer, plan: ConsumerPlan) -> tuple[PoolSampler, int]:
-            sampler = self.sampler(d, plan, self.shares(epoch, old)[d], epoch)
-            skip = int(done[old.rank, old.worker][d])
-            sampler.skip(skip)
-            return sampler, skip
 
         cuts = self._cut(d, epoch, origin, done)
         plans = []
@@ -219,7 +271,7 @@ class MixtureOrder:
                 origin,
                 consumer.worker,
                 consumer.num_workers,
-                replay=replay,
+                emitted=emitted,
                 only={e for c in mine for s in c.shards for e in s.episodes},
             )
             n = apportion(count, elastic.loads, consumer.index, order.equal_samples_per_rank) if count else 0
@@ -312,14 +364,14 @@ class MixtureOrder:
         """
         first = self.first
         workers = max(1, num_workers)
-        done = self.consumed(epoch, origin)
+        done, emitted = _elastic_cut(self, epoch, origin)
 
         def layout(stream: int) -> tuple[list[tuple[list[ElasticPlan], list[ConsumerPlan]]], tuple[int, ...]]:
             consumer = Consumer(first.rank, first.world_size, stream, workers)
             sources = self._rehome(
                 [
                     (
-                        self._current_passes(d, epoch, origin, done, consumer),
+                        self._current_passes(d, epoch, origin, done, emitted[d], consumer),
                         self._later_passes(d, epoch, origin, done, consumer),
                     )
                     for d in range(len(self.orders))
@@ -372,3 +424,15 @@ class MixtureOrder:
                 source_parts.append(Part(plan, sampler, n))
             parts.append(tuple(source_parts))
         return MixStart(schedule[skip:], tuple(parts))
+
+
+@functools.lru_cache(maxsize=1)
+def _elastic_cut(
+    order: MixtureOrder, epoch: int, origin: Origin
+) -> tuple[dict[tuple[int, int], np.ndarray], list[Emitted]]:
+    """Where every consumer of the run interrupted under ``origin`` stood in each source
+    (``MixtureOrder.consumed``) and what each source had emitted (``MixtureOrder._emitted``): the
+    last one of this process, so the rank computes it once before its DataLoader workers fork
+    (``MixtureOrder.prepare``) and every worker, and every stream a worker lays out, reuses it."""
+    done = order.consumed(epoch, origin)
+    return done, [order._emitted(d, epoch, origin, done) for d in range(len(order.orders))]

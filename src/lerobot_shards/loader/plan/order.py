@@ -26,7 +26,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from .elastic import ElasticPlan, Origin, Replay, SubsetSampler, plan_elastic
+from .elastic import ElasticPlan, Emitted, Origin, Replay, SubsetSampler, emitted_frames, find_emitted, plan_elastic
 from .partition import Consumer, ConsumerPlan, PlanOptions, ShardSpec, plan_consumer
 from .resume import Segments, merge_segments, resume_point
 from .sampling import PoolSampler, consumer_rng
@@ -370,10 +370,10 @@ class EpochOrder:
         worker: int,
         num_workers: int,
         *,
-        replay: Replay | None = None,
+        emitted: Emitted | None = None,
         only: Collection[int] | None = None,
     ) -> ElasticPlan:
-        """This rank's consumer's share of the rest of an epoch interrupted under ``origin`` (``replay``,
+        """This rank's consumer's share of the rest of an epoch interrupted under ``origin`` (``emitted``,
         ``only``: as ``elastic.plan_elastic``'s, for a mixture's source)."""
         return plan_elastic(
             self.shards,
@@ -384,9 +384,42 @@ class EpochOrder:
             origin=origin,
             drop_last=self.drop_last,
             consumer=Consumer(self.rank, self.world_size, worker, max(1, num_workers)),
-            replay=replay,
+            emitted=emitted,
             only=only,
         )
+
+    def emitted_frames(self, epoch: int, origin: Origin, replay: Replay) -> Emitted:
+        """Episode -> frames the run interrupted under ``origin`` emitted in ``epoch``, its consumers'
+        draws told by ``replay`` (``elastic.emitted_frames``: a mixture's source, found once per source
+        and laid out for several groups of old consumers)."""
+        return emitted_frames(
+            self.shards,
+            seed=self.seed,
+            epoch=epoch,
+            options=self.plan_options,
+            pool_size=self.pool_size,
+            origin=origin,
+            drop_last=self.drop_last,
+            replay=replay,
+        )
+
+    def prepare(self, resume: ResumeState) -> None:
+        """Find, in the rank's process, where the interrupted run's consumers stopped when ``resume``
+        is elastic whatever this rank's worker count (another world size, or a state saved inside an
+        elastic epoch): its DataLoader workers, forked later, inherit it (``elastic.find_emitted``).
+        Under the same world size only the worker count, unknown until the workers run, decides:
+        each worker then finds it itself."""
+        origin = known_origin(resume, self.world_size)
+        if origin is not None:
+            find_emitted(
+                self.shards,
+                seed=self.seed,
+                epoch=resume.epoch,
+                options=self.plan_options,
+                pool_size=self.pool_size,
+                origin=origin,
+                drop_last=self.drop_last,
+            )
 
     def start(self, epoch: int, resume: ResumeState | None, worker: int, num_workers: int) -> Start:
         """The plan, sampler and fast-forward of DataLoader worker ``worker``.
@@ -477,6 +510,18 @@ class EpochOrder:
                 f"ran records no num_workers, which an elastic resume needs)"
             )
         return resume
+
+
+def known_origin(resume: ResumeState, world_size: int) -> Origin | None:
+    """The run an epoch resumed on ``world_size`` ranks is finished elastically from, where the rank
+    knows it before its DataLoader workers start (another world size, or a state saved inside an
+    elastic epoch); None where it is not elastic, or where only the worker count, known once the
+    workers run, would make it so."""
+    if resume.origin is not None:
+        return resume.origin
+    if resume.world_size not in (None, world_size) and resume.num_workers is not None:
+        return elastic_origin(resume, world_size, resume.num_workers)[0]
+    return None
 
 
 def elastic_origin(resume: ResumeState, world_size: int, num_workers: int) -> tuple[Origin | None, Segments]:

@@ -38,20 +38,27 @@ class Progress(NamedTuple):
 def consumer_progress(
     lengths: Sequence[int], pool_size: int, rng: np.random.Generator, skip: int, *, shuffle: bool = True
 ) -> Progress:
-    """Where ``PoolSampler(lengths, pool_size, rng, shuffle=shuffle)`` stands after ``skip`` samples of
-    its first pass (``skip`` below the frames of ``lengths``): ``PoolSampler.progress`` without the replay."""
+    """Where ``PoolSampler(lengths, pool_size, rng, shuffle=shuffle)`` stands after ``skip`` samples:
+    ``PoolSampler.progress`` without the replay. ``skip`` may run past a pass (a mixture's source
+    reads further passes, each drawn on from the same generator): the progress is its current
+    pass's, a pass just ended being whole."""
     total = sum(lengths)
-    if not 0 <= skip < total:
-        raise ValueError(f"skip must be in [0, {total}) (one pass), got {skip}")
+    if skip < 0:
+        raise ValueError(f"skip must be non-negative, got {skip}")
     if skip == 0:
         return Progress(0, {})
+    if total == 0:
+        raise ValueError(f"skip={skip} but the episode list is empty")
     if not shuffle:  # episodes and frames in order: the first ``done`` episodes whole, then a prefix
+        into = skip % total
+        if into == 0:
+            return Progress(len(lengths), {})
         ends = list(itertools.accumulate(lengths))
-        done = bisect.bisect_right(ends, skip)
-        return Progress(done + 1, {done: np.arange(skip - (ends[done - 1] if done else 0))})
+        done = bisect.bisect_right(ends, into)
+        return Progress(done + 1, {done: np.arange(into - (ends[done - 1] if done else 0))})
     kernel = _kernel()
     if kernel is None:
-        sampler = PoolSampler(lengths, pool_size, rng)
+        sampler = PoolSampler(lengths, pool_size, rng, num_samples=skip)
         sampler.skip(skip)
         return Progress(*sampler.progress())
     array = np.asarray(lengths, dtype=np.int64)
@@ -79,7 +86,7 @@ def _kernel() -> Callable[..., Any] | None:
 def _progress(
     lengths: np.ndarray, pool_size: int, rng: np.random.Generator, skip: int, fill_every: int, block: int
 ) -> tuple[int, np.ndarray, np.ndarray, np.ndarray, list[np.ndarray]]:
-    """``PoolSampler``'s first pass (shuffled) run for ``skip`` samples, written for numba: the same
+    """``PoolSampler`` (shuffled) run for ``skip`` samples, pass after pass, written for numba: the same
     admissions, permutations, uniform blocks and picks in the same order. Returns the admitted
     count and each slot's episode position (-1: empty), frames left, frames emitted and permutation."""
     count = lengths.shape[0]
@@ -106,6 +113,12 @@ def _progress(
         n_due = 0
         if done == skip:
             return admitted, position, remaining, emitted, orders
+        if pool == 0:  # the pass is over: PoolSampler._start_pass, drawing on from the same generator
+            for i in range(pool_size):
+                due[i] = i
+            n_due = 1 if gradual else pool_size
+            filling, since, admitted = gradual, 0, 0
+            continue
         if cursor == uniforms.shape[0]:  # PoolSampler._uniform
             uniforms = rng.random(block)
             cursor = 0
