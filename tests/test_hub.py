@@ -267,10 +267,13 @@ def test_a_paused_hub_is_one_line_within_the_deadline(hub: HubServer, raw: Path)
 
 def test_a_hub_pausing_mid_read_names_the_file(hub: HubServer, raw: Path) -> None:
     hub.add_dataset("me/ds", raw)
-    src = LeRobotV3Source(resolve_source("me/ds"), storage_options=FAST)
+    url = resolve_source("me/ds")
+    # opened on the running server with the default timeouts (FAST's 0.5 s, under load, took the
+    # running server for a paused one); the read, on the paused server, with FAST's
+    src, (fast, _) = LeRobotV3Source(url), url_to_fs(url, **FAST)
     hub.pause()
     with pytest.raises(HubUnavailable, match=r"hf://datasets/me/ds@\w+/data/chunk-000/file-000.parquet: the Hugging"):
-        src.fs.cat_file(src._abs("data/chunk-000/file-000.parquet"))
+        fast.cat_file(src._abs("data/chunk-000/file-000.parquet"))
 
 
 def test_offline_mode_asks_the_hub_nothing(hub: HubServer, raw: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -26,8 +26,8 @@ from lerobot_shards.loader.read.remote import CONNECT_TIMEOUT_S, READ_TIMEOUT_S,
 from lerobot_shards.loader.read.sources import open_source
 from lerobot_shards.timeouts import call_deadline
 from s3_server import _free_port, _wait_until_up
+from waits import HANG_GUARD_S
 
-HANG_GUARD_S = 120  # only so that a regression fails instead of hanging the suite
 # Shorter than the defaults, through the public storage options, so that each case takes seconds:
 # every call then gives up after call_deadline = 5 s x 1 try x 2 s + 2 s = 12 s. Long enough that
 # the running server's answers on a loaded 2-core machine are not mistaken for a pause (0.5 s
