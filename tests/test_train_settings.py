@@ -180,3 +180,18 @@ def test_a_damaged_data_state_is_one_line_naming_it(tmp_path, content, message: 
     path.unlink()
     path.write_text(json.dumps({"epoch": 2, "settings": {"cache_dir": "/c"}}))
     assert read_data_state(str(path)) == ({"epoch": 2}, {"cache_dir": "/c"})
+
+
+def test_a_data_files_root_url_is_recorded_without_its_credentials() -> None:
+    """A URL's password (``https://user:token@host/...``) was written to every checkpoint as given;
+    it is recorded without its user and password, and a resume whose shell gives the same URL with
+    them takes the shell's (another URL in the shell: the checkpoint's, without them)."""
+    given = {"data_files_root": f"https://me:{SECRET}@mirror.example/pusht"}
+    recorded = json.loads(json.dumps(resolve(given, None, {}).recorded()))
+    assert SECRET not in json.dumps(recorded) and recorded["data_files_root"] == "https://mirror.example/pusht"
+    shell = {"LEROBOT_SHARDS_DATA_FILES_ROOT": f"https://me:{SECRET}@mirror.example/pusht"}
+    assert resolve({}, recorded, shell).data_files_root == shell["LEROBOT_SHARDS_DATA_FILES_ROOT"]
+    other = {"LEROBOT_SHARDS_DATA_FILES_ROOT": f"https://me:{SECRET}@elsewhere.example/pusht"}
+    assert resolve({}, recorded, other).data_files_root == "https://mirror.example/pusht"
+    planted = {**recorded, "data_files_root": f"https://me:{SECRET}@mirror.example/pusht"}
+    assert resolve({}, planted, {}).data_files_root == "https://mirror.example/pusht"  # put there by hand: dropped

@@ -9,8 +9,9 @@ takes the checkpoint's, so another shell's environment cannot change the run; an
 on the resuming command line still wins, as LeRobot's own arguments win over its saved config.
 
 Storage options (the dataset's and its data files root's) are recorded without their secrets
-(``redaction.split_secrets``: keys, tokens, passwords): a resume takes those from its own arguments
-or environment, the rest from the checkpoint. Fields marked ``recorded=False`` (where this process
+(``redaction.split_secrets``: keys, tokens, passwords), a data files root URL without the user and
+password of its authority: a resume takes those from its own arguments or environment, the rest
+from the checkpoint. Fields marked ``recorded=False`` (where this process
 writes its audit trail) are never taken from a checkpoint.
 """
 
@@ -26,7 +27,7 @@ from typing import Any, Literal
 
 import fsspec
 
-from ..redaction import split_secrets
+from ..redaction import split_secrets, without_credentials
 from ..safe_io import read_small
 
 PREFIX = "--shards."
@@ -37,6 +38,9 @@ SlabLayout = Literal["sample", "contiguous"]
 TrainPartition = Literal["auto", "global", "node"]
 # The settings holding fsspec options: recorded without their secrets, which a resume takes from its shell.
 OPTION_FIELDS = ("storage_options", "data_files_storage_options")
+# The settings holding a URL: recorded without the user and password of its authority (a resume takes
+# the URL with them from its shell or command line where it is the same URL).
+URL_FIELDS = ("data_files_root",)
 
 
 @dataclass(frozen=True)
@@ -82,6 +86,9 @@ class TrainSettings:
         for name in OPTION_FIELDS:
             if getattr(self, name) is not None:
                 out[name] = split_secrets(getattr(self, name))[0]
+        for name in URL_FIELDS:
+            if getattr(self, name) is not None:
+                out[name] = without_credentials(getattr(self, name))
         return out
 
 
@@ -196,6 +203,11 @@ def resolve(
                     f"(edited, or written by another version); give {PREFIX}{name} to override it"
                 )
             values[name] = split_secrets(value)[0] if name in OPTION_FIELDS and value is not None else value
+            if name in URL_FIELDS and isinstance(value, str):  # its credentials, never recorded: the shell's
+                shell = env.get(name, "").strip()
+                values[name] = (
+                    shell if without_credentials(shell) == without_credentials(value) else without_credentials(value)
+                )
     values.update({n: parse(n, t, f"{PREFIX}{n}") for n, t in given.items()})
     for name in OPTION_FIELDS:
         kept = (recorded or {}).get(name)
