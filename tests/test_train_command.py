@@ -17,6 +17,7 @@ from lerobot_shards.integrations.lerobot_train import (
     _is_our_source,
     _logged,
     choose_layout,
+    opened_line,
 )
 from waits import HANG_GUARD_S
 
@@ -110,3 +111,13 @@ def test_the_sample_log_names_a_mixtures_source() -> None:
 
     assert _logged({"index": torch.tensor([3, 4])}) == ["3", "4"]
     assert _logged({"index": torch.tensor([3, 3]), "dataset_index": torch.tensor([0, 1])}) == ["0:3", "1:3"]
+
+
+def test_the_opened_dataset_line_holds_no_credentials() -> None:
+    """A dataset URL with a ``user:password@`` is used with them, but train printed it whole into
+    the run's log (kept, shared)."""
+    from types import SimpleNamespace
+
+    ds = SimpleNamespace(num_episodes=4, num_frames=100, rank=0, world_size=1)
+    line = opened_line("https://me:tok-5c1e7@mirror.example/so101", ds, "num_workers=0")
+    assert line == "lerobot-shards train: https://mirror.example/so101: 4 episodes, 100 frames, rank 0/1; num_workers=0"

@@ -58,6 +58,7 @@ from ..loader.decoding.decoders import MAX_AUTO_DECODE_THREADS
 from ..loader.mix.dataset import open_dataset
 from ..loader.mix.spec import is_mixture_file
 from ..loader.transport.slabs import with_slabs
+from ..redaction import without_credentials
 from ..storage import StorageLocation
 from .eval_split import eval_subset, split_episodes
 from .frame_cache_choice import choose_frame_cache, choose_partition
@@ -144,6 +145,15 @@ def _is_our_source(url: str, storage_options: dict[str, Any] | None) -> bool:
         return False
     except (FileNotFoundError, NotADirectoryError):
         return False
+
+
+def opened_line(url: str, dataset: Any, layout: str) -> str:
+    """What train prints of the dataset it opened: the URL without a ``user:password@`` (a run's
+    log is kept and shared; the URL is used with them)."""
+    return (
+        f"lerobot-shards train: {without_credentials(url)}: {dataset.num_episodes} episodes, "
+        f"{dataset.num_frames} frames, rank {dataset.rank}/{dataset.world_size}; {layout}"
+    )
 
 
 def dataset_url(cfg: Any) -> str:
@@ -350,7 +360,8 @@ def _make_datasets(original: Any, run: type[_Run], argv: Sequence[str], given: M
         options = settings.storage_options
         if not _is_our_source(url, options):
             log.info(
-                "lerobot-shards train: %s is neither converted nor a v3.0 dataset; LeRobot's dataset reads it", url
+                "lerobot-shards train: %s is neither converted nor a v3.0 dataset; LeRobot's dataset reads it",
+                without_credentials(url),
             )
             return original(cfg)
         from lerobot.datasets.factory import resolve_delta_timestamps
@@ -443,12 +454,7 @@ def _make_datasets(original: Any, run: type[_Run], argv: Sequence[str], given: M
                     "by lerobot-shards train)",
                     state_path,
                 )
-        print(
-            f"lerobot-shards train: {url}: {dataset.num_episodes} episodes, {dataset.num_frames} frames, "
-            f"rank {dataset.rank}/{dataset.world_size}; {run.layout}",
-            file=sys.stderr,
-            flush=True,
-        )
+        print(opened_line(url, dataset, run.layout), file=sys.stderr, flush=True)
         print(run.frame_cache, file=sys.stderr, flush=True)
         if whole is None:
             return dataset, None
