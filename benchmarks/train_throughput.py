@@ -268,7 +268,7 @@ def run_one(
     first_end = max(epoch_steps, marks[0][0])  # the epoch holding the first window's end
     first = [m for m in marks if m[0] <= first_end]
     later = [m for m in marks if m[0] >= first_end]
-    layout = re.search(r"num_workers=\d+(?: \(given\))?, decode[ _]threads[ =]\w+", text)
+    layout = re.search(r"num_workers=\d+(?: \(given\))?, decode[ _]threads[ =]\w+(?:, decode_ahead=\d+)?", text)
     cache = re.search(r"frame cache[^\n]*", text)
     return {
         "trainer": trainer,

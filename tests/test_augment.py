@@ -1,17 +1,20 @@
-"""``image_transforms``: every sample's camera values augmented under torch's generator seeded by the
-sample's identity, so an uninterrupted run, a resumed one and another worker layout see the same
-augmented frames, and the caller's generator is left alone. (LeRobot's own ``ImageTransforms``
+"""``image_transforms``: every sample's camera values augmented from a torch generator seeded by the
+sample's identity, so an uninterrupted run, a resumed one and another worker or thread layout see
+the same augmented frames, and the caller's generator is left alone, also while other threads augment. (LeRobot's own ``ImageTransforms``
 through this option: tests/lerobot/test_image_transforms.py.)"""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F  # noqa: N812
 from torch.utils.data import DataLoader
 
 from lerobot_shards.loader import EpisodePoolDataset
+from lerobot_shards.loader.augment import SampleGenerator, UnseededDraw
 from lerobot_shards.synth import read_identity, synth_dataset
 
 CAM = "observation.images.front"
@@ -75,3 +78,60 @@ def test_epochs_differ_and_the_callers_generator_is_left_alone(raw: Path) -> Non
     ds.set_epoch(1)
     second = {(e, f): x for e, f, x in _samples(DataLoader(ds, batch_size=4))}
     assert sum(not torch.equal(first[k], second[k]) for k in first) > len(first) // 2
+
+
+def test_any_decode_threads_and_lookahead_augment_the_same_samples_the_same_way(raw: Path) -> None:
+    """The transforms run on the decode pool's shared threads (with ``decode_ahead`` samples ahead,
+    as ``lerobot-shards train`` sets it) or inline: the same samples, the same bits."""
+    inline = _samples(DataLoader(_dataset(raw, image_transforms=brighten, decode_threads=0), batch_size=4))
+    for threads, ahead in [(1, 1), (2, None), (3, 8)]:
+        ds = _dataset(raw, image_transforms=brighten, decode_threads=threads, decode_ahead=ahead)
+        got = _samples(DataLoader(ds, batch_size=4))
+        assert [(e, f) for e, f, _ in got] == [(e, f) for e, f, _ in inline]
+        assert all(torch.equal(a[2], b[2]) for a, b in zip(got, inline))
+
+
+def _draws() -> list[torch.Tensor]:
+    """One of each kind of draw torchvision's and LeRobot's transforms make."""
+    return [
+        torch.rand(3),
+        torch.randint(0, 100, (3,)),
+        torch.empty(3).uniform_(-1, 1),
+        torch.randperm(5),
+        torch.multinomial(torch.ones(6), 3),
+        torch.randn_like(torch.zeros(2)),
+    ]
+
+
+def test_a_samples_draws_are_its_generators_in_its_thread_alone() -> None:
+    """Under ``SampleGenerator`` a thread draws what torch's global generator gives after
+    ``manual_seed`` (so the frames are LeRobot's under that seed), while another thread, drawing at
+    the same time from the global generator (a training step), is neither moved nor redirected."""
+    entered, drawn = threading.Event(), threading.Event()
+    inside: list[torch.Tensor] = []
+
+    def augment() -> None:
+        with SampleGenerator(torch.Generator().manual_seed(11)):
+            entered.set()
+            assert drawn.wait(540)  # a hang guard (tests/waits.py), never a speed check
+            inside.extend(_draws())
+
+    thread = threading.Thread(target=augment)
+    thread.start()
+    assert entered.wait(540)
+    torch.manual_seed(5)
+    training = _draws()  # while the other thread is inside its SampleGenerator
+    drawn.set()
+    thread.join(540)
+    torch.manual_seed(5)
+    assert all(torch.equal(a, b) for a, b in zip(training, _draws()))
+    torch.manual_seed(11)
+    assert len(inside) == 6 and all(torch.equal(a, b) for a, b in zip(inside, _draws()))
+
+
+def test_a_transform_drawing_from_the_shared_generator_is_refused_in_one_line(raw: Path) -> None:
+    def dropped(frames: torch.Tensor) -> torch.Tensor:
+        return F.dropout(frames.float(), 0.5).to(frames.dtype)  # takes no generator
+
+    with pytest.raises(UnseededDraw, match=r"^image_transforms: torch.nn.functional.dropout takes no generator"):
+        next(iter(_dataset(raw, image_transforms=dropped, decode_threads=2)))

@@ -90,6 +90,7 @@ BAD_LOADER_OPTIONS = [
     ("decode", "strict_cuda_decode", "no", r"strict_cuda_decode must be True or False, got 'no'"),
     ("decode", "image_dtype", torch.float16, r"image_dtype must be torch.float32 or torch.uint8, got torch.float16"),
     ("decode", "decode_threads", -1, r"decode_threads must be None \(automatic\) or an int >= 0"),
+    ("decode", "decode_ahead", 0, r"decode_ahead must be an int >= 1 \(None: 2 x decode_threads\)"),
     ("decode", "num_ffmpeg_threads", 1.5, r"num_ffmpeg_threads must be an int >= 0; 0 = FFmpeg's choice, got 1.5"),
     ("decode", "decoder_cache_size", 0, r"decoder_cache_size must be an int >= 1 \(None: pool size x cameras\)"),
     ("decode", "image_transforms", 5, r"image_transforms must be a callable or None, got 5"),

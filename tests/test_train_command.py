@@ -17,6 +17,7 @@ from lerobot_shards.integrations.lerobot_train import (
     _is_our_source,
     _logged,
     choose_layout,
+    decode_ahead,
     opened_line,
 )
 from waits import HANG_GUARD_S
@@ -79,6 +80,16 @@ def test_the_chosen_layout_never_gives_the_ranks_more_workers_than_episodes() ->
     assert cfg.num_workers == 2  # its smallest source's
     cfg.num_workers = 3
     assert "fewer" not in _fit_layout(cfg, SimpleNamespace(num_episodes=100, world_size=2), 6)
+
+
+def test_without_workers_a_batch_is_prepared_ahead_and_the_layout_line_says_so() -> None:
+    """No DataLoader workers: the step runs in the iterating thread, so the decode threads get a
+    batch to decode and augment during it; with workers, their prefetched batches overlap already."""
+    from types import SimpleNamespace
+
+    assert decode_ahead(0, 8) == 8 and decode_ahead(2, 8) is None
+    line = _fit_layout(SimpleNamespace(num_workers=0), SimpleNamespace(num_episodes=4, world_size=1), 2, 8)
+    assert line.startswith("num_workers=0, decode_threads=2, decode_ahead=8 (a batch, prepared during each step)")
 
 
 def test_equal_counts_per_rank_follow_the_setting_then_the_checkpoint() -> None:

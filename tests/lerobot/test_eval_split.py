@@ -64,14 +64,15 @@ def test_the_held_out_episodes_are_lerobots(written: Dataset, source: str, eval_
 
 @pytest.mark.parametrize("max_eval_samples", [0, 5])
 def test_the_eval_loss_is_lerobots(written: Dataset, tmp_path: Path, max_eval_samples: int) -> None:
-    """Every held-out frame, or ``--max_eval_samples``: LeRobot's per-task subset of them."""
+    """Every held-out frame, or ``--max_eval_samples``: LeRobot's per-task subset of them; evaluated
+    twice, the second time from the decoded-frame cache the first filled (on by itself in train)."""
     args = [
         f"--dataset.repo_id={written.repo_id}",
         f"--dataset.root={written.raw}",
         "--dataset.eval_split=0.5",
         *ACT,
         "--batch_size=8",
-        "--steps=1",
+        "--steps=2",
         "--eval_steps=1",
         f"--max_eval_samples={max_eval_samples}",
         "--save_checkpoint=false",
@@ -81,9 +82,11 @@ def test_the_eval_loss_is_lerobots(written: Dataset, tmp_path: Path, max_eval_sa
     ]
     losses = {}
     for name, cmd in (("ours", [*CLI, "train"]), ("lerobot", LEROBOT_TRAIN)):
-        log = run([*cmd, *args, f"--output_dir={tmp_path / name}"], tmp_path / f"{name}.txt", env(), TIMEOUT)
-        losses[name] = re.findall(r"step 1: eval_loss=([0-9.]+)", log)
+        environ = env(TMPDIR=str(tmp_path))  # the frame cache starts empty: the first evaluation fills it
+        log = run([*cmd, *args, f"--output_dir={tmp_path / name}"], tmp_path / f"{name}.txt", environ, TIMEOUT)
+        losses[name] = re.findall(r"step [12]: eval_loss=([0-9.]+)", log)
     ours = (tmp_path / "ours.txt").read_text()
     assert "train/eval split: 1 train, 2 eval episodes" in ours
+    assert re.search(r"decoded-frame cache on in .*, with the 2 held-out episodes", ours)
     assert ("frames of each of" in ours) == bool(max_eval_samples)
-    assert losses["ours"] and losses["ours"] == losses["lerobot"]
+    assert len(losses["ours"]) == 2 and losses["ours"] == losses["lerobot"]

@@ -292,7 +292,19 @@ def _world_size() -> int:
     return int(text) if text.isdigit() else 1
 
 
-def _fit_layout(cfg: Any, dataset: ResumableDataset, cores: int) -> str:
+def decode_ahead(num_workers: int, batch_size: int) -> int | None:
+    """The samples decoded ahead (the loader's ``decode_ahead``): without DataLoader workers, a batch.
+
+    Then the policy's step runs in the thread that iterates the dataset, and the decode threads
+    decode and augment (``augmented_when_decoded``) only the samples queued ahead of it: with the
+    default (2 x decode threads, 4 on 2 cores) they idled through most of a step, the step and the
+    loading took turns (1.3 of 2 cores busy). With a batch queued, the next batch is prepared
+    while the step runs. The data position is untouched: it counts the batches the loop took,
+    never the samples decoded ahead. With workers, their prefetched batches overlap already."""
+    return max(batch_size, 1) if num_workers == 0 else None
+
+
+def _fit_layout(cfg: Any, dataset: ResumableDataset, cores: int, ahead: int | None = None) -> str:
     """The chosen worker count, lowered when the ranks' workers outnumber the episodes (each
     worker reads episodes of its own: with fewer, the loader refuses); a line saying so."""
     sources = getattr(dataset, "sources", None) or [dataset]
@@ -303,9 +315,13 @@ def _fit_layout(cfg: Any, dataset: ResumableDataset, cores: int) -> str:
         note = f", fewer than the {chosen} for its cores: {fit} episodes per rank"
     threads = min(cores // cfg.num_workers if cfg.num_workers else cores, MAX_AUTO_DECODE_THREADS)
     return (
-        f"num_workers={cfg.num_workers}, decode_threads={max(threads, 0)} (chosen for this rank's {cores} "
-        f"cores{note}; --num_workers N overrides)"
+        f"num_workers={cfg.num_workers}, decode_threads={max(threads, 0)}{_ahead(ahead)} (chosen for this "
+        f"rank's {cores} cores{note}; --num_workers N overrides)"
     )
+
+
+def _ahead(ahead: int | None) -> str:
+    return "" if ahead is None else f", decode_ahead={ahead} (a batch, prepared during each step)"
 
 
 def _eval_split(url: str, cfg: Any, common: Mapping[str, Any]) -> tuple[EpisodePoolDataset, list[int], list[int]]:
@@ -341,14 +357,56 @@ def _eval_split(url: str, cfg: Any, common: Mapping[str, Any]) -> tuple[EpisodeP
     return whole, train, held
 
 
-def _frame_cache(dataset: EpisodePoolDataset | MixtureDataset, setting: str, partition: str) -> str:
+def _frame_cache(
+    dataset: EpisodePoolDataset | MixtureDataset,
+    setting: str,
+    partition: str,
+    held_out: Sequence[EpisodePoolDataset] = (),
+) -> str:
     """Turn the decoded-frame cache on where ``frame_cache_choice`` finds room for this node's frames
-    (its part under the node-sticky partition, else all of them); the line saying what it chose."""
+    (its part under the node-sticky partition, else all of them), and the held-out episodes'
+    (``--dataset.eval_split``: the datasets evaluating them, each a subset of the first, whose frames
+    are all counted: every rank may evaluate any of them), evaluated again at every ``--eval_freq``
+    steps; the line saying what it chose."""
     nodes = dataset.epoch_order.nodes if isinstance(dataset, EpisodePoolDataset) else 1
-    choice = choose_frame_cache(setting, -(-dataset.decoded_bytes // nodes))
+    held = max((d.decoded_bytes for d in held_out), default=0)
+    choice = choose_frame_cache(setting, -(-dataset.decoded_bytes // nodes) + held)
     if choice.directory is not None:
-        dataset.set_frame_cache(choice.directory, choice.max_bytes)
-    return f"{choice.line()}; {partition}, {nodes} node{'s' if nodes > 1 else ''}"
+        for each in (dataset, *held_out):
+            each.set_frame_cache(choice.directory, choice.max_bytes)
+    also = f", with the {held_out[0].num_episodes} held-out episodes" if held_out else ""
+    return f"{choice.line()}; {partition}, {nodes} node{'s' if nodes > 1 else ''}{also}"
+
+
+def _held_out(
+    url: str, cfg: Any, held: list[int], whole: EpisodePoolDataset, settings: TrainSettings, common: Mapping[str, Any]
+) -> tuple[EpisodePoolDataset, list[tuple[int, EpisodePoolDataset]], int]:
+    """The held-out episodes' dataset (read in index order, every frame once, as LeRobot's eval
+    loader), and with ``--max_eval_samples`` each task's and the frames taken of each
+    (``eval_subset``); their windows not set yet."""
+    kwargs: dict[str, Any] = dict(
+        shuffle=False,
+        equal_samples_per_rank=False,
+        image_dtype=torch.uint8,
+        tolerance_s=cfg.tolerance_s,
+        depth_output_unit=cfg.dataset.depth_output_unit,
+        episode_pool_size=settings.episode_pool_size,
+        storage_options=common["storage_options"],
+        cache_dir=settings.cache_dir,
+        data_files_root=common.get("data_files_root"),
+    )
+    held_out = EpisodePoolDataset(url, episodes=held, **kwargs)
+    if len(held) < held_out.world_size:
+        raise ValueError(
+            f"lerobot-shards train: --dataset.eval_split={cfg.dataset.eval_split} holds out {len(held)} "
+            f"episodes, fewer than the {held_out.world_size} processes (each evaluates episodes of its own)"
+        )
+    if cfg.max_eval_samples <= 0:
+        return held_out, [], 0
+    tasks = whole.episode_tasks()
+    per_task, plan = eval_subset(held, tasks, {t: i for i, t in enumerate(whole.meta.tasks)}, cfg.max_eval_samples)
+    parts = [(task_index, EpisodePoolDataset(url, episodes=episodes, **kwargs)) for task_index, episodes in plan]
+    return held_out, parts, per_task
 
 
 def _make_datasets(original: Any, run: type[_Run], argv: Sequence[str], given: Mapping[str, str]) -> Any:
@@ -413,25 +471,33 @@ def _make_datasets(original: Any, run: type[_Run], argv: Sequence[str], given: M
                 flush=True,
             )
         common["partition"], partition_why = choose_partition(settings.partition, is_mixture_file(url), state)
+        ahead = decode_ahead(cfg.num_workers, cfg.batch_size)
         dataset = open_dataset(
             url,
             seed=cfg.seed if cfg.seed is not None else 0,
             image_dtype=torch.uint8,
             tolerance_s=cfg.tolerance_s,
             decode_threads=decode_threads,
+            decode_ahead=ahead,
             episode_pool_size=settings.episode_pool_size,
             **common,
         )
         if chosen:
-            run.layout = _fit_layout(cfg, dataset, cores)
+            run.layout = _fit_layout(cfg, dataset, cores, ahead)
         else:
             why = "given" if _given(argv, "num_workers") else "the checkpoint's"
             run.layout = (
-                f"num_workers={cfg.num_workers} ({why}), decode_threads={decode_threads} "
+                f"num_workers={cfg.num_workers} ({why}), decode_threads={decode_threads}{_ahead(ahead)} "
                 f"(for this rank's {cores} cores)"
             )
+        held_out, parts, per_task = (
+            _held_out(url, cfg, held, whole, settings, common) if whole is not None else (None, [], 0)
+        )
         run.frame_cache = _frame_cache(
-            dataset, settings.frame_cache, f"partition={common['partition']} ({partition_why})"
+            dataset,
+            settings.frame_cache,
+            f"partition={common['partition']} ({partition_why})",
+            [d for d in (held_out, *(part for _, part in parts)) if d is not None],
         )
         # the policy's windows need the dataset's metadata: opened once, its windows set after
         deltas = resolve_delta_timestamps(cfg.trainable_config, dataset.meta)
@@ -456,54 +522,18 @@ def _make_datasets(original: Any, run: type[_Run], argv: Sequence[str], given: M
                 )
         print(opened_line(url, dataset, run.layout), file=sys.stderr, flush=True)
         print(run.frame_cache, file=sys.stderr, flush=True)
-        if whole is None:
+        if held_out is None:
             return dataset, None
-        held_out = EpisodePoolDataset(  # read in index order, every frame once, as LeRobot's eval loader
-            url,
-            episodes=held,
-            shuffle=False,
-            equal_samples_per_rank=False,
-            image_dtype=torch.uint8,
-            tolerance_s=cfg.tolerance_s,
-            depth_output_unit=cfg.dataset.depth_output_unit,
-            episode_pool_size=settings.episode_pool_size,
-            storage_options=options,
-            cache_dir=settings.cache_dir,
-            data_files_root=common.get("data_files_root"),
-        )
-        if len(held) < held_out.world_size:
-            raise ValueError(
-                f"lerobot-shards train: --dataset.eval_split={cfg.dataset.eval_split} holds out {len(held)} "
-                f"episodes, fewer than the {held_out.world_size} processes (each evaluates episodes of its own)"
-            )
         held_out.set_delta_timestamps(deltas, cfg.tolerance_s)
         held_out.__dict__["meta"] = meta
         evaluated: EpisodePoolDataset | TaskSubset = held_out
-        if cfg.max_eval_samples > 0:
-            tasks = whole.episode_tasks()
-            per_task, plan = eval_subset(
-                held, tasks, {t: i for i, t in enumerate(whole.meta.tasks)}, cfg.max_eval_samples
-            )
-            parts = []
-            for task_index, episodes in plan:
-                part = EpisodePoolDataset(
-                    url,
-                    episodes=episodes,
-                    shuffle=False,
-                    equal_samples_per_rank=False,
-                    image_dtype=torch.uint8,
-                    tolerance_s=cfg.tolerance_s,
-                    episode_pool_size=settings.episode_pool_size,
-                    storage_options=options,
-                    cache_dir=settings.cache_dir,
-                    data_files_root=common.get("data_files_root"),
-                )
+        if parts:
+            for _, part in parts:
                 part.set_delta_timestamps(deltas, cfg.tolerance_s)
-                parts.append((task_index, part))
             evaluated = TaskSubset(parts, per_task, meta)
             print(
                 f"lerobot-shards train: --max_eval_samples={cfg.max_eval_samples}: the first {per_task} held-out "
-                f"frames of each of {len(plan)} tasks, task after task (LeRobot's subset)",
+                f"frames of each of {len(parts)} tasks, task after task (LeRobot's subset)",
                 file=sys.stderr,
                 flush=True,
             )

@@ -288,7 +288,7 @@ class EpisodePoolDataset(ResumableDataset):
             ],
             frame_bytes=frames,
             sample_bytes=itemsize * sum(f * len(self.delta_offsets.get(c, (0,))) for c, f in zip(self.cameras, frames)),
-            lookahead_samples=max(1, 2 * threads),
+            lookahead_samples=self.decode.decode_ahead or max(1, 2 * threads),
             decoder_cap=self.decode.decoder_cache_size,
             fixed_bytes=fixed,
         )

@@ -3,7 +3,7 @@
 ``stream_samples`` admits episodes through the reader as the sampler reaches them, keeps the
 pool, evicts an episode (and its decoders, and its cached mp4s once its queued samples are
 decoded) after its last emission, and yields samples in sampler order while their frames decode
-``2 x decode_threads`` samples ahead. ``SampleLayout`` builds one sample from a resident episode:
+``decode_ahead`` samples ahead (where they are augmented too, ``augmented_when_decoded``). ``SampleLayout`` builds one sample from a resident episode:
 tabular features, windows with ``_is_pad`` flags, image features and camera frames, the task.
 """
 
@@ -135,8 +135,23 @@ def _fits(value: torch.Tensor, slot: torch.Tensor, dtype: torch.dtype) -> bool:
     return value.device.type == "cpu" and value.shape == slot.shape and slot.dtype == dtype
 
 
-def _unchanged(item: dict[str, Any]) -> dict[str, Any]:
-    return item
+def augmented_when_decoded(
+    item: dict[str, Any], transforms: SampleTransforms, decoders: DecodePool
+) -> Future[dict[str, Any]]:
+    """The sample augmented by ``transforms`` once its frames are decoded, on the decode pool's
+    shared threads (``DecodePool.after``). Why there, not in the consumer: the transforms cost more
+    than the decoding (LeRobot's default set, 29 CPU ms per 480p two-frame window, decoding them
+    about 6), and their torch kernels release the GIL, so those threads augment samples in parallel
+    and ahead of the consumer, while a training step runs in the consumer's thread. Each sample
+    draws from a generator of its own (``augment``): which thread runs it, and when, changes no bit."""
+
+    def augment() -> dict[str, Any]:
+        for name, value in item.items():
+            if isinstance(value, Future):
+                item[name] = value.result()  # a decode's error is raised where the sample is emitted
+        return transforms(item)
+
+    return decoders.after([value for value in item.values() if isinstance(value, Future)], augment)
 
 
 def _releaser(episode: ResidentEpisode, held: HeldBytes) -> Callable[[], None]:
@@ -150,8 +165,10 @@ def _releaser(episode: ResidentEpisode, held: HeldBytes) -> Callable[[], None]:
     return release
 
 
-def emit(item: dict[str, Any], decoders: DecodePool, stats: StatSlot) -> dict[str, Any]:
-    """The sample with its decoded frames in place of their futures."""
+def emit(item: dict[str, Any] | Future[dict[str, Any]], decoders: DecodePool, stats: StatSlot) -> dict[str, Any]:
+    """The sample with its decoded frames in place of their futures (an augmented sample: once augmented)."""
+    if isinstance(item, Future):
+        item = item.result()
     for name, value in item.items():
         if isinstance(value, Future):
             item[name] = value.result()
@@ -230,10 +247,9 @@ def stream_samples(
     decoders = decode_pool(decode, location, stats, rank_cores)
     # frames decoded straight into the slabs of this worker's SlabCollate (CPU frames only)
     staging = Staging() if stage and decode.video_decode_device == "cpu" else None
-    lookahead = 2 * decoders.threads
-    augmented = transforms if transforms is not None else _unchanged
+    lookahead = decode.decode_ahead or 2 * decoders.threads
     pool: dict[tuple[int, int], ResidentEpisode | None] = {}  # None: skipped (on_error="skip")
-    pending: deque[dict[str, Any]] = deque()  # samples whose frames are being decoded, in order
+    pending: deque[dict[str, Any] | Future[dict[str, Any]]] = deque()  # samples being decoded (augmented), in order
     releases: deque[tuple[int, Callable[[], None]]] = deque()  # (samples queued before it, release)
     queued = done = 0
     owed = 0  # skipped samples not yet replaced (equal-count mode)
@@ -272,7 +288,8 @@ def stream_samples(
                     stats.add("samples_substituted", owed)
                     owed = 0
             for chosen, frame in picks:
-                pending.append(layout.sample(chosen, frame, decoders, staging, queued))
+                item = layout.sample(chosen, frame, decoders, staging, queued)
+                pending.append(item if transforms is None else augmented_when_decoded(item, transforms, decoders))
                 queued += 1
             if episode is None:
                 continue
@@ -288,14 +305,14 @@ def stream_samples(
             stats.set("pool_occupancy", len(pool))
             stats.set("resident_bytes_peak", reader.held.peak)
             while len(pending) > lookahead:
-                yield augmented(emit(pending.popleft(), decoders, stats))
+                yield emit(pending.popleft(), decoders, stats)
                 done += 1
                 while releases and releases[0][0] <= done:
                     releases.popleft()[1]()
             for name, value in source.io_stats().items():
                 stats.set(name, value)
         while pending:
-            yield augmented(emit(pending.popleft(), decoders, stats))
+            yield emit(pending.popleft(), decoders, stats)
         decoders.finish_fills()  # the entries the next epoch reads
         _frame_cache_stats(decoders, stats)
         if owed:

@@ -222,11 +222,16 @@ class DecodeOptions:
     # torch.float32 in [0, 1] like LeRobot, or torch.uint8 (DeviceFeeder converts on the GPU).
     image_dtype: torch.dtype = torch.float32
     # Threads decoding video in each consumer (0: in the iterating thread). torchcodec releases
-    # the GIL, so threads decode in parallel; the frames of the next 2 x decode_threads samples
+    # the GIL, so threads decode in parallel; the frames of the next ``decode_ahead`` samples
     # are decoded ahead and samples keep their order. None: one per core (up to 8) in the main
     # process, the cores left per worker in DataLoader workers (none with more workers than
     # cores), 0 with NVDEC (``decode.auto_decode_threads``).
     decode_threads: int | None = None
+    # Samples whose frames are decoded (and augmented, with ``image_transforms``) ahead of the one
+    # the iterating thread takes; None: 2 x decode_threads (at least 1). More lets the decode
+    # threads prepare the next batch while a training step runs in the iterating thread (no
+    # DataLoader workers: ``lerobot-shards train`` sets a batch), at the memory of those samples.
+    decode_ahead: int | None = None
     # FFmpeg threads per clip (0: FFmpeg's choice). 1 is fastest for random access (threaded
     # decoders flush on every seek) and keeps many workers from oversubscribing cores.
     num_ffmpeg_threads: int = 1
@@ -262,6 +267,7 @@ class DecodeOptions:
         if self.image_dtype not in IMAGE_DTYPES:
             raise ValueError(f"image_dtype must be torch.float32 or torch.uint8, got {self.image_dtype}")
         _int("decode_threads", self.decode_threads, 0, none="automatic", none_first=True, hint="0 = decode inline")
+        _int("decode_ahead", self.decode_ahead, 1, none="2 x decode_threads")
         _int("num_ffmpeg_threads", self.num_ffmpeg_threads, 0, hint="0 = FFmpeg's choice")
         _int("decoder_cache_size", self.decoder_cache_size, 1, none="pool size x cameras")
         check_mode(self.resize_mode)

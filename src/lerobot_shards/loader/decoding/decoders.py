@@ -21,6 +21,7 @@ import functools
 import io
 import json
 import logging
+import threading
 import time
 import warnings
 from collections import OrderedDict, deque
@@ -365,6 +366,11 @@ class DecodePool:
     and fills their entries: ``admit`` queues a fill on the clip's thread, and the fill's steps
     are queued on that thread one at a time, between the samples' decodes (inline: one step
     before each sample).
+
+    ``after`` runs work that follows a sample's decodes (its image transforms) on ``threads`` more
+    threads shared by all samples: the first free one takes it. Run on the thread that finished a
+    sample's last camera instead, it piled up on one decode thread (the one that fell behind,
+    augmenting, kept finishing last) while the other idled: 1.2 of 2 cores busy.
     """
 
     def __init__(
@@ -379,6 +385,11 @@ class DecodePool:
         self._filling = [False] * len(self._caches)  # a fill step queued on the thread (touched by it alone)
         self._inline: deque[Callable[[], None]] = deque()  # fill steps without threads
         self._threads = [ThreadPoolExecutor(1, thread_name_prefix=f"decode-{i}") for i in range(threads)]
+        self._after = (
+            ThreadPoolExecutor(threads, thread_name_prefix="after-decode", initializer=_one_intra_op_thread)
+            if threads
+            else None
+        )
         self._owner: dict[str, int] = {}  # clip -> its thread, until dropped
         self._turn = 0
 
@@ -421,6 +432,41 @@ class DecodePool:
             done.set_result(then(frames()))
         except BaseException as e:
             done.set_exception(e)
+        return done
+
+    def after(self, futures: Sequence[Future[Any]], task: Callable[[], Any]) -> Future[Any]:
+        """``task()`` as a future, run once every one of ``futures`` is done, on the first free of the
+        shared threads (without threads: inline, its decodes being done). Its error, or the pool's
+        being closed, is the future's exception."""
+        done: Future[Any] = Future()
+        left = [len(futures)]
+        lock = threading.Lock()
+
+        def run() -> None:
+            if done.set_running_or_notify_cancel():
+                try:
+                    done.set_result(task())
+                except BaseException as e:  # raised where the result is taken
+                    done.set_exception(e)
+
+        def ready(_: Future[Any] | None = None) -> None:
+            with lock:
+                left[0] -= 1
+                if left[0] > 0:
+                    return
+            if self._after is None:
+                run()
+                return
+            try:
+                self._after.submit(run)
+            except RuntimeError as e:  # closed: the iteration is over
+                done.set_exception(e)
+
+        if not futures:
+            left[0] = 1
+            ready()
+        for future in futures:
+            future.add_done_callback(ready)
         return done
 
     @property
@@ -510,10 +556,24 @@ class DecodePool:
         cache's entries and fills, then the decoders."""
         for t in self._threads:
             t.shutdown(wait=True, cancel_futures=True)
+        if self._after is not None:
+            self._after.shutdown(wait=True, cancel_futures=True)
         for s in self._servers or ():
             s.close()
         for c in self._caches:
             c.close()
+
+
+def _one_intra_op_thread() -> None:
+    """This thread's torch operations on one core (torch's intra-op threads are per calling thread).
+
+    The threads running ``DecodePool.after`` are as many as the cores, beside the decode threads
+    and a training step: an intra-op team of their own per thread only contends (LeRobot's image
+    transforms on 480p frames under load: 49-79 CPU ms a frame with 2 intra-op threads, 24-25 with
+    one). A DataLoader worker runs its transforms so too (torch sets its workers to one thread).
+    Side effect: torch also takes it as the count for threads started after (the training
+    thread's own count stays)."""
+    torch.set_num_threads(1)
 
 
 def _log_failure(done: Future[Any]) -> None:

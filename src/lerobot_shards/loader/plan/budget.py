@@ -42,7 +42,7 @@ class MemoryNeeds:
     episode_bytes: Sequence[int]  # per chosen episode: encoded bytes held + decoded tables + sidecar rows
     frame_bytes: Sequence[int]  # per decoded camera: one RGB uint8 frame at its decoded size
     sample_bytes: int  # one sample's decoded frames as returned (windows, dtype)
-    lookahead_samples: int  # samples decoded ahead (2 x decode threads, at least 1)
+    lookahead_samples: int  # samples decoded ahead (decode_ahead: 2 x decode threads, at least 1)
     decoder_cap: int | None  # decoders kept (decoder_cache_size), None: pool x cameras, at most 64
     fixed_bytes: int = 0  # what the source itself holds (sidecars, a raw source's data file, read-ahead chunks)
 
