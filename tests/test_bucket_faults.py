@@ -3,6 +3,7 @@ dataset's file) and the episode, never hangs, and says nothing of the credential
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import subprocess
 import traceback
@@ -20,6 +21,7 @@ from lerobot_shards.loader.decoding.decoders import DecodeError, DecoderCache
 from lerobot_shards.loader.read.remote import with_timeouts
 from lerobot_shards.loader.read.sources import open_source
 from lerobot_shards.storage import StorageLocation
+from lerobot_shards.synth import read_identity
 from s3_server import moto_server
 
 SECRET = "fault-test-secret-4e1b77"
@@ -78,7 +80,8 @@ def test_server_killed_mid_epoch_names_the_shard(synth_factory, tmp_path: Path) 
 def test_dead_endpoint_errors_name_the_file_and_episode_not_the_endpoint(synth_factory, tmp_path: Path) -> None:
     """Sources open on a bucket whose server then dies: a sidecar read, a shard read (ranged, or into
     the node cache), a raw dataset's episode read (mp4 into the node cache, parquet) and the decoding
-    of its mp4 from the bucket each fail naming file and episode; a failed raw episode lets go of its mp4."""
+    of an mp4 from the bucket each fail naming file and episode; a failed raw episode lets go of its mp4,
+    and a raw episode read before holds its frames (cut out of its mp4 when read)."""
     raw = synth_factory(num_episodes=4, cameras=(CAM,), length_range=(6, 9), episodes_per_data_file=1, seed=3)
     convert_dataset(raw, tmp_path / "out", ConvertOptions(episodes_per_shard=1), progress=False)
     with moto_server(tmp_path) as (server, proc):
@@ -125,8 +128,13 @@ def test_dead_endpoint_errors_name_the_file_and_episode_not_the_endpoint(synth_f
                 raw_ranged.read_episode(0, 3)
             text = _hides_endpoint(failure.value, server.endpoint_url)
             assert text.startswith(f"{mp4}: episode 3 camera {CAM}: cannot read it ("), text
-            with pytest.raises(DecodeError) as failure:
-                DecoderCache(1, location=StorageLocation("s3://dead/raw", options)).frames(clip, [0])
+            decoders = DecoderCache(1, location=StorageLocation("s3://dead/raw", options))
+            assert clip.data is not None  # its frames were cut out of the mp4 with the episode: no request
+            assert read_identity(decoders.frames(clip, [0])[0]) == (0, 0)
+            url = mp4.replace("file-001", "file-000")  # episode 0's file, as a clip not cut (B-frames) names it
+            uncut = dataclasses.replace(clip, cache_key=url, data=None, url=url, first_frame=0, frame_mappings=None)
+            with pytest.raises(DecodeError) as failure:  # decoded from the bucket
+                decoders.frames(uncut, [0])
             text = _hides_endpoint(failure.value, server.endpoint_url)
             assert text.startswith(f"s3://dead/raw/data/chunk-000/file-000.parquet: episode 0 camera {CAM} "), text
         finally:

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -158,8 +159,14 @@ def test_start_up_requests_are_the_same_with_workers_and_the_tree_is_listed_once
     assert metadata[0] == metadata[1]  # forked workers resolve, list and read metadata nothing again
 
 
+def _rel(request_path: str) -> str:
+    """The file a ``/resolve/<revision>/<path>`` request asked for, relative to the repo."""
+    return request_path.split("/resolve/", 1)[1].split("/", 1)[1]
+
+
 def test_metadata_is_fetched_at_once_and_each_mp4_byte_once_per_reader(hub: HubServer, raw: Path) -> None:
     """The first batch waits on round trips: the metadata files go out together after the listing,
+    an episode's frames are cut out of each camera's mp4 when the episode is read,
     and an mp4's blocks are kept while it is open (FFmpeg reads its start, its index at the end, then
     seeks back: a single read-ahead range fetched the same bytes at every turn)."""
     hub.add_dataset("me/ds", raw)
@@ -167,8 +174,12 @@ def test_metadata_is_fetched_at_once_and_each_mp4_byte_once_per_reader(hub: HubS
     meta = [p for _, p, _ in hub.requests("GET", "/resolve/") if "/meta/" in p]
     assert len(meta) == len(set(meta)) == len(list((raw / "meta").rglob("*.*")))
     mp4s = [p for _, p, _ in hub.requests("GET", ".mp4")]
-    for name in set(mp4s):  # its header read, then its decoder: one block each (the files are small)
-        assert mp4s.count(name) == 2, (name, mp4s.count(name))
+    episodes = Counter(v.path for e in LeRobotV3Source(str(raw)).episodes for v in e.videos.values())
+    assert {_rel(p) for p in mp4s} == set(episodes)
+    for name in set(mp4s):  # its header read, its sample tables (one block each: the files are small), then
+        # its episodes' bytes: the first read takes the rest of the file, another only when an episode before it is next
+        rel = _rel(name)
+        assert 3 <= mp4s.count(name) <= 2 + episodes[rel], (name, mp4s.count(name))
     fs, path = url_to_fs(resolve_source("me/ds"))
     rel = "videos/observation.images.front/chunk-000/file-000.mp4"
     hub.clear_log()
@@ -404,3 +415,47 @@ def test_a_cache_dir_another_user_could_fill_is_refused_for_raw_mp4s(hub: HubSer
         os.chown(theirs, 4242, -1)
         with pytest.raises(CacheDirError, match=rf"cache_dir {theirs}: made by another user \(uid 4242\)"):
             _stream("me/ds", cache_dir=str(theirs))
+
+
+@pytest.mark.parametrize("bframes", [0, 2])
+def test_a_raw_episode_is_cut_out_of_its_remote_mp4_from_the_keyframe_before_it(
+    hub: HubServer, tmp_path_factory: pytest.TempPathFactory, bframes: int
+) -> None:
+    """Without a cache, a raw episode's frames are fetched when it is read, as a clip cut from the
+    keyframe at or before its first frame: the frames are the whole file's, also from mid-GOP. The
+    read takes a window of the file, from which the next episode is cut without a request. A file
+    whose frames are not in decode order (B-frames) is not cut: it is decoded from storage, and
+    the samples are the local copy's either way."""
+    from lerobot_shards.loader.decoding.decoders import DecoderCache
+    from lerobot_shards.loader.read.sources import ClipRef, RawSource
+
+    raw = synth_dataset(
+        tmp_path_factory.mktemp("cut") / "raw",
+        num_episodes=2,
+        cameras=CAMS[:1],
+        episodes_per_video_file=2,
+        length_range=(20, 20),
+        gop=4,
+        bframes=bframes,
+        seed=2,
+    )
+    hub.add_dataset("me/cut", raw)
+    rel = f"videos/{CAMS[0]}/chunk-000/file-000.mp4"
+    source = RawSource(resolve_source("me/cut"))
+    hub.clear_log()
+    cut = source._cut(rel, 25, 10, "here")  # episode 1's frames 5..14: frame 25 is no keyframe (gop 4)
+    if bframes:
+        assert cut is None
+        _assert_same(_stream(str(raw)), _stream("me/cut"))
+    else:
+        assert cut is not None and cut[1] == 1  # the clip starts at keyframe 24
+        assert len(hub.requests("GET", rel)) == 2  # the sample tables (one block), then a window of the file
+        decoders = DecoderCache(1)
+        for (data, at, mappings), first in ((cut, 25), (source._cut(rel, 35, 5, "here"), 35)):
+            frames = decoders.frames(ClipRef(f"cut{first}", data, None, at, mappings), range(5))
+            assert [read_identity(f) for f in frames] == [(1, i) for i in range(first - 20, first - 15)]
+            whole = decoders.frames(ClipRef("local", None, str(raw / rel), first, None), range(5))
+            assert torch.equal(frames, whole)
+        assert len(hub.requests("GET", rel)) == 2  # frames 35..39 came from the window
+        decoders.close()
+    source.close()

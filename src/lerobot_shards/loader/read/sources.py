@@ -31,13 +31,23 @@ from ...depth import DepthParams, depth_params
 from ...episode_table import check_episode_table
 from ...filesystems import protocols
 from ...language import LanguageColumn, is_language_feature, language_column
-from ...lerobot_v3 import IMAGE_DTYPE, VIDEO_DTYPE, LeRobotV3Source, SourceError, numpy_of
+from ...lerobot_v3 import (
+    HEADER_BLOCK_BYTES,
+    IMAGE_DTYPE,
+    VIDEO_DTYPE,
+    EpisodeMeta,
+    LeRobotV3Source,
+    SourceError,
+    VideoRef,
+    numpy_of,
+)
+from ...mp4cut import Mp4CutUnsupported, Mp4File
 from ...names import check_name
 from ...resize import feature_size
 from ...safe_io import check_local_file, parse_sidecar, read_sidecar, read_small
 from ...shard_plan import plan_shards
 from ...storage import StorageLocation, as_location
-from ...timeouts import bounded
+from ...timeouts import bounded, open_bounded
 from ..meta import Stats, stats_to_numpy
 from ..options import ReadOptions
 from ..plan.partition import ShardSpec
@@ -54,6 +64,12 @@ READ_AHEAD_BYTES = CHUNK_BYTES
 # workers stalled each worker's first episode by ~2.3 s (measured: first batch from the bucket
 # with 2 workers 3.1 s -> 0.96 s).
 
+
+# A raw mp4's cut (no cache) reads at least this many bytes from where the episode starts, and keeps
+# them (one window per file and consumer): the next episodes of a virtual shard, admitted one after
+# another and stored one after another, are then cut from memory. Episodes of small frames cost one
+# request per window instead of one each; an episode larger than the window is one request of its own.
+CUT_WINDOW_BYTES = 4 << 20
 
 MISSING = "missing, though manifest.json lists it: the dataset is incomplete; restore the file or re-convert"
 
@@ -652,6 +668,10 @@ class RawSource:
     virtual shard are downloaded into the node cache in the background, and an episode's files
     are held (reference-counted: v3 packs several episodes per file) until it leaves the pool, so
     decoders read local bytes. Released files stay in the cache, unpinned, until evicted LRU.
+
+    From object storage without a cache: each camera's frames of the episode are cut out of its
+    mp4 by bytes when the episode is read (``_cut``), so the reader thread fetches them ahead of the
+    pool, as it fetches a converted episode; decoders then never wait on storage.
     """
 
     def __init__(
@@ -688,6 +708,8 @@ class RawSource:
         plan = plan_shards(
             self.src.episode_sizes(), target_bytes=read.shard_bytes, episodes_per_shard=read.episodes_per_shard
         )
+        # remote mp4s read without a cache are cut per episode when it is read (``_cut``)
+        cuts = read.cache_dir is None and "file" not in protocols(self.src.data_fs)
         self.info = SourceInfo(
             fps=self.src.fps,
             features=self.src.features,
@@ -699,7 +721,8 @@ class RawSource:
             stats=self.src.stats,
             source_info=self.src.info,
             episode_stats=self.src.episode_stats,
-            episode_bytes=dict.fromkeys((e.episode_index for e in self.src.episodes), 0),
+            # held while resident: an episode's cut clips where mp4s are cut (estimated from file sizes), else none
+            episode_bytes={e.episode_index: e.est_bytes if cuts else 0 for e in self.src.episode_sizes()},
             held_bytes=max(
                 (self.src.file_size(p) for p in {e.data_path for e in self.src.episodes} - set(self.src.missing_files)),
                 default=0,
@@ -715,6 +738,11 @@ class RawSource:
         self._lock = threading.Lock()  # episodes are released by the training thread
         self._opening: ThreadPoolExecutor | None = None
         self._next: int | None = None  # the virtual shard to prefetch after the next read
+        self._cut_from = cuts
+        # remote mp4s read without a cache: each one's sample tables (None: not cut, decoded from storage)
+        self._mp4s: dict[str, Mp4File | None] = {}
+        self._cutting: ThreadPoolExecutor | None = None  # their cuts' fetches, one thread per camera
+        self._windows: dict[str, tuple[int, bytes]] = {}  # per remote mp4: the bytes last read, from offset
 
     def episode_tasks(self, episodes: Sequence[int]) -> dict[int, tuple[str, ...]]:
         """Each episode's tasks as meta/episodes lists them (the order LeRobot's eval split reads)."""
@@ -743,6 +771,71 @@ class RawSource:
             self._opening.shutdown(wait=False, cancel_futures=True)
         if self.remote is not None:
             self.remote.close()
+        if self._cutting is not None:
+            self._cutting.shutdown(wait=True, cancel_futures=True)  # before the files they read close
+        for mp4 in self._mp4s.values():
+            if mp4 is not None:
+                mp4.close()
+        self._mp4s.clear()
+        self._windows.clear()
+
+    def _mp4(self, rel: str) -> Mp4File | None:
+        """A remote mp4's parsed sample tables (its start and moov read once per source), or None
+        where ``mp4cut`` does not read the file or its frames are not in decode order (B-frames)."""
+        if rel not in self._mp4s:
+            handle = open_bounded(self.src.data_fs, self.src.data_path(rel), block_size=HEADER_BLOCK_BYTES)
+            try:
+                mp4: Mp4File | None = Mp4File(handle)
+            except Mp4CutUnsupported:
+                mp4 = None
+            except BaseException:
+                handle.close()
+                raise
+            if mp4 is None or mp4.track.composition_offset:
+                handle.close()
+                mp4 = None
+            self._mp4s[rel] = mp4
+        return self._mp4s[rel]
+
+    def _cut(self, rel: str, first: int, length: int, where: str) -> tuple[bytes, int, str] | None:
+        """Frames [first, first + length) of a remote mp4 as a standalone clip: its bytes, the index
+        of frame ``first`` in it, and its torchcodec frame mappings. The clip starts at the keyframe
+        at or before ``first`` and holds the samples byte for byte (``mp4cut``), so a decoder gives
+        the frames a seek in the whole file gives. Its bytes come from the file's window (``_bytes``).
+        None where the file is not cut (``_mp4``).
+
+        Why: a decoder reading the remote file itself fetches blocks when a sample first needs
+        them, in the decode thread, so every sample behind it waited out a round trip."""
+        mp4 = self._mp4(rel)
+        if mp4 is None:
+            return None
+        keys = np.flatnonzero(mp4.track.sync[: first + 1])
+        if len(keys) == 0:
+            return None
+        start = int(keys[-1])
+        try:
+            layout = mp4.layout(start, first + length - start)
+        except (Mp4CutUnsupported, ValueError):  # not cut: the decoder reports the file its own way
+            return None
+        parts = [layout.prefix, *(self._bytes(rel, offset, size, where) for offset, size in layout.ranges)]
+        frames = [
+            {"pts": int(p), "duration": int(d), "key_frame": int(k)}
+            for p, d, k in zip(layout.pts.tolist(), layout.durations.tolist(), layout.sync.tolist())
+        ]
+        return b"".join(parts), first - start, json.dumps({"frames": frames})
+
+    def _bytes(self, rel: str, offset: int, size: int, where: str) -> bytes:
+        """``size`` bytes of a remote mp4 at ``offset``: from its window when there, else one ranged
+        read of at least ``CUT_WINDOW_BYTES`` (within the file), kept as its window."""
+        window = self._windows.get(rel)
+        if window is not None and window[0] <= offset and offset + size <= window[0] + len(window[1]):
+            return window[1][offset - window[0] : offset - window[0] + size]
+        end = max(offset + size, min(offset + CUT_WINDOW_BYTES, self.src.file_size(rel)))
+        data = ranged(self.src.data_fs, self.src.data_path(rel), where)(offset, end)
+        if len(data) != end - offset:
+            raise OSError(f"{where}: storage returned {len(data)} bytes of {end - offset} at byte {offset}")
+        self._windows[rel] = (offset, data)
+        return data[:size]
 
     def _video_files(self, episode_index: int) -> list[str]:
         return [v.path for v in self.src.episode(episode_index).videos.values()]
@@ -809,6 +902,24 @@ class RawSource:
                     local[rel] = cached.wait()
         return local
 
+    def _start_cuts(self, ep: EpisodeMeta, where: str) -> dict[str, Future[tuple[bytes, int, str] | None]]:
+        """Each camera's ``_cut`` of the episode, fetched on threads of their own (one per camera: each
+        is a round trip or two); {} where mp4s are not cut (local, or read through the cache)."""
+        if not self._cut_from:
+            return {}
+        if self._cutting is None:
+            self._cutting = ThreadPoolExecutor(len(ep.videos) or 1, thread_name_prefix="mp4-cut")
+
+        def cut(cam: str, v: VideoRef) -> tuple[bytes, int, str] | None:
+            with reading(f"{self.src.data_url}/{v.path}: episode {ep.episode_index} camera {cam}"):
+                return self._cut(v.path, v.first_frame(self.src.fps), ep.length, f"{where} camera {cam} ({v.path})")
+
+        return {cam: self._cutting.submit(cut, cam, v) for cam, v in ep.videos.items()}
+
+    def _clip_kind(self, cam: str) -> tuple[tuple[int, int] | None, DepthParams | None]:
+        """A camera's declared size and depth quantizer, as its clips carry them."""
+        return self.info.declared_sizes.get(cam), self.info.depth.get(cam)
+
     def read_episode(self, shard: int, episode_index: int) -> ResidentEpisode:
         """The episode's rows from its data file; clips point into the source mp4s (cached if possible).
 
@@ -820,6 +931,7 @@ class RawSource:
         held = self._hold_videos(episode_index)
         files = list(held)
         where = f"{self.src.data_url}/{ep.data_path}: episode {episode_index}"
+        cutting: dict[str, Future[tuple[bytes, int, str] | None]] = {}
         try:
             local = self._local_videos(held, episode_index)
             self.src.read_video_headers([v.path for v in ep.videos.values()], local)
@@ -829,25 +941,29 @@ class RawSource:
                     with contextlib.suppress(SourceError, FileNotFoundError):
                         self.src.video_header(v.path, local.get(v.path))
             self.src.check_episode_videos(ep, local)
+            cutting = self._start_cuts(ep, where)  # fetched while the table is read
             with reading(where):
                 table = self.src.read_episode_table(ep)
             columns = checked_columns(table, self.info, episode_index, ep.length, where, SourceError)
+            cuts = {cam: fetching.result() for cam, fetching in cutting.items()}
         except BaseException:
+            for fetching in cutting.values():  # a running one finishes unread
+                fetching.cancel()
             self._release(files)
             raise
         clips = {}
+        nbytes = int(table.nbytes)
         for cam, v in ep.videos.items():
             url = self.src.local_path(v.path) or posixpath.join(self.src.data_url, v.path)
-            clips[cam] = ClipRef(
-                url,
-                None,
-                local.get(v.path, url),
-                v.first_frame(self.src.fps),
-                None,
-                f"{where} camera {cam} ({v.path})",
-                self.info.declared_sizes.get(cam),
-                self.info.depth.get(cam),
-            )
-        nbytes = int(table.nbytes)
+            at = f"{where} camera {cam} ({v.path})"
+            first = v.first_frame(self.src.fps)
+            cut = cuts.get(cam)
+            if cut is not None:  # its decoder is dropped with the episode: one key per episode's cut
+                data, at_frame, mappings = cut
+                nbytes += len(data)
+                key = f"{url}#{first}+{ep.length}"
+                clips[cam] = ClipRef(key, data, None, at_frame, mappings, at, *self._clip_kind(cam))
+            else:
+                clips[cam] = ClipRef(url, None, local.get(v.path, url), first, None, at, *self._clip_kind(cam))
         release = (lambda: self._release(files)) if files else None
         return ResidentEpisode(episode_index, ep.length, columns, clips, nbytes, release)
