@@ -5,7 +5,8 @@ request-rate limit answered by 429 + Retry-After) behind ``harness/shaper.py`` (
 shared bandwidth), ``HF_ENDPOINT`` pointing at the shaper. Each round runs, interleaved, each case in a
 fresh process (cold caches, nothing listed or downloaded yet), with the same ``--workers`` and
 ``--batch``; ours in the layout README recommends with workers (``slab_loader``: batches in reused
-shared memory, not pickled through the DataLoader's queues), LeRobot's in a plain ``DataLoader``:
+shared memory, not pickled through the DataLoader's queues; uint8 frames, which README recommends:
+float on the GPU), LeRobot's in a plain ``DataLoader`` (float32 frames, as it gives them):
 
 - ``ours-local``: ``EpisodePoolDataset`` on the local folder (the 0.8x target's reference);
 - ``ours-hub``: ``EpisodePoolDataset`` on the repo id (revision resolved, tree listed, raw streaming);
@@ -57,13 +58,18 @@ def _child(case: str, source: str, workers: int, batch: int) -> dict[str, Any]:
     loader_of: Any = DataLoader
 
     if case.startswith("ours"):
+        import torch
+
         from lerobot_shards.integrations import hub  # noqa: F401  (imported lazily by a repo id: counted as import)
         from lerobot_shards.loader import EpisodePoolDataset, slab_loader
 
         def make() -> Any:
             # an empty cache in the case's own HF_HOME, which the parent removes after the case
             frame_cache = f"{os.environ['HF_HOME']}/frames" if case.endswith("frame-cache") else None
-            return EpisodePoolDataset(source, seed=0, episode_pool_size=4, frame_cache_dir=frame_cache)
+            # uint8 frames, as README recommends (float on the GPU: DeviceFeeder); LeRobot's are float32
+            return EpisodePoolDataset(
+                source, seed=0, episode_pool_size=4, frame_cache_dir=frame_cache, image_dtype=torch.uint8
+            )
 
         shuffle = None
         if not case.endswith("plain"):
@@ -178,7 +184,8 @@ def write_summary(path: Path, summary: dict[str, Any], meta: dict[str, Any]) -> 
         "# Raw streaming from the shaped Hub server: ours beside LeRobot 0.6.1",
         "",
         f"`benchmarks/hub_stream.py`: {meta['profile']}, {meta['requests_per_s_limit']:g} requests/s then 429, "
-        f"{meta['workers']} DataLoader workers (ours through `slab_loader` unless named `plain`), batch {meta['batch']}, "
+        f"{meta['workers']} DataLoader workers (ours through `slab_loader` unless named `plain`, uint8 frames as README "
+        f"recommends; LeRobot's float32), batch {meta['batch']}, "
         f"{meta['rounds']} interleaved rounds, each "
         f"case a fresh process with empty caches; load average {meta['loadavg_min']:.1f}-{meta['loadavg_max']:.1f} "
         f"during the runs ({meta['machine']}). Medians.",
