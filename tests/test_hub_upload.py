@@ -120,3 +120,46 @@ def test_a_refused_token_is_named_by_where_it_came_from_never_shown(
     with pytest.raises(UploadError) as e:
         upload_to_hub(converted, "me/denied")
     assert "refused the token from HF_TOKEN" in str(e.value) and "hf_wrong" not in str(e.value)
+
+
+@pytest.mark.parametrize("when", ["at the start", "between commits"])
+def test_a_paused_hub_ends_an_upload_in_one_line_naming_what_was_sent(
+    writable: HubServer, converted: Path, when: str
+) -> None:
+    """A Hub that stops answering (the connection open, no answer) ends the upload after one request's
+    ``timeout`` of silence, in one line naming what was being sent; the upload resumes once it answers."""
+    names = [s["name"] for s in json.loads((converted / "manifest.json").read_text())["shards"]]
+
+    def pause_after_one(sent: list[str]) -> None:
+        writable.pause()
+
+    if when == "at the start":
+        writable.pause()
+    try:
+        with pytest.raises(UploadError) as failure:
+            upload_to_hub(converted, "me/paused", commit_bytes=1, on_commit=pause_after_one, timeout=0.5)
+    finally:
+        writable.resume()
+    text = str(failure.value)
+    sent = "" if when == "at the start" else f"/shards/{names[1]}"
+    assert text.startswith(f"hf://datasets/me/paused@main{sent}: the Hugging Face Hub did not take it (no answer "), (
+        text
+    )
+    assert "\n" not in text and "run the upload again" in text
+    assert upload_to_hub(converted, "me/paused").uploaded_files >= 1  # resumed
+    assert _samples("hf://datasets/me/paused")
+
+
+def test_a_failing_hub_ends_an_upload_in_one_line_naming_what_was_sent(writable: HubServer, converted: Path) -> None:
+    """A commit the Hub refuses (HTTP 500) ends the upload in one line naming the shard it held."""
+    names = [s["name"] for s in json.loads((converted / "manifest.json").read_text())["shards"]]
+
+    def fail_the_next_commit(sent: list[str]) -> None:
+        if sent == [names[0]]:
+            writable.fail(500, path_contains="/commit/")
+
+    with pytest.raises(UploadError) as failure:
+        upload_to_hub(converted, "me/failing", commit_bytes=1, on_commit=fail_the_next_commit, timeout=5)
+    text = str(failure.value)
+    assert text.startswith(f"hf://datasets/me/failing@main/shards/{names[1]}: the Hub answered HTTP 500"), text
+    assert "\n" not in text

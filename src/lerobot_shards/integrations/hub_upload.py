@@ -18,10 +18,19 @@ The token is ``huggingface_hub``'s (``HF_TOKEN``, else the stored login); it is 
 refusal names where it came from. With ``hf_xet`` installed the client sends file bytes by Xet
 (its own choice, not the server's); without it (or with ``HF_HUB_DISABLE_XET=1``) by plain LFS,
 which is the route tests/hub_server.py serves. A repo that does not exist is created private.
+
+Bounded: ``huggingface_hub``'s HTTP client has no timeout, so a Hub that stops answering held an
+upload forever. While an upload runs, every request of the client that sets no timeout of its own
+gets ``timeout`` seconds of silence at most (connecting, sending a chunk, waiting for the answer;
+not the whole transfer); past it, or on a dropped connection or a refusal, the upload ends in one
+line naming the object being sent. The client retries an LFS PUT itself (5 more tries after
+waits of 1, 2, 4, 8, 8 s), so a Hub that stops answering ends an upload within ``6 x timeout +
+23`` s, and within ``timeout`` at any other request; run again, it resumes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import re
@@ -38,6 +47,9 @@ from .hub import endpoint, token_origin
 
 log = logging.getLogger(__name__)
 
+UPLOAD_TIMEOUT_S = 60.0  # a request's longest silence (the Hub may think a while before answering a large commit)
+# The HTTP client's failures that mean no answer (a timeout, a dropped or refused connection), by class name
+TRANSPORT_ERRORS = frozenset({"TimeoutException", "NetworkError", "RemoteProtocolError"})
 DEFAULT_COMMIT_BYTES = 2 * 1024**3  # shards per commit: few commits (the Hub limits their rate), bounded loss
 _HF_URL = re.compile(r"^hf://datasets/(?P<repo>[^/@]+/[^/@]+)(?:@(?P<rev>[^/]+))?/?$")
 HUB_TOP_FILES = (".gitattributes", "README.md")  # what a new Hub repo may hold besides a conversion
@@ -71,16 +83,17 @@ def upload_to_hub(
     overwrite: bool = False,
     commit_bytes: int = DEFAULT_COMMIT_BYTES,
     on_commit: Callable[[list[str]], None] | None = None,
+    timeout: float = UPLOAD_TIMEOUT_S,
 ) -> UploadSummary:
     """Upload the finished conversion at ``out`` to dataset repo ``repo_id`` at branch ``revision``.
 
     The repo must be new or empty, hold this same conversion (its ``convert.json``), or
     ``overwrite`` must be given (its other shards and manifest are then removed with the last
     commit). ``on_commit(names)`` is called after each commit of shards with their names (a test
-    stops an upload between commits through it).
+    stops an upload between commits through it). ``timeout``: a request's longest silence (see the
+    module's docstring for what it bounds).
     """
     from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi
-    from huggingface_hub.errors import HfHubHTTPError
 
     start = time.monotonic()
     out = Path(out)
@@ -88,7 +101,8 @@ def upload_to_hub(
     record_bytes = (out / RUN_RECORD).read_bytes()
     api = HfApi(endpoint=endpoint())
     where = f"hf://datasets/{repo_id}@{revision}"
-    try:
+    sending = where  # what the request in flight sends, named by a failure
+    with _failures_named(lambda: sending, timeout), _silence_bound(timeout):
         api.create_repo(repo_id, repo_type="dataset", private=True, exist_ok=True)
         remote = _listing(api, repo_id, revision)
         stale = _claim(where, remote, record_bytes, shards, overwrite=overwrite)
@@ -114,6 +128,7 @@ def upload_to_hub(
         if todo and MANIFEST_NAME in remote:  # readers must not see the manifest while its shards change
             first.append(CommitOperationDelete(MANIFEST_NAME))
         if first:
+            sending = f"{where}/{first[0].path_in_repo}"
             api.create_commit(
                 repo_id, first, commit_message="lerobot-shards upload: claim", repo_type="dataset", revision=revision
             )
@@ -123,6 +138,8 @@ def upload_to_hub(
                 check_local_shard(s)  # a corrupt local tar stops the upload before its bytes leave
                 operations.append(CommitOperationAdd(f"{SHARDS_DIR}/{s.name}", str(s.tar)))
                 operations.append(CommitOperationAdd(f"{SHARDS_DIR}/{s.sidecar_name}", s.sidecar))
+            more = f" (and {len(batch) - 1} more shards in its commit)" if len(batch) > 1 else ""
+            sending = f"{where}/{SHARDS_DIR}/{batch[0].name}{more}"
             api.create_commit(
                 repo_id,
                 operations,
@@ -134,6 +151,7 @@ def upload_to_hub(
             summary.uploaded_bytes += sum(s.size + len(s.sidecar) for s in batch)
             if on_commit is not None:
                 on_commit([s.name for s in batch])
+        sending = where
         remote = _listing(api, repo_id, revision)
         missing = [s.name for s in shards if not _already_there(remote, s)]
         if missing:  # a local file changed after its check, or the Hub lost a file: no manifest
@@ -142,15 +160,56 @@ def upload_to_hub(
         if pack is not None:  # in the manifest's commit: no reader sees one without the other
             last.append(CommitOperationAdd(pack.name, pack.data))
         last.append(CommitOperationAdd(MANIFEST_NAME, manifest_bytes))
+        sending = f"{where}/{MANIFEST_NAME}"
         api.create_commit(
             repo_id, last, commit_message="lerobot-shards upload: manifest", repo_type="dataset", revision=revision
         )
-    except HfHubHTTPError as e:
-        raise _hub_error(where, e) from None
     summary.uploaded_files += 1
     summary.uploaded_bytes += len(manifest_bytes)
     summary.seconds = time.monotonic() - start
     return summary
+
+
+@contextlib.contextmanager
+def _failures_named(sending: Callable[[], str], timeout: float) -> Iterator[None]:
+    """The Hub's refusals and the network's failures as one ``UploadError`` naming ``sending()``."""
+    try:
+        yield
+    except Exception as e:
+        kinds = {t.__name__ for t in type(e).__mro__}
+        if "HfHubHTTPError" in kinds:
+            raise _hub_error(sending(), e) from None
+        if not kinds & TRANSPORT_ERRORS:
+            raise
+        why = (
+            f"no answer within {timeout:g} s"
+            if "TimeoutException" in kinds
+            else f"connection failed: {type(e).__name__}"
+        )
+        raise UploadError(
+            f"{sending()}: the Hugging Face Hub did not take it ({why}); nothing more was sent: check the Hub's "
+            "status or HF_ENDPOINT and your network, then run the upload again (it resumes)"
+        ) from None
+
+
+@contextlib.contextmanager
+def _silence_bound(timeout: float) -> Iterator[None]:
+    """Every request of ``huggingface_hub``'s shared client that sets no timeout gets ``timeout`` s of
+    silence at most while this runs (the client builds each request with none: ``timeout=None``)."""
+    from huggingface_hub.utils import get_session
+
+    bound = {"connect": timeout, "read": timeout, "write": timeout, "pool": timeout}
+
+    def hook(request: Any) -> None:
+        if not any(request.extensions.get("timeout", {}).values()):
+            request.extensions = {**request.extensions, "timeout": bound}
+
+    hooks = get_session().event_hooks["request"]
+    hooks.append(hook)
+    try:
+        yield
+    finally:
+        hooks.remove(hook)
 
 
 def _listing(api: Any, repo_id: str, revision: str) -> dict[str, dict[str, Any]]:
