@@ -21,9 +21,11 @@ count, counted at the shaper per rank, metadata apart from data. Writes
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import time
@@ -41,6 +43,8 @@ from harness.storage import Bucket  # noqa: E402
 RESULTS = HERE / "results" / "startup"
 CAMERA = "observation.images.front"
 HUB_REPO = "bench/startup"
+BATCH = 4
+PREFETCH_FACTOR = 2  # the DataLoader's default: batches asked of each worker ahead
 METADATA = ("manifest", "pack", "sidecar", "listing", "meta")  # the kinds of request that are metadata
 
 
@@ -127,6 +131,7 @@ def fresh_process_state() -> None:
         from lerobot_shards.integrations import hub
 
         HfFileSystem.clear_instance_cache()
+        hub.HubFileSystem.clear_instance_cache()  # fsspec caches each class's instances apart
         for cache in (hub._listings, hub._metadata, hub._found, hub._bucket_roots):
             cache.clear()
 
@@ -159,7 +164,9 @@ class HubSource:
         self.server.wait()
 
 
-def open_rank(url: str, options: dict[str, Any], rank: int, world: int) -> Any:
+def open_rank(url: str, options: dict[str, Any], rank: int, world: int, hub: bool = False) -> Any:
+    """Rank ``rank`` of ``world`` opens the dataset; a raw one read from the Hub in virtual shards of
+    one episode, as the bucket's conversion has them, so both sources split alike over the ranks."""
     from lerobot_shards.loader import EpisodePoolDataset
 
     return EpisodePoolDataset(
@@ -170,6 +177,7 @@ def open_rank(url: str, options: dict[str, Any], rank: int, world: int) -> Any:
         world_size=world,
         equal_samples_per_rank=False,
         episode_pool_size=1,
+        **({"episodes_per_shard": 1} if hub else {}),
     )
 
 
@@ -187,7 +195,7 @@ def open_all(bucket: Bucket | HubSource, url: str, world: int, concurrency: int)
             fresh_process_state()
         options = bucket.storage_options if hub else {**bucket.storage_options, "skip_instance_cache": True}
         try:
-            open_rank(url, options, rank, world)
+            open_rank(url, options, rank, world, hub)
         except OSError as error:
             return str(error)
         return None
@@ -208,29 +216,68 @@ def open_all(bucket: Bucket | HubSource, url: str, world: int, concurrency: int)
 
 
 def first_batches(bucket: Bucket | HubSource, url: str, world: int, rank: int, workers: int) -> dict[str, Any]:
-    """One rank from a fresh state to every worker's first batch: its requests, and its first batch's time."""
+    """One rank from a fresh state to every worker's first batch: its requests, and its first batch's
+    time. Where the rank has fewer episodes than workers (1,000 ranks of 1,024 episodes), the workers
+    holding one reach their first batch and the others end at once: the rank's whole epoch is read."""
     from torch.utils.data import DataLoader
 
     fresh_process_state()
     counted = Counted(bucket)
     start = time.perf_counter()
-    ds = open_rank(url, bucket.storage_options, rank, world)
-    loader = iter(DataLoader(ds, batch_size=4, num_workers=workers))
-    next(loader)
-    first_s = time.perf_counter() - start
+    ds = open_rank(url, bucket.storage_options, rank, world, isinstance(bucket, HubSource))
+    loader = iter(DataLoader(ds, batch_size=BATCH, num_workers=workers))
+    first = next(loader, None)  # None: the rank holds no episode (its metadata requests still count)
+    first_s = round(time.perf_counter() - start, 2) if first is not None else None
     for _ in range(max(1, workers) - 1):  # round-robin: batch i comes from worker i
         next(loader, None)
     summary = counted.summary()
+    lines = counted.lines()
     del loader
-    consumers = max(1, workers)
+    per_consumer = read_ahead(ds, lines, workers) if isinstance(bucket, Bucket) else {}
+    consumers = per_consumer.get("consumers_with_episodes", max(1, workers))
     return {
         "ranks": world,
         "rank": rank,
         "workers": workers,
-        "first_batch_s": round(first_s, 2),
+        "first_batch_s": first_s,
         **summary,
-        "data_per_consumer": round(summary["data"] / consumers, 1),
+        "data_per_consumer": round(summary["data"] / max(1, consumers), 1),
+        **per_consumer,
         "load_average": round(os.getloadavg()[0], 1),
+    }
+
+
+def read_ahead(ds: Any, lines: list[str], workers: int) -> dict[str, Any]:
+    """Each consumer's shard reads (one episode per shard, so a shard is an episode) against what
+    the loader documents it may have read by then (docs/object-storage.md): the episodes its reader
+    handed over for the samples emitted so far (those of the batches the DataLoader has asked of it,
+    ``PREFETCH_FACTOR`` + 1 per worker once every worker's first batch is taken, one batch without
+    workers, and the samples decoded ahead of them, 2 per decode thread and 1), its read-ahead queue
+    (``prefetch_episodes``), the episode its reader holds until the queue has room, and the shards
+    holding the next ``prefetch_episodes`` episodes, fetched in the background. ``over_bound``:
+    consumers past it."""
+    from lerobot_shards.cpus import cores_per_rank
+    from lerobot_shards.loader.decoding.decoders import MAX_AUTO_DECODE_THREADS
+
+    read = {int(m) for line in lines if kind(line) == "data" for m in re.findall(r"shard-(\d+)\.tar", line)}
+    ahead = ds.read.prefetch_episodes
+    batches = PREFETCH_FACTOR + 1 if workers else 1
+    cores = cores_per_rank()  # decode threads as ``decoders.auto_decode_threads`` chooses them
+    threads = min(MAX_AUTO_DECODE_THREADS, cores // workers) if workers else max(1, min(MAX_AUTO_DECODE_THREADS, cores))
+    reads, bounds = [], []
+    for worker in range(max(1, workers)):
+        start = ds.epoch_order.start(0, None, worker, workers)
+        if not start.plan.episodes:
+            continue
+        emitted = itertools.islice(start.sampler, batches * BATCH + 2 * threads + 1)
+        handed = max(e.position for e in emitted) + 1  # the reader hands episodes over in list order
+        reads.append(sum(1 for shard, _ in start.plan.episodes if shard in read))
+        bounds.append(min(len(start.plan.episodes), handed + 2 * ahead + 1))
+    return {
+        "consumers_with_episodes": len(reads),
+        "data_per_consumer_max": max(reads, default=0),
+        "data_bound_per_consumer": max(bounds, default=0),
+        "over_bound": sum(r > b for r, b in zip(reads, bounds)),
     }
 
 
@@ -246,13 +293,17 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=32, help="ranks opening at once")
     ap.add_argument("--data-dir", type=Path, default=Path(os.environ.get("BENCH_DATA", "/tmp/lerobot-shards-bench")))
     ap.add_argument("--sources", default="bucket,hub", help="bucket (converted, shaped S3), hub (raw, shaped Hub)")
-    ap.add_argument("--hub-ranks", default="1,10,100", help="world sizes opened from the Hub (one rank at a time)")
+    ap.add_argument("--hub-ranks", default="1,10,100,1000", help="world sizes opened from the Hub (one rank at a time)")
     ap.add_argument("--tag", default="")
     args = ap.parse_args()
 
     local = dataset(args.data_dir, args.episodes)
     workers = [int(x) for x in args.workers.split(",")]
     results: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    last = RESULTS / (f"startup-{args.tag}.json" if args.tag else "startup.json")
+    if last.exists():  # the sources not run this time keep their last results
+        kept = json.loads(last.read_text())["results"]
+        results.update({k: v for k, v in kept.items() if k not in args.sources.split(",")})
     for source in args.sources.split(","):
         ranks = [int(x) for x in (args.hub_ranks if source == "hub" else args.ranks).split(",")]
         results[source] = {"opens": [], "first": []}
@@ -262,15 +313,13 @@ def main() -> None:
             else HubSource(PROFILES[args.profile], local.parent / "raw")
         ) as where:
             url = where.upload(local, "startup") if isinstance(where, Bucket) else HUB_REPO
-            open_rank(url, where.storage_options, 0, 1)  # this process's imports and first connection: not a rank's
+            open_rank(url, where.storage_options, 0, 1, source == "hub")  # imports, first connection: not a rank's
             for world in ranks:
                 results[source]["opens"].append(open_all(where, url, world, args.concurrency))
                 print(json.dumps({"source": source, **results[source]["opens"][-1]}), flush=True)
             write(args, results)  # kept if the first batches do not finish
             for world in [int(x) for x in args.first_ranks.split(",")] if args.first_ranks else ranks:
                 for w in workers:
-                    if world * max(1, w) > args.episodes:
-                        continue  # a consumer without an episode has no first batch
                     results[source]["first"].append(first_batches(where, url, world, 0, w))
                     print(json.dumps({"source": source, **results[source]["first"][-1]}), flush=True)
             write(args, results)
@@ -278,17 +327,19 @@ def main() -> None:
 
 def write(args: argparse.Namespace, results: dict[str, dict[str, list[dict[str, Any]]]]) -> None:
     load = os.getloadavg()
+    seen = [r["load_average"] for got in results.values() for r in got["first"]] or [round(load[0], 1)]
+    loads = f"{min(seen)}-{max(seen)}"
     name = f"startup-{args.tag}" if args.tag else "startup"
     summary_name = f"summary-{args.tag}.md" if args.tag else "summary.md"
     lines = [
         f"# Start-up at many ranks ({args.episodes} one-camera episodes; shaper profile {args.profile}: "
         f"{PROFILES[args.profile].describe()}; {platform.machine()}, {os.cpu_count()} cores, load average "
-        f"{load[0]:.1f} at the end: shared machine, so the times are under load; the request counts do not "
-        "depend on load)",
+        f"{loads} at the first batches: shared machine, so the times are under load; the request counts do "
+        "not depend on load)",
         "",
         "Sources: **bucket**, the converted dataset (one episode per shard) on moto_server behind the shaper; "
         "**hub**, the raw LeRobot v3.0 dataset on tests/hub_server.py behind the shaper, read by repo id. "
-        "Metadata: the manifest, the sidecar pack, sidecar files; the Hub's API calls (revision, listing) "
+        "Metadata: the manifest, the sidecar pack, sidecar files; the Hub's API calls (refs, revision, listing) "
         "and meta/ files. Data: shard bytes; raw parquet and mp4 files.",
     ]
     for source, got in results.items():
@@ -311,18 +362,42 @@ def write(args: argparse.Namespace, results: dict[str, dict[str, list[dict[str, 
             f"## {source}: a rank from a fresh process to every worker's first batch",
             "",
             "Read again: a metadata object asked for more than once. Data per consumer: the data requests over "
-            "max(1, workers).",
+            + (
+                "the consumers holding an episode (max(1, workers), fewer at 1,000 ranks)."
+                if bucket
+                else "max(1, workers), though at 1,000 ranks some workers hold no episode. A raw episode's data "
+                "is ranged reads of its data parquet file and of its camera's mp4 (whose index, at the file's "
+                "end, each worker reads for itself)."
+            )
+            + (
+                " Max and bound: the most shards one consumer read (one episode each) and what the loader "
+                "documents it may have read by then: the episodes of the batches asked of it (3 per worker, the "
+                "DataLoader's 2 ahead and the one asked after its first batch; 1 without workers) and of the "
+                "samples decoded ahead of them (2 per decode thread and 1), its read-ahead queue (`prefetch_episodes`, 1 here), the episode its reader holds until the queue "
+                "has room, and the shards of the next `prefetch_episodes` episodes fetched in the background."
+                if bucket
+                else ""
+            ),
             "",
             "| ranks | workers | requests | metadata | "
-            + ("manifest | pack | sidecar files" if bucket else "API (revision, listing) | meta/ files")
-            + " | data | data per consumer | other | metadata read again | first batch s |",
-            "|---:|---:|---:|---:|" + ("---:|---:|---:|" if bucket else "---:|---:|") + "---:|---:|---:|---:|---:|",
+            + ("manifest | pack | sidecar files" if bucket else "API (refs, revision, listing) | meta/ files")
+            + " | data | data per consumer | "
+            + ("max | bound | consumers over it | " if bucket else "")
+            + "other | metadata read again | first batch s |",
+            "|---:|---:|---:|---:|"
+            + ("---:|---:|---:|---:|---:|---:|" if bucket else "---:|---:|")
+            + "---:|---:|---:|---:|---:|",
         ]
         lines += [
             f"| {r['ranks']:,} | {r['workers']} | {r['requests']} | {r['metadata']} | "
             + (f"{r['manifest']} | {r['pack']} | {r['sidecar']}" if bucket else f"{r['listing']} | {r['meta']}")
-            + f" | {r['data']} | {r['data_per_consumer']} | {r['other']} | {r['metadata_read_again']} | "
-            f"{r['first_batch_s']} |"
+            + f" | {r['data']} | {r['data_per_consumer']} | "
+            + (
+                f"{r['data_per_consumer_max']} | {r['data_bound_per_consumer']} | {r['over_bound']} | "
+                if bucket
+                else ""
+            )
+            + f"{r['other']} | {r['metadata_read_again']} | {r['first_batch_s'] or 'no episode'} |"
             for r in got["first"]
         ]
     RESULTS.mkdir(parents=True, exist_ok=True)
