@@ -48,6 +48,23 @@ def small_synth(synth_factory: Callable[..., Path]) -> Path:
     return synth_factory()
 
 
+HUB_CAMS = ("observation.images.front", "observation.images.wrist")
+
+
+@pytest.fixture(scope="session")
+def raw(synth_factory: Callable[..., Path]) -> Path:
+    """The raw dataset the Hub tests serve (repo, bucket, data files root): 4 episodes of 10-16 frames,
+    two cameras (``HUB_CAMS``), 3 episodes per mp4 (a camera in two files), 2 per parquet. Read-only."""
+    return synth_factory(
+        num_episodes=4,
+        cameras=HUB_CAMS,
+        length_range=(10, 16),
+        episodes_per_video_file=3,
+        episodes_per_data_file=2,
+        seed=5,
+    )
+
+
 # tests/lerobot/ runs against real LeRobot inside its own Python 3.13 environment (`make test-lerobot`,
 # tests/lerobot/env.sh); the host suite (`make test`) never collects it.
 collect_ignore = [] if os.environ.get("LEROBOT_SHARDS_LEROBOT_SUITE") == "1" else ["lerobot"]

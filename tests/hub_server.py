@@ -402,12 +402,17 @@ def _handler(server: HubServer) -> type[BaseHTTPRequestHandler]:
             else:
                 raise _error(404, None, "Not Found")
 
-        def _open(self, repo_id: str, revision: str | None) -> tuple[_Repo, _Commit]:
-            """The repo and commit asked for, as the Hub checks them: the token first."""
+        def _token(self) -> str | None:
+            """The request's token, if any; one the server does not know is refused first, as the Hub does."""
             auth = self.headers.get("Authorization", "")
             token = auth[len("Bearer ") :] if auth.startswith("Bearer ") else None
             if token is not None and token not in server.tokens:
                 raise _error(401, None, INVALID_TOKEN)
+            return token
+
+        def _open(self, repo_id: str, revision: str | None) -> tuple[_Repo, _Commit]:
+            """The repo and commit asked for, as the Hub checks them: the token first."""
+            token = self._token()
             repo = server._repos.get(urllib.parse.unquote(repo_id))
             if repo is None or (repo.private and token is None):
                 raise _error(401 if token is None else 404, "RepoNotFound", "Repository not found")
@@ -465,8 +470,7 @@ def _handler(server: HubServer) -> type[BaseHTTPRequestHandler]:
 
         def _writer(self) -> None:
             """A write needs a token the server knows (401 as the Hub answers one without)."""
-            auth = self.headers.get("Authorization", "")
-            if auth[len("Bearer ") :] not in server.tokens or not auth.startswith("Bearer "):
+            if self._token() is None:
                 raise _error(401, None, INVALID_TOKEN)
 
         def _body(self) -> bytes:
@@ -533,10 +537,7 @@ def _handler(server: HubServer) -> type[BaseHTTPRequestHandler]:
 
         def _bucket(self, bucket_id: str) -> _Bucket:
             """The bucket asked for, the token checked first (as ``_open``)."""
-            auth = self.headers.get("Authorization", "")
-            token = auth[len("Bearer ") :] if auth.startswith("Bearer ") else None
-            if token is not None and token not in server.tokens:
-                raise _error(401, None, INVALID_TOKEN)
+            token = self._token()
             bucket = server._buckets.get(urllib.parse.unquote(bucket_id))
             if bucket is None or (bucket.private and token is None):
                 raise _error(401 if token is None else 404, "RepoNotFound", "Bucket not found")
@@ -562,15 +563,19 @@ def _handler(server: HubServer) -> type[BaseHTTPRequestHandler]:
                     "mtime": "2026-01-01T00:00:00.000Z",
                     "uploadedAt": "2026-01-01T00:00:00.000Z",
                 }
-            names = sorted(entries)
+            self._send_page([entries[n] for n in sorted(entries)], query)
+
+        def _send_page(self, entries: list[dict[str, Any]], query: dict[str, list[str]]) -> None:
+            """A listing's page (``page_size`` entries from ``cursor``), with the next page's URL in a
+            ``Link`` header as the Hub paginates repo and bucket trees."""
             start = int(query.get("cursor", ["0"])[0])
             headers = {}
-            if start + server.page_size < len(names):
+            if start + server.page_size < len(entries):
                 params = {k: v[0] for k, v in query.items()} | {"cursor": str(start + server.page_size)}
-                host = self.headers.get("Host") or server.url.split("//", 1)[1]
+                host = self.headers.get("Host") or server.url.split("//", 1)[1]  # a proxy in front keeps its own
                 next_url = f"http://{host}{urllib.parse.urlsplit(self.path).path}?{urllib.parse.urlencode(params)}"
                 headers["Link"] = f'<{next_url}>; rel="next"'
-            self._send(200, [entries[n] for n in names[start : start + server.page_size]], headers)
+            self._send(200, entries[start : start + server.page_size], headers)
 
         def _refs(self, repo: _Repo) -> dict[str, Any]:
             def refs(names: dict[str, str], kind: str) -> list[dict[str, str]]:
@@ -612,15 +617,7 @@ def _handler(server: HubServer) -> type[BaseHTTPRequestHandler]:
                 for p in (*commit.dirs, *commit.files)
                 if p and p.startswith(prefix) and (recursive or "/" not in p[len(prefix) :])
             )
-            start = int(query.get("cursor", ["0"])[0])
-            page = names[start : start + server.page_size]
-            headers = {}
-            if start + server.page_size < len(names):
-                params = {k: v[0] for k, v in query.items()} | {"cursor": str(start + server.page_size)}
-                host = self.headers.get("Host") or server.url.split("//", 1)[1]  # a proxy in front keeps its own
-                next_url = f"http://{host}{urllib.parse.urlsplit(self.path).path}?{urllib.parse.urlencode(params)}"
-                headers["Link"] = f'<{next_url}>; rel="next"'
-            self._send(200, [self._entry(commit, p) for p in page], headers)
+            self._send_page([self._entry(commit, p) for p in names], query)
 
         def _file(self, method: str, repo: _Repo, commit: _Commit, rel: str) -> None:
             f = commit.files.get(rel)

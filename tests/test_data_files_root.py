@@ -33,21 +33,6 @@ def split(tmp_path_factory: pytest.TempPathFactory, raw: Path) -> tuple[Path, Pa
     return top / "meta_only", top / "mirror"
 
 
-@pytest.fixture(scope="module")
-def raw(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from lerobot_shards.synth import synth_dataset
-
-    return synth_dataset(
-        tmp_path_factory.mktemp("dfr") / "raw",
-        num_episodes=4,
-        cameras=CAMS,
-        length_range=(10, 16),
-        episodes_per_video_file=3,
-        episodes_per_data_file=2,
-        seed=5,
-    )
-
-
 def test_hub_metadata_with_data_files_on_s3_or_a_folder_gives_the_local_samples(
     hub: HubServer, s3_server: S3Server, raw: Path, split: tuple[Path, Path], tmp_path: Path
 ) -> None:

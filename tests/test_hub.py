@@ -16,6 +16,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
+from conftest import HUB_CAMS
 from hub_server import VALID_TOKEN, HubServer
 from lerobot_shards.filesystems import hub_repo_id, resolve_source, url_to_fs
 from lerobot_shards.integrations.hub import HubAuthError, HubListingError, HubNotFound, HubUnavailable, safe_version
@@ -23,21 +24,8 @@ from lerobot_shards.lerobot_v3 import LeRobotV3Source
 from lerobot_shards.loader import EpisodePoolDataset
 from lerobot_shards.synth import read_identity, synth_dataset
 
-CAMS = ("observation.images.front", "observation.images.wrist")
+CAMS = HUB_CAMS
 FAST = {"timeout": 0.5, "deadline": 3.0}  # a paused server is given up on in seconds
-
-
-@pytest.fixture(scope="module")
-def raw(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return synth_dataset(
-        tmp_path_factory.mktemp("hub") / "raw",
-        num_episodes=4,
-        cameras=CAMS,
-        length_range=(10, 16),
-        episodes_per_video_file=3,
-        episodes_per_data_file=2,
-        seed=5,
-    )
 
 
 def _stream(source: str, num_workers: int = 0, **kwargs) -> list[dict]:

@@ -19,21 +19,6 @@ from test_hub import CAMS, FAST, _assert_same, _cli, _stream
 WINDOW = {CAMS[1]: [-1 / 30, 0.0]}
 
 
-@pytest.fixture(scope="module")
-def raw(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from lerobot_shards.synth import synth_dataset
-
-    return synth_dataset(
-        tmp_path_factory.mktemp("buckets") / "raw",
-        num_episodes=3,
-        cameras=CAMS,
-        length_range=(8, 12),
-        episodes_per_video_file=2,
-        episodes_per_data_file=2,
-        seed=9,
-    )
-
-
 def test_a_dataset_in_a_bucket_gives_the_local_samples_listed_once(hub: HubServer, raw: Path) -> None:
     hub.page_size = 4
     hub.add_bucket("me/store", raw, prefix="sets/ds")
