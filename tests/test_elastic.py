@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader
 
 from lerobot_shards.loader import EpisodePoolDataset
 from lerobot_shards.loader.plan import elastic, progress
-from lerobot_shards.loader.plan.elastic import Origin, SubsetSampler, emitted_frames, plan_elastic
+from lerobot_shards.loader.plan.elastic import InterruptedEpoch, Origin, SubsetSampler, emitted_frames, plan_elastic
 from lerobot_shards.loader.plan.partition import Consumer, PlanOptions, ShardSpec, plan_consumer
 from lerobot_shards.loader.plan.resume import samples_to_skip
 from lerobot_shards.loader.plan.sampling import FILL_EVERY, UNIFORM_BLOCK, PoolSampler, consumer_rng, keyed_rng
@@ -159,41 +159,34 @@ def test_equal_mode_gives_every_new_consumer_the_same_count() -> None:
     shards = [ShardSpec(i, (2 * i, 2 * i + 1), (7 + i, 11 - i)) for i in range(4)]
     options = PlanOptions(equal_samples_per_rank=True)
     origin = Origin(world_size=2, num_workers=2, batches_consumed=3, batch_size=2)
-    plans = [
-        plan_elastic(
-            shards,
-            seed=1,
-            epoch=0,
-            options=options,
-            pool_size=2,
-            origin=origin,
-            drop_last=False,
-            consumer=Consumer(rank, 3, 0, 1),
-        ).plan
-        for rank in range(3)
-    ]
+    interrupted = InterruptedEpoch(
+        tuple(shards), seed=1, epoch=0, options=options, pool_size=2, origin=origin, drop_last=False
+    )
+    plans = [plan_elastic(interrupted, consumer=Consumer(rank, 3, 0, 1)).plan for rank in range(3)]
     remaining = 4 * 18 - 2 * 3 * 2  # each of the 2 old ranks consumed 3 batches of 2
     assert [p.num_samples for p in plans] == [remaining // 3] * 3
     assert sum(sum(p.lengths) for p in plans) == remaining
 
 
-def _replayed(shards, *, seed, options, pool_size, origin, drop_last) -> dict[int, set[int]]:
+def _replayed(interrupted: InterruptedEpoch) -> dict[int, set[int]]:
     """The emitted frames the slow way: every old consumer's emissions, one by one."""
+    shards, seed, epoch, options = interrupted.shards, interrupted.seed, interrupted.epoch, interrupted.options
+    origin = interrupted.origin
     seen: dict[int, set[int]] = {}
     workers = max(1, origin.num_workers)
     for rank in range(origin.world_size):
         plans = [
             plan_consumer(
-                shards, seed=seed, epoch=0, consumer=Consumer(rank, origin.world_size, w, workers), options=options
+                shards, seed=seed, epoch=epoch, consumer=Consumer(rank, origin.world_size, w, workers), options=options
             )
             for w in range(workers)
         ]
         for w, plan in enumerate(plans):
-            skip = samples_to_skip(origin.segments(), plans[0].rank_samples, w, drop_last)
+            skip = samples_to_skip(origin.segments(), plans[0].rank_samples, w, interrupted.drop_last)
             sampler = PoolSampler(
                 plan.lengths,
-                pool_size,
-                consumer_rng(seed, 0, rank, w),
+                interrupted.pool_size,
+                consumer_rng(seed, epoch, rank, w),
                 shuffle=options.shuffle,
                 num_samples=plan.num_samples,
             )
@@ -225,11 +218,19 @@ def test_emitted_frames_read_off_the_state_equal_a_full_replay(shuffle: bool, eq
             for c in (Consumer(r, world, 0, max(1, workers)) for r in range(world))
         )
         origin = Origin(world, workers, rng.randint(0, batches), batch)
-        kwargs = dict(seed=case, options=options, pool_size=rng.randint(1, 4), origin=origin, drop_last=False)
+        interrupted = InterruptedEpoch(
+            tuple(shards),
+            seed=case,
+            epoch=0,
+            options=options,
+            pool_size=rng.randint(1, 4),
+            origin=origin,
+            drop_last=False,
+        )
         lengths = {e: n for s in shards for e, n in zip(s.episodes, s.lengths)}
-        fast = emitted_frames(shards, epoch=0, **kwargs)
+        fast = emitted_frames(interrupted)
         as_sets = {e: set(range(lengths[e])) if f is None else set(f.tolist()) for e, f in fast.items()}
-        slow = _replayed(shards, **kwargs)
+        slow = _replayed(interrupted)
         assert {e: f for e, f in as_sets.items() if f} == slow, (case, origin)
         checked += 1
     assert checked >= 20
@@ -300,17 +301,19 @@ def test_consumer_progress_past_a_pass_equals_the_replay(monkeypatch, compiled: 
             _same(got, _sampler_progress(lengths, pool_size, case, past, shuffle=shuffle))
 
 
-def _emitted_by_replay(shards, *, seed, epoch, options, pool_size, origin, drop_last, replay=None):
+def _emitted_by_replay(interrupted: InterruptedEpoch, replay=None):
     """The elastic resume's former ``emitted_frames``, kept as the oracle: each old consumer planned
     on its own and its ``PoolSampler`` fast-forwarded emission by emission."""
     assert replay is None
+    shards, seed, epoch, options = interrupted.shards, interrupted.seed, interrupted.epoch, interrupted.options
+    origin, pool_size = interrupted.origin, interrupted.pool_size
     emitted: dict = {}
     workers = max(1, origin.num_workers)
     for rank in range(origin.world_size):
         for w in range(workers):
             consumer = Consumer(rank, origin.world_size, w, workers)
             plan = plan_consumer(shards, seed=seed, epoch=epoch, consumer=consumer, options=options)
-            skip = samples_to_skip(origin.segments(), plan.rank_samples, w, drop_last)
+            skip = samples_to_skip(origin.segments(), plan.rank_samples, w, interrupted.drop_last)
             rng = consumer_rng(seed, epoch, rank, w)
             sampler = PoolSampler(plan.lengths, pool_size, rng, shuffle=options.shuffle, num_samples=plan.num_samples)
             sampler.skip(skip)
@@ -345,17 +348,19 @@ def test_summary_resume_equals_replay_resume(monkeypatch, equal: bool) -> None:
         except ValueError:  # equal-count mode refuses consumers without frames
             continue
         origin = Origin(old[0], old[1], rng.randint(0, batches), batch)
-        kwargs = dict(seed=case, epoch=0, options=options, pool_size=pool_size, origin=origin, drop_last=False)
+        interrupted = InterruptedEpoch(
+            tuple(shards), seed=case, epoch=0, options=options, pool_size=pool_size, origin=origin, drop_last=False
+        )
         for index in range(new[0] * max(1, new[1])):
             consumer = Consumer(index // max(1, new[1]), new[0], index % max(1, new[1]), max(1, new[1]))
             try:
-                fast = plan_elastic(shards, consumer=consumer, **kwargs)
+                fast = plan_elastic(interrupted, consumer=consumer)
             except ValueError as error:  # equal counts but a new consumer without remaining frames
                 assert "needs remaining frames on every consumer" in str(error)
                 break
             with monkeypatch.context() as patched:
                 patched.setattr(elastic, "_emitted_frames_cached", _emitted_by_replay)
-                slow = plan_elastic(shards, consumer=consumer, **kwargs)
+                slow = plan_elastic(interrupted, consumer=consumer)
             assert fast.plan == slow.plan and fast.loads == slow.loads, (case, consumer)
             assert [list(f) for f in fast.frames] == [list(f) for f in slow.frames], (case, consumer)
             samplers = [SubsetSampler(p, pool_size, seed=case, epoch=0, shuffle=options.shuffle) for p in (fast, slow)]

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from lerobot_shards.loader.plan import elastic, progress
-from lerobot_shards.loader.plan.elastic import Origin, emitted_frames, plan_elastic
+from lerobot_shards.loader.plan.elastic import InterruptedEpoch, Origin, emitted_frames, plan_elastic
 from lerobot_shards.loader.plan.partition import Consumer, PlanOptions, ShardSpec, plan_consumer
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -82,13 +82,15 @@ def measure(args: argparse.Namespace, frames: int) -> dict[str, Any]:
         plan_consumer(shards, seed=0, epoch=0, consumer=Consumer(0, world, 0, workers), options=options).rank_samples
     )
     origin = Origin(world, workers, int(args.fraction * rank_samples) // args.batch_size, args.batch_size)
-    common = dict(seed=0, epoch=0, options=options, pool_size=args.pool_size, origin=origin, drop_last=False)
+    interrupted = InterruptedEpoch(
+        tuple(shards), seed=0, epoch=0, options=options, pool_size=args.pool_size, origin=origin, drop_last=False
+    )
     new_world, new_workers = args.to_layout
     consumer = Consumer(0, new_world, 0, new_workers)
 
     def plan() -> Any:
         elastic._emitted_frames_cached.cache_clear()  # a new consumer's process: nothing planned yet
-        return plan_elastic(shards, consumer=consumer, **common)
+        return plan_elastic(interrupted, consumer=consumer)
 
     def replayed() -> Any:
         kernel, progress._kernel = progress._kernel, lambda: None  # PoolSampler.skip, sample by sample
@@ -104,7 +106,7 @@ def measure(args: argparse.Namespace, frames: int) -> dict[str, Any]:
     result, summary_s, summary_cpu = _timed(plan)
     if total <= args.replay_up_to:
         assert result == slow, "the summaries and the replay disagree"
-    emitted = emitted_frames(shards, **common)
+    emitted = emitted_frames(interrupted)
     lengths = {e: n for s in shards for e, n in zip(s.episodes, s.lengths)}
     row.update(
         emitted_frames=sum(lengths[e] if v is None else len(v) for e, v in emitted.items()),  # None: whole

@@ -35,7 +35,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..plan.elastic import Drawn, ElasticPlan, Emitted, Origin, SubsetSampler
+from ..plan.elastic import Drawn, ElasticPlan, Emitted, Origin, SubsetSampler, emitted_frames
 from ..plan.order import EpochOrder, ResumeState, elastic_origin, known_origin
 from ..plan.partition import Consumer, ConsumerPlan, ShardSpec, split_shards, work_units
 from ..plan.resume import Segments, resume_point, samples_to_skip
@@ -244,7 +244,7 @@ class MixtureOrder:
                 self.sampler_rng(d, plan, epoch), int(done[old.rank, old.worker][d]), self.shares(epoch, old)[d]
             )
 
-        return self.orders[d].emitted_frames(epoch, origin, drawn)
+        return emitted_frames(self.orders[d].interrupted(epoch, origin), replay=drawn)
 
     def _current_passes(
         self,
@@ -262,13 +262,13 @@ class MixtureOrder:
         order = self.orders[d]
 
         cuts = self._cut(d, epoch, origin, done)
+        interrupted = order.interrupted(epoch, origin)
         plans = []
         for whole in (True, False):
             mine = [c for c in cuts if (c.owed >= c.current) == whole]
             count = sum(c.current if whole else c.owed for c in mine)
             elastic = order.plan_elastic(
-                epoch,
-                origin,
+                interrupted,
                 consumer.worker,
                 consumer.num_workers,
                 emitted=emitted,

@@ -62,6 +62,26 @@ class Origin:
 
 
 @dataclass(frozen=True)
+class InterruptedEpoch:
+    """The epoch an elastic resume finishes, whole: the dataset's plan and order settings, the epoch
+    and the run that was interrupted in it (``origin``), everything that fixes which frames that run
+    emitted (``emitted_frames`` replays it) and how the rest is laid out (``plan_elastic``).
+
+    It is one value, frozen and hashable, because it is the key of ``_emitted_frames_cached``: the
+    value a rank passes to ``find_emitted`` before its DataLoader workers fork equals, and hashes
+    as, the one each worker's ``plan_elastic`` looks up, so the workers inherit the result.
+    """
+
+    shards: tuple[ShardSpec, ...]
+    seed: int
+    epoch: int
+    options: PlanOptions
+    pool_size: int
+    origin: Origin
+    drop_last: bool
+
+
+@dataclass(frozen=True)
 class ElasticPlan:
     """One new consumer's share of the rest of the epoch."""
 
@@ -85,20 +105,12 @@ Replay = Callable[[Consumer, ConsumerPlan], Drawn]
 Emitted = Mapping[int, np.ndarray | None]
 
 
-def emitted_frames(
-    shards: Sequence[ShardSpec],
-    *,
-    seed: int,
-    epoch: int,
-    options: PlanOptions,
-    pool_size: int,
-    origin: Origin,
-    drop_last: bool,
-    replay: Replay | None = None,
-) -> dict[int, np.ndarray | None]:
+def emitted_frames(interrupted: InterruptedEpoch, replay: Replay | None = None) -> dict[int, np.ndarray | None]:
     """Episode -> frames the interrupted run emitted this epoch (``None``: all of them), from where each
     of its consumers stopped (``replay``: how to find it; default the dataset's own samplers and
     counts, ``progress.consumer_progress``); episodes it did not reach are absent."""
+    shards, seed, epoch, options = interrupted.shards, interrupted.seed, interrupted.epoch, interrupted.options
+    origin = interrupted.origin
     emitted: dict[int, np.ndarray | None] = {}
     plans = plan_consumers(
         shards,
@@ -111,7 +123,7 @@ def emitted_frames(
     for plan in plans:
         consumer = plan.consumer
         if replay is None:
-            skip = samples_to_skip(origin.segments(), plan.rank_samples, consumer.worker, drop_last)
+            skip = samples_to_skip(origin.segments(), plan.rank_samples, consumer.worker, interrupted.drop_last)
             whole = skip >= sum(plan.lengths)  # a whole pass (equal-count mode repeats frames after it)
             rng = consumer_rng(seed, epoch, consumer.rank, consumer.worker)
         else:
@@ -120,7 +132,9 @@ def emitted_frames(
             # stands in its current pass.
             whole = skip >= sum(plan.lengths) and skip >= num_samples
         if not whole:
-            admitted, partial = consumer_progress(plan.lengths, pool_size, rng, skip, shuffle=options.shuffle)
+            admitted, partial = consumer_progress(
+                plan.lengths, interrupted.pool_size, rng, skip, shuffle=options.shuffle
+            )
         if whole:
             emitted.update((e, None) for _, e in plan.episodes)
             continue
@@ -129,65 +143,34 @@ def emitted_frames(
     return emitted
 
 
-# The last emitted_frames of this process: an iterator that resumes after the elastic origin plans twice,
-# and DataLoader workers forked after ``find_emitted`` ran in their rank's process find it here.
+# The last emitted_frames of this process, keyed by the ``InterruptedEpoch``: an iterator that resumes
+# after the elastic origin plans twice, and DataLoader workers forked after ``find_emitted`` ran in
+# their rank's process find it here.
 _emitted_frames_cached = functools.lru_cache(maxsize=1)(emitted_frames)
 
 
-def find_emitted(
-    shards: Sequence[ShardSpec],
-    *,
-    seed: int,
-    epoch: int,
-    options: PlanOptions,
-    pool_size: int,
-    origin: Origin,
-    drop_last: bool,
-) -> None:
-    """Where ``origin``'s consumers stopped, found now and kept for ``plan_elastic`` in this process
-    (the key is ``plan_elastic``'s, argument for argument): a rank calls it before its DataLoader
-    workers fork, so they inherit the result instead of each finding it again (~3 s of CPU each
-    at 100M frames)."""
-    _emitted_frames_cached(
-        tuple(shards),
-        seed=seed,
-        epoch=epoch,
-        options=options,
-        pool_size=pool_size,
-        origin=origin,
-        drop_last=drop_last,
-        replay=None,
-    )
+def find_emitted(interrupted: InterruptedEpoch) -> None:
+    """Where ``interrupted.origin``'s consumers stopped, found now and kept for ``plan_elastic`` in this
+    process (the key is the ``InterruptedEpoch`` it will be given): a rank calls it before its
+    DataLoader workers fork, so they inherit the result instead of each finding it again (~3 s of
+    CPU each at 100M frames)."""
+    _emitted_frames_cached(interrupted)
 
 
 def plan_elastic(
-    shards: Sequence[ShardSpec],
+    interrupted: InterruptedEpoch,
     *,
-    seed: int,
-    epoch: int,
-    options: PlanOptions,
-    pool_size: int,
-    origin: Origin,
-    drop_last: bool,
     consumer: Consumer,
     emitted: Emitted | None = None,
     only: Collection[int] | None = None,
 ) -> ElasticPlan:
-    """``consumer``'s remaining episodes, frames and sample count for the rest of ``epoch`` (``emitted``:
-    what the interrupted run emitted, found by the caller with ``emitted_frames``; ``only``: of these
-    episodes, the others left out; a mixture lays out some old consumers' apart)."""
+    """``consumer``'s remaining episodes, frames and sample count for the rest of the ``interrupted``
+    epoch (``emitted``: what the interrupted run emitted, found by the caller with ``emitted_frames``;
+    ``only``: of these episodes, the others left out; a mixture lays out some old consumers' apart)."""
     mixture = emitted is not None  # a mixture's source: its consumers draw other counts than their plans'
     if emitted is None:
-        emitted = _emitted_frames_cached(
-            tuple(shards),
-            seed=seed,
-            epoch=epoch,
-            options=options,
-            pool_size=pool_size,
-            origin=origin,
-            drop_last=drop_last,
-            replay=None,
-        )
+        emitted = _emitted_frames_cached(interrupted)
+    shards, seed, epoch, options = interrupted.shards, interrupted.seed, interrupted.epoch, interrupted.options
     frames: dict[int, Sequence[int]] = {}
     remaining: list[ShardSpec] = []
     for s in shards:

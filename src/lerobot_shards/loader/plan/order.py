@@ -26,7 +26,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from .elastic import ElasticPlan, Emitted, Origin, Replay, SubsetSampler, emitted_frames, find_emitted, plan_elastic
+from .elastic import ElasticPlan, Emitted, InterruptedEpoch, Origin, SubsetSampler, find_emitted, plan_elastic
 from .partition import Consumer, ConsumerPlan, PlanOptions, ShardSpec, plan_consumer
 from .resume import Segments, merge_segments, resume_point
 from .sampling import PoolSampler, consumer_rng
@@ -363,45 +363,26 @@ class EpochOrder:
         consumer = Consumer(rank, self.world_size, worker, max(1, num_workers))
         return plan_consumer(self.shards, seed=self.seed, epoch=epoch, consumer=consumer, options=self.plan_options)
 
+    def interrupted(self, epoch: int, origin: Origin) -> InterruptedEpoch:
+        """``epoch`` of this order as the run interrupted under ``origin`` read it: what an elastic resume
+        of it replays and lays out again (``elastic.InterruptedEpoch``), built once per resume."""
+        return InterruptedEpoch(
+            self.shards, self.seed, epoch, self.plan_options, self.pool_size, origin, self.drop_last
+        )
+
     def plan_elastic(
         self,
-        epoch: int,
-        origin: Origin,
+        interrupted: InterruptedEpoch,
         worker: int,
         num_workers: int,
         *,
         emitted: Emitted | None = None,
         only: Collection[int] | None = None,
     ) -> ElasticPlan:
-        """This rank's consumer's share of the rest of an epoch interrupted under ``origin`` (``emitted``,
+        """This rank's consumer's share of the rest of ``interrupted`` (``self.interrupted``; ``emitted``,
         ``only``: as ``elastic.plan_elastic``'s, for a mixture's source)."""
-        return plan_elastic(
-            self.shards,
-            seed=self.seed,
-            epoch=epoch,
-            options=self.plan_options,
-            pool_size=self.pool_size,
-            origin=origin,
-            drop_last=self.drop_last,
-            consumer=Consumer(self.rank, self.world_size, worker, max(1, num_workers)),
-            emitted=emitted,
-            only=only,
-        )
-
-    def emitted_frames(self, epoch: int, origin: Origin, replay: Replay) -> Emitted:
-        """Episode -> frames the run interrupted under ``origin`` emitted in ``epoch``, its consumers'
-        draws told by ``replay`` (``elastic.emitted_frames``: a mixture's source, found once per source
-        and laid out for several groups of old consumers)."""
-        return emitted_frames(
-            self.shards,
-            seed=self.seed,
-            epoch=epoch,
-            options=self.plan_options,
-            pool_size=self.pool_size,
-            origin=origin,
-            drop_last=self.drop_last,
-            replay=replay,
-        )
+        consumer = Consumer(self.rank, self.world_size, worker, max(1, num_workers))
+        return plan_elastic(interrupted, consumer=consumer, emitted=emitted, only=only)
 
     def prepare(self, resume: ResumeState) -> None:
         """Find, in the rank's process, where the interrupted run's consumers stopped when ``resume``
@@ -411,15 +392,7 @@ class EpochOrder:
         each worker then finds it itself."""
         origin = known_origin(resume, self.world_size)
         if origin is not None:
-            find_emitted(
-                self.shards,
-                seed=self.seed,
-                epoch=resume.epoch,
-                options=self.plan_options,
-                pool_size=self.pool_size,
-                origin=origin,
-                drop_last=self.drop_last,
-            )
+            find_emitted(self.interrupted(resume.epoch, origin))
 
     def start(self, epoch: int, resume: ResumeState | None, worker: int, num_workers: int) -> Start:
         """The plan, sampler and fast-forward of DataLoader worker ``worker``.
@@ -432,11 +405,12 @@ class EpochOrder:
         if resume is not None and resume.epoch == epoch:
             origin, since = elastic_origin(resume, self.world_size, num_workers)
             if origin is not None:
-                elastic = self.plan_elastic(epoch, origin, stream, num_workers)
+                interrupted = self.interrupted(epoch, origin)
+                elastic = self.plan_elastic(interrupted, stream, num_workers)
                 if any(b for b, _ in since):
                     counts = elastic.plan.rank_samples
                     stream, skip = resume_point(since, counts, worker, self.drop_last)
-                    elastic = self.plan_elastic(epoch, origin, stream, num_workers)
+                    elastic = self.plan_elastic(interrupted, stream, num_workers)
                 subset = SubsetSampler(elastic, self.pool_size, seed=self.seed, epoch=epoch, shuffle=self.shuffle)
                 return Start(elastic.plan, subset, skip)
             counts = self.plan(epoch, self.rank, worker, num_workers).rank_samples
