@@ -39,6 +39,7 @@ sys.path.insert(0, str(HERE))
 
 from harness import data  # noqa: E402
 from harness.cases import DECODES, FRAME_CACHE_SOURCES, MODES, SOURCES, TRANSPORTS, Case, expand  # noqa: E402
+from harness.measure import page_cache_write_cost  # noqa: E402
 from harness.runner import LEROBOT, baseline_command, median_round, our_command, run_case  # noqa: E402
 from harness.shaper import PROFILES, Profile  # noqa: E402
 
@@ -265,6 +266,8 @@ def main(argv: list[str] | None = None) -> int:
         "git": _git(),
         "baselines": baselines or "none found (make lerobot-venv; LEROBOT_LATEST_ROOTFS, see README)",
     }
+    if frame_cache:  # what the cold epoch's fills pay per byte of new page cache on this machine
+        config["machine"]["page_cache_ms_per_mb"] = page_cache_write_cost(out)
     bucket = None
     if any("bucket" in c.source for c in cases):
         from harness.storage import Bucket

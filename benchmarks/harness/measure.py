@@ -245,3 +245,25 @@ def run_main(body: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
     tmp = Path(sys.argv[2] + ".tmp")
     tmp.write_text(json.dumps(result, indent=1, default=str))
     os.replace(tmp, sys.argv[2])
+
+
+def page_cache_write_cost(directory: Path, mb: int = 512) -> dict[str, float]:
+    """CPU ms per MB of writing ``mb`` MB into new page-cache pages (a new file in ``directory``),
+    then of writing the same pages again: what the frame cache's fills pay per decoded byte. On
+    bare metal the two are close; a VM whose host backs guest memory lazily (free page reporting
+    hands freed guest pages back to the host) pays a host fault on each new page, several times
+    the rewrite, and the cold epoch's fills write every decoded frame into new pages."""
+    block = os.urandom(1 << 20)
+    path = directory / f".page-cache-probe.{os.getpid()}"
+    out = {}
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        for name in ("new", "rewrite"):
+            start = time.process_time()
+            for i in range(mb):
+                os.pwrite(fd, block, i << 20)
+            out[name] = round(1000 * (time.process_time() - start) / mb, 3)
+    finally:
+        os.close(fd)
+        path.unlink()
+    return out

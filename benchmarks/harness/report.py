@@ -186,7 +186,13 @@ def bound_by(r: dict[str, Any], results: list[dict[str, Any]]) -> str:
             "transport, sampling and the loop (the rest)": split.get("rest_ms") or 0,
         }
         name = max(shares, key=lambda k: shares[k])
-        return f"{name}: {shares[name]:.1f} of {r.get('cpu_ms_per_sample')} CPU ms/sample on {_cpus(r)} cores"
+        bound = f"{name}: {shares[name]:.1f} of {r.get('cpu_ms_per_sample')} CPU ms/sample on {_cpus(r)} cores"
+        if split.get("fill_write_ms"):  # the fills' writes into new page-cache pages, and what they cost here
+            bound += f", of which {split['fill_write_ms']:.1f} writing the frames into new page-cache pages"
+            probe = ((r.get("config") or {}).get("machine") or {}).get("page_cache_ms_per_mb")
+            if probe:
+                bound += f" (this machine: {probe['new']:g} CPU ms/MB new, {probe['rewrite']:g} rewritten)"
+        return bound
     bandwidth = (r.get("config") or {}).get("network", {}).get("bandwidth_mb_s") or 0
     if "bucket" in c["source"] and wall:
         if bandwidth and (r.get("storage_bytes") or 0) / wall / 1e6 >= 0.8 * bandwidth:
@@ -526,6 +532,15 @@ def summarize(results: Path) -> str:
             "in threads of the main process and is held against LeRobot's best worker count in the targets.",
             "",
         ]
+        probe = config["machine"].get("page_cache_ms_per_mb")
+        if probe:
+            lines += [
+                f"Writing into new page-cache pages cost {probe['new']:g} CPU ms/MB on this machine, rewriting the "
+                f"same pages {probe['rewrite']:g} (`harness.measure.page_cache_write_cost`, before the cases): a "
+                "cold epoch's fills write every decoded frame into new pages, so a VM whose host backs guest "
+                "memory lazily (free page reporting) pays that ratio on them; bare metal pays about the rewrite.",
+                "",
+            ]
     lines += [markdown_table(rows), "", "## Targets", ""]
     lines += [
         markdown_table(

@@ -124,8 +124,11 @@ def cpu_split(result: dict[str, Any], loader: DataLoader, loader_stats: dict[str
     # as decode, its verified reads as cache reads
     fill = 1000 * loader_stats.get("fill_cpu_seconds", 0.0) / emitted if loader_stats and emitted else 0.0
     read = 1000 * loader_stats.get("cache_read_cpu_seconds", 0.0) / emitted if loader_stats and emitted else 0.0
+    # of the fills: the writes of decoded frames into new page-cache pages (``Fill.write_seconds``)
+    write = 1000 * loader_stats.get("fill_write_cpu_seconds", 0.0) / emitted if loader_stats and emitted else 0.0
     out = {
         "decode_ms": round(decode + fill, 2),
+        "fill_write_ms": round(write, 2),
         "cache_read_ms": round(read, 2),
         "collate_ms": round(collate, 2),
         "rest_ms": round(total - decode - fill - read - collate, 2),

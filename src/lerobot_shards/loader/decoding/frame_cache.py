@@ -52,6 +52,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import xxhash
 
@@ -248,6 +249,9 @@ class Fill(_Frames):
         self.tmp: str | None = None
         self.progress = 0
         self._staged: torch.Tensor | None = None  # one contiguous frame on its way to the file (``write``)
+        # CPU seconds of this thread in the writes into the page cache (``write``): what a new page
+        # costs, reported apart because a VM whose host backs guest memory lazily multiplies it
+        self.write_seconds = 0.0
 
     def reserve(self, frames: int, shape: tuple[int, int, int]) -> int | None:
         """Make room for the whole entry and create its temporary file at full size: the number of
@@ -300,15 +304,17 @@ class Fill(_Frames):
             )
         if self._staged is None:
             self._staged = torch.empty(self.layout.shape, dtype=torch.uint8)
-        staged = self._staged
-        whole = staged.numpy().reshape(-1).data.cast("B")  # the buffer's bytes, written and hashed
+        staged = self._staged.numpy()
+        whole = staged.reshape(-1).data.cast("B")  # the buffer's bytes, written and hashed
         offset = self.layout.data + self.progress * self.layout.frame_bytes
-        for frame in frames:
-            staged.copy_(frame)
+        for frame in frames.numpy():
+            np.copyto(staged, frame)  # numpy's strided copy: 0.55 ms a 480p frame where torch's took 0.65
             view = whole
+            cpu = time.thread_time()
             while view:
                 written = os.pwrite(self.fd, view, offset)
                 view, offset = view[written:], offset + written
+            self.write_seconds += time.thread_time() - cpu
             self.digests[self.progress] = xxhash.xxh3_128_digest(whole)
             self.progress += 1
 

@@ -52,6 +52,7 @@ COUNTERS = (
     "frame_cache_fills",  # entries this consumer wrote
     "frames_filled",
     "fill_cpu_seconds",
+    "fill_write_cpu_seconds",  # of fill_cpu_seconds: the writes into the page cache (``Fill.write_seconds``)
     "cache_read_cpu_seconds",
     "frame_cache_evictions",
     "frame_cache_bad",  # entries found damaged on read (deleted, decoded again)
@@ -162,7 +163,7 @@ class FrameServer:
         decode error (the samples' own decodes report it), a full disk, or no room."""
         fill = state.fill
         assert fill is not None
-        cpu = time.thread_time()
+        cpu, written = time.thread_time(), fill.write_seconds
         first = fill.progress
         try:
             frames = self.decoders.uncounted(
@@ -186,6 +187,7 @@ class FrameServer:
             self._give_up(state)
         finally:
             self.counters["fill_cpu_seconds"] += time.thread_time() - cpu
+            self.counters["fill_write_cpu_seconds"] += fill.write_seconds - written
         self.counters["frames_filled"] += fill.progress - first
 
     def _give_up(self, state: _Clip) -> None:
