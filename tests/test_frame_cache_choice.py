@@ -119,6 +119,14 @@ def test_a_directory_another_user_made_or_everyone_writes_is_refused(small_synth
     with pytest.raises(CacheDirError, match="made by another user"):
         EpisodePoolDataset(str(small_synth), frame_cache_dir=str(link))
     assert not list(theirs.iterdir()) and not list(everyones.iterdir())  # nothing made there first
+    # a folder above it that every user may write (no sticky bit): they could swap the cache for theirs
+    with pytest.raises(
+        CacheDirError, match=rf"frame_cache_dir {everyones / 'mine'}: every user may write {everyones} "
+    ):
+        EpisodePoolDataset(str(small_synth), frame_cache_dir=str(everyones / "mine"))
+    assert not list(everyones.iterdir())
+    everyones.chmod(0o1777)  # as /tmp: each user's entries are theirs alone
+    EpisodePoolDataset(str(small_synth), frame_cache_dir=str(everyones / "mine"))
 
 
 def test_auto_leaves_it_off_when_its_directory_is_another_users(tmpdir_env: Path) -> None:

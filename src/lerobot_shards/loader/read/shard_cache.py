@@ -101,7 +101,10 @@ def check_owned(root: str, what: str) -> None:
     write there could plant well-formed files of wrong frames: a directory (or a symlink to one)
     that another user made, such as a ``/tmp/lerobot-shards-frames`` on a shared node, or one that
     every user may write. Its group may write it (user-private groups make folders 0775). A
-    directory not there yet is made by ``check_cache_dir``, the user's own."""
+    directory not there yet is made by ``check_cache_dir``, the user's own. A folder above it that
+    every user may write without the sticky bit (/tmp has it) is refused too: whoever may rename
+    entries there could put a directory of their own in its place."""
+    _check_ancestors(root, what)
     if not os.path.lexists(root):
         return
     uid = os.geteuid()
@@ -124,6 +127,28 @@ def check_owned(root: str, what: str) -> None:
             f"{what} {root}: every user may write it (mode {stat.S_IMODE(st.st_mode):o}) and could plant "
             "files there; chmod o-w it, or choose a directory of your own",
         )
+
+
+def _check_ancestors(root: str, what: str) -> None:
+    """Refuse ``root`` when a folder above it (its real path's) may be written by every user without
+    the sticky bit (see ``check_owned``)."""
+    here = os.path.dirname(os.path.realpath(root))
+    while True:
+        try:
+            mode = os.stat(here).st_mode
+        except OSError:  # a folder not there yet: check_cache_dir makes it, or says why not
+            mode = 0
+        if mode & stat.S_IWOTH and not mode & stat.S_ISVTX:
+            raise CacheDirError(
+                errno.EPERM,
+                f"{what} {root}: every user may write {here} above it (mode {stat.S_IMODE(mode):o}, no sticky "
+                "bit) and could put a directory of planted files in its place; chmod o-w (or +t) it, or "
+                "choose a directory elsewhere",
+            )
+        parent = os.path.dirname(here)
+        if parent == here:
+            return
+        here = parent
 
 
 def default_cache_bytes(cache_dir: str) -> int:
