@@ -15,6 +15,19 @@ import pytest
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 CLI = [sys.executable, "-m", "lerobot_shards.cli"]
+# ACT at its smallest (a 32-wide one-layer transformer, no pretrained weights), as the suite trains it
+TINY_ACT = [
+    "--policy.type=act",
+    "--policy.dim_model=32",
+    "--policy.n_heads=2",
+    "--policy.dim_feedforward=64",
+    "--policy.n_encoder_layers=1",
+    "--policy.n_decoder_layers=1",
+    "--policy.latent_dim=8",
+    "--policy.chunk_size=10",
+    "--policy.n_action_steps=10",
+    "--policy.pretrained_backbone_weights=null",
+]
 
 
 def env(**extra: str) -> dict[str, str]:

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from procs import CLI, env, run
+from procs import CLI, TINY_ACT, env, run
 
 from conftest import Dataset
 from lerobot_shards.integrations.eval_split import split_episodes
@@ -23,16 +23,7 @@ LEROBOT_TRAIN = [
     "import sys; sys.argv[0] = 'lerobot-train'; from lerobot.scripts.lerobot_train import main; main()",
 ]
 ACT = [
-    "--policy.type=act",
-    "--policy.dim_model=32",
-    "--policy.n_heads=2",
-    "--policy.dim_feedforward=64",
-    "--policy.n_encoder_layers=1",
-    "--policy.n_decoder_layers=1",
-    "--policy.latent_dim=8",
-    "--policy.chunk_size=10",
-    "--policy.n_action_steps=10",
-    "--policy.pretrained_backbone_weights=null",
+    *TINY_ACT,
     "--policy.device=cpu",
     "--policy.push_to_hub=false",
     "--policy.optimizer_lr=0",  # the weights stay the initial ones: both runs evaluate the same model

@@ -12,23 +12,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from procs import CLI, env, run, started, wait_for
+from procs import CLI, TINY_ACT, env, run, started, wait_for
 
 TIMEOUT = 400  # seconds per training process (20 tiny CPU steps take ~30-60 s on a loaded 2-core machine)
 
-ACT = [
-    "--policy.type=act",
-    "--policy.dim_model=32",
-    "--policy.n_heads=2",
-    "--policy.dim_feedforward=64",
-    "--policy.n_encoder_layers=1",
-    "--policy.n_decoder_layers=1",
-    "--policy.latent_dim=8",
-    "--policy.chunk_size=10",
-    "--policy.n_action_steps=10",
-    "--policy.vision_backbone=resnet18",
-    "--policy.pretrained_backbone_weights=null",
-]
+ACT = [*TINY_ACT, "--policy.vision_backbone=resnet18"]
 DIFFUSION = [
     "--policy.type=diffusion",
     "--policy.n_obs_steps=2",
