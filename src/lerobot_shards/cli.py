@@ -622,6 +622,9 @@ def demo(out: str, batches: int, workers: int) -> None:
 def train(args: tuple[str, ...]) -> None:
     """LeRobot's lerobot-train with its own arguments, reading a converted or raw v3.0 dataset
     (--dataset.root, local or URL) with this loader (needs LeRobot 0.6; docs/lerobot.md)."""
+    from .integrations.train_process import tune
+
+    tune()  # before torch loads: OpenMP reads its wait policy then
     from .integrations.lerobot_train import LeRobotUnavailable
     from .integrations.lerobot_train import train as lerobot_train
 

@@ -15,7 +15,37 @@ Each has an exact shortcut on uint8 frames (the dtype LeRobot's trainer augments
   once per distinct colour of the window and the pixels gather their colour's result.
 - affine (nearest): each output pixel copies one source pixel or the fill. torchvision's own grid,
   sampled once over a map of pixel numbers, says which; the uint8 frames are gathered from it,
-  every channel and frame at once, instead of sampling them in float.
+  every channel and frame at once (plane by plane when contiguous), instead of sampling them in
+  float.
+
+Measured 2026-12-07 (the 2-core development machine at load 3-4, one intra-op thread as on the
+decode pool's threads, CPU ms per call on a real AV1 2x3x480x640 uint8 window; torchvision's
+kernel / this module's), in the process's default glibc allocator and, after the arrow, under
+``lerobot-shards train``'s fixed allocator thresholds (``train_process``: the float temporaries of
+brightness, contrast and saturation stop faulting in fresh pages each call):
+
+=============  =========================================  =========================================
+kernel         channels-last (as decoded)                 contiguous (as the frame cache reads)
+=============  =========================================  =========================================
+brightness     5.0 -> 1.9 (torchvision's)                 1.9 -> 1.9 (torchvision's)
+contrast       7.3 -> 4.0 (torchvision's)                 3.5 -> 3.4 (torchvision's)
+saturation     8.2 -> 4.9 (torchvision's)                 3.6 -> 3.5 (torchvision's)
+hue            66.6 / 22.8 -> 42.8 / 21.8                 52.9 / 20.7 -> 34.0 / 19.7
+sharpness      4.9 / 6.0 (before this dispatch) -> 5.1    51.3 / 6.4 -> 37.0 / 6.1
+affine         3.9 / 4.3 -> 3.7 / 4.2                     4.2 / 5.2 -> 3.9 / 4.9 (pixel gather)
+=============  =========================================  =========================================
+
+Sharpness on a channels-last 4-D window takes torchvision's kernel (its convolution is cheaper
+there than the integer blur, 4.9-5.1 against 6.0 ms); on contiguous frames the integer blur is 6-8x
+cheaper. Brightness, contrast and saturation stay torchvision's: their float ops are few and
+vectorized, and an exact uint8 lookup table (the result is a function of the value, or of the
+value and the grey, under a given factor) costs as much to apply in torch (an int32 index_select,
+2.5 ms a window) as the float ops do once the allocator keeps their blocks. Affine: at load 3-4
+torchvision's float grid_sample was a little cheaper than the gather (table above), at load 8-9
+(contiguous window, medians of 8) 9.7 ms against 5.8; the gather is kept, and on contiguous frames
+now gathers plane by plane (``gather``, the fill written where the source is outside: 6.2 -> 5.8 ms
+there) instead of padding and index-selecting pixels. Hue's 20 ms is mostly ``torch.unique`` (11
+ms for ~60,000 colours of 614,400 pixels) and torchvision's kernel on the distinct colours (~7 ms).
 
 Frames take these kernels through torchvision's own dispatch: ``as_frames`` marks a tensor as
 ``Frames`` (a ``tv_tensors.Image``), for which the kernels are registered; every other transform,
@@ -70,7 +100,8 @@ class ExactKernels:
 def adjust_sharpness(image: torch.Tensor, sharpness_factor: float) -> torch.Tensor:
     """``F.adjust_sharpness_image`` with its rounded float blur computed exactly in integers."""
     channels, height, width = image.shape[-3:]
-    if image.dtype != torch.uint8 or channels not in (1, 3) or sharpness_factor < 0 or min(height, width) <= 2:
+    plain = image.dtype != torch.uint8 or channels not in (1, 3) or sharpness_factor < 0 or min(height, width) <= 2
+    if plain or _channels_last(image):  # frames as decoded: torchvision's convolution is the cheaper there
         return F.adjust_sharpness_image(image, sharpness_factor)
     shape = image.shape
     if image.ndim > 4:
@@ -82,14 +113,15 @@ def adjust_sharpness(image: torch.Tensor, sharpness_factor: float) -> torch.Tens
     total = rows[..., :-2] + rows[..., 1:-1]
     total += rows[..., 2:]
     total += wide[..., 1:-1, 1:-1] * 4  # the kernel's 5/13 centre: the box's 1 plus 4
-    channels_last = (
-        output.ndim == 4 and not output.is_contiguous() and output.is_contiguous(memory_format=torch.channels_last)
-    )
-    layout = torch.channels_last if channels_last else torch.contiguous_format  # as the convolution's output
+    layout = torch.channels_last if _channels_last(output) else torch.contiguous_format  # as the convolution's
     blurred = total.to(torch.float32).div_(13.0).round_().contiguous(memory_format=layout)
     view = output[..., 1:-1, 1:-1]
     view.add_(blurred.sub_(view), alpha=(1.0 - sharpness_factor))
     return output.clamp_(0, 255).to(torch.uint8).reshape(shape)
+
+
+def _channels_last(image: torch.Tensor) -> bool:
+    return image.ndim == 4 and not image.is_contiguous() and image.is_contiguous(memory_format=torch.channels_last)
 
 
 @F.register_kernel(F.adjust_hue, Frames)
@@ -140,8 +172,15 @@ def affine(
     sampled = torch.nn.functional.grid_sample(numbers, grid, mode="nearest", padding_mode="zeros", align_corners=False)
     source = sampled.reshape(-1).to(torch.int64)  # 0: outside the frame, the fill
     channels = image.shape[-3]
-    pixels = image.reshape(-1, channels, height, width).permute(0, 2, 3, 1).reshape(-1, height * width, channels)
     filler = torch.tensor([int(v) for v in fills], dtype=torch.uint8).expand(channels)
-    padded = torch.cat((filler.expand(pixels.shape[0], 1, channels), pixels), dim=1)
-    moved = padded.index_select(1, source).reshape(-1, height, width, channels)  # a pixel's channels at once
-    return moved.permute(0, 3, 1, 2).contiguous().reshape(image.shape)  # torchvision's layout
+    if not image.is_contiguous():  # channels-last (as decoded): a pixel's channels gathered at once
+        pixels = image.reshape(-1, channels, height, width).permute(0, 2, 3, 1).reshape(-1, height * width, channels)
+        padded = torch.cat((filler.expand(pixels.shape[0], 1, channels), pixels), dim=1)
+        moved = padded.index_select(1, source).reshape(-1, height, width, channels)
+        return moved.permute(0, 3, 1, 2).contiguous().reshape(image.shape)  # torchvision's layout
+    planes = image.reshape(-1, channels, height * width)  # contiguous (as the frame cache reads): plane by plane
+    outside = source == 0
+    gathered = planes.gather(2, source.sub(1).clamp_(min=0).expand(*planes.shape))
+    for c in range(channels):  # the fill where the source is outside the frame
+        gathered[:, c].masked_fill_(outside, int(filler[c]))
+    return gathered.reshape(image.shape)

@@ -60,6 +60,7 @@ from ..loader.mix.spec import is_mixture_file
 from ..loader.transport.slabs import with_slabs
 from ..redaction import without_credentials
 from ..storage import StorageLocation
+from . import train_process
 from .eval_split import eval_subset, split_episodes
 from .frame_cache_choice import choose_frame_cache, choose_partition
 from .train_settings import SETTINGS_KEY, TrainSettings, read_data_state, resolve, split_args, usage
@@ -654,6 +655,12 @@ def train(argv: Sequence[str]) -> None:
     if "--help" in argv or "-h" in argv:
         print(usage(), flush=True)
     check_lerobot()
+    if train_process.applied:
+        print(
+            f"lerobot-shards train: {'; '.join(train_process.applied)} (same bits, less CPU)",
+            file=sys.stderr,
+            flush=True,
+        )
     import accelerate
     from lerobot.scripts import lerobot_train as lt
 
