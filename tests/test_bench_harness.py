@@ -23,6 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from harness.cases import Case, camera_offsets, delta_timestamps, expand  # noqa: E402
+from harness.measure import page_cache_write_cost  # noqa: E402
 from harness.report import targets, throughput_groups  # noqa: E402
 from harness.runner import median_round  # noqa: E402
 from harness.shaper import Profile, ShapedProxy  # noqa: E402
@@ -367,3 +368,10 @@ def test_tiny_frame_cache_epochs_end_to_end(tmp_path: Path) -> None:
     assert not (out / "cache" / "frames").exists() or not any((out / "cache" / "frames").iterdir())
     summary = (out / "summary.md").read_text()
     assert "cold epoch, converted-local >= 3x" in summary and "warm epoch, converted-resized >= 15x" in summary
+
+
+def test_page_cache_probe_reports_both_costs_and_leaves_nothing(tmp_path: Path) -> None:
+    """The frame-cache benchmark's probe of new against rewritten page-cache pages (in its summary)."""
+    cost = page_cache_write_cost(tmp_path, mb=4)
+    assert set(cost) == {"new", "rewrite"} and cost["new"] >= 0 and cost["rewrite"] >= 0
+    assert not list(tmp_path.iterdir())
