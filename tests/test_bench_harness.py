@@ -284,7 +284,7 @@ def test_frame_cache_epochs_come_cold_then_warm_and_lerobot_at_its_own_worker_co
     assert ours == [
         (s, w, x, e)
         for s in ("converted-local", "converted-resized")
-        for w, x in ((0, "queue"), (2, "slab"))
+        for w, x in ((0, "slab"), (2, "slab"))
         for e in ("cold", "warm")
     ]
     assert sorted(c.workers for c in cases if c.kind.startswith("lerobot")) == [1, 2, 3]

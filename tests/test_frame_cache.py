@@ -130,20 +130,21 @@ def _slab_batches(ds: EpisodePoolDataset, workers: int = 2) -> tuple[list[dict],
     return out, loader.collate_fn.stats()["workers"]
 
 
-@pytest.mark.parametrize("chunk", [3, 32])
+@pytest.mark.parametrize(("chunk", "workers"), [(3, 2), (32, 2), (3, 0)])
 def test_a_cold_epoch_waits_on_the_fills_and_reads_into_the_slabs(
-    raw: Path, tmp_path: Path, chunk: int, monkeypatch: pytest.MonkeyPatch
+    raw: Path, tmp_path: Path, chunk: int, workers: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Every camera read of a cold epoch comes from its episode's fill (advanced to the frames a
     sample asks for, however far ahead: ``chunk`` 3 makes most reads wait on several steps), none
-    decoded at random, and lands in its batch's slab as a warm read does: the same bits."""
+    decoded at random, and lands in its batch's slab as a warm read does: the same bits. Without
+    workers the slabs are the main process's own (``slab_loader`` batches the dataset itself)."""
     monkeypatch.setattr(frame_fill, "FILL_CHUNK", chunk)  # the workers are forked: they see it too
     monkeypatch.setattr(frame_fill, "STARTUP_READS", 0)  # every read waits, however far ahead
     monkeypatch.setattr(frame_fill, "FILL_AHEAD", 0)
     opts: dict[str, Any] = {"image_dtype": torch.uint8}
-    want = _batches(_dataset(raw, None, **opts), 2, slabs=True)
+    want = _batches(_dataset(raw, None, **opts), workers)
     ds = _dataset(raw, tmp_path, **opts)
-    got, transport = _slab_batches(ds)
+    got, transport = _slab_batches(ds, workers)
     _same(want, got)
     total = _total(ds)
     assert total["frame_cache_misses"] == 0 and total["frames_decoded"] == 0
@@ -528,3 +529,22 @@ def test_a_raw_mp4_rewritten_in_place_with_its_size_and_mtime_is_not_served_stal
     got = _batches(_dataset(root, cache, shuffle=False))
     _same(want, got)
     assert read_identity(got[0][FRONT][0][1]) == (2, 0)  # episode 0's row now holds episode 2's frames
+
+
+@pytest.mark.parametrize("resize", [None, (32, 48)])
+def test_frames_from_the_cache_lie_in_memory_as_decoded_ones(raw: Path, tmp_path: Path, resize: Any) -> None:
+    """Entries hold each frame's (H, W, C) bytes, torchcodec's order: a sample's frames, cold or warm,
+    are (C, H, W) views over channels-last memory, as the decoder's (resized ones too), same bits."""
+    opts: dict[str, Any] = {"image_dtype": torch.uint8, "resize": resize}
+    want = list(_dataset(raw, None, **opts))
+    for _ in range(2):  # cold, then warm
+        got = list(_dataset(raw, tmp_path, **opts))
+        assert len(got) == len(want)
+        for a, b in zip(want, got):
+            for cam in (FRONT, TOP):
+                assert torch.equal(a[cam], b[cam])
+                frames = b[cam] if b[cam].dim() == 4 else b[cam].unsqueeze(0)
+                assert frames.permute(0, 2, 3, 1).is_contiguous(), (cam, b[cam].stride())
+    if resize is None:  # the decoder's own frames are channels-last too: no copy made either way
+        frames = want[0][TOP].unsqueeze(0)
+        assert frames.permute(0, 2, 3, 1).is_contiguous()

@@ -310,10 +310,15 @@ def test_with_slabs_rebuilds_a_loader_built_elsewhere_keeping_its_settings(synth
     assert _compare(plain, batches) == len(plain)
     del batches  # persistent workers: shut down here
     assert loader.collate_fn.stats()["workers"]["slab_batches"] >= len(plain) // 2
-    # nothing to carry, or a collate of the caller's own: the loader is left as it is
-    in_process = DataLoader(_dataset(synth), batch_size=BATCH)
+    # a collate of the caller's own: the loader is left as it is
     custom = DataLoader(_dataset(synth), batch_size=BATCH, num_workers=2, collate_fn=list)
-    assert with_slabs(in_process) is in_process and with_slabs(custom) is custom
+    assert with_slabs(custom) is custom
+    # without workers (the layout ``lerobot-shards train`` picks on up to 4 cores): the main
+    # process's ring, the frames staged into it, the same batches
+    in_process = with_slabs(DataLoader(_dataset(synth, image_dtype=torch.uint8), batch_size=BATCH))
+    assert isinstance(in_process.collate_fn, SlabCollate) and in_process.num_workers == 0
+    assert _compare(list(DataLoader(_dataset(synth, image_dtype=torch.uint8), batch_size=BATCH)), iter(in_process))
+    assert in_process.collate_fn.stats()["workers"]["staged_values"] > 0
     # a loader that pins (LeRobot's trainer on CUDA) gets page-locked slabs: its pin step copies nothing
     pinning = DataLoader(_dataset(synth), batch_size=BATCH, num_workers=2, pin_memory=True)
     assert with_slabs(pinning).collate_fn.pin_memory is True
@@ -442,6 +447,72 @@ def test_samples_kept_beyond_their_batch_keep_their_frames(synth) -> None:
     plain = list(DataLoader(make(), batch_size=BATCH, num_workers=1))  # a new worker per epoch: a fresh cache
     loader = slab_loader(make(), batch_size=BATCH, num_workers=1, slabs=8, persistent_workers=True)
     for _ in range(3):  # epoch 1 fills the worker's cache, epochs 2 and 3 read it
+        assert _compare(plain, iter(loader)) == len(plain)
+    stats = loader.collate_fn.stats()["workers"]
+    assert stats["staged_values"] > 0 and stats["slabs_retired"] > 0
+
+
+# -- no workers: the main process's own ring ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.float32])
+def test_without_workers_frames_are_staged_into_reused_batches_equal_to_the_plain_loaders(synth, dtype) -> None:
+    """``slab_loader`` without workers batches the dataset itself: its decode threads write frames
+    straight into the main process's reused slabs, and the batches equal the plain DataLoader's."""
+    plain_ds, ds = _dataset(synth, image_dtype=dtype), _dataset(synth, image_dtype=dtype)
+    loader = slab_loader(ds, batch_size=BATCH, num_workers=0)
+    values = 0
+    for epoch in (0, 1):
+        plain_ds.set_epoch(epoch)
+        ds.set_epoch(epoch)
+        plain = list(DataLoader(plain_ds, batch_size=BATCH, num_workers=0))
+        values += len(CAMS) * sum(len(b["index"]) for b in plain)
+        assert _compare(plain, iter(loader)) == len(plain)
+    stats = loader.collate_fn.stats()["workers"]
+    assert stats["slab_batches"] == stats["batches"] == 2 * len(plain) and stats["fallback_batches"] == 0
+    assert stats["slabs_allocated"] <= 4  # reused: the loop holds one batch, one is filled, one staged
+    assert values // 2 <= stats["staged_values"] <= values
+
+
+def test_without_workers_a_held_batch_keeps_its_values(synth) -> None:
+    """Batches the loop keeps are never rewritten: their slabs stay busy, and once the ring is all
+    busy further batches are collated into fresh memory."""
+    plain = list(DataLoader(_dataset(synth, image_dtype=torch.uint8), batch_size=BATCH))
+    loader = slab_loader(_dataset(synth, image_dtype=torch.uint8), batch_size=BATCH, num_workers=0, slabs=2)
+    held = list(loader)  # every batch kept
+    assert len(held) == len(plain)
+    for a, b in zip(plain, held):
+        _assert_same(a, b)
+    stats = loader.collate_fn.stats()["workers"]
+    assert stats["slabs_allocated"] == 2 and stats["fallback_batches"] == len(plain) - 2
+
+
+def test_without_workers_an_abandoned_epoch_and_a_wrapper(synth) -> None:
+    """An epoch left after 3 batches (its next batch's slab reserved) leaves nothing staged behind;
+    a wrapped dataset is not batched directly and stages nothing."""
+    ds = _dataset(synth, image_dtype=torch.uint8)
+    loader = slab_loader(ds, batch_size=BATCH, num_workers=0)
+    it = iter(loader)
+    for _ in range(3):
+        next(it)
+    del it
+    plain = list(DataLoader(_dataset(synth, image_dtype=torch.uint8), batch_size=BATCH))
+    ds.set_epoch(0)
+    assert _compare(plain, iter(loader)) == len(plain)
+    assert loader.collate_fn.stats()["workers"]["staged_values"] > 0
+    wrapped = slab_loader(_Wrapped(_dataset(synth, image_dtype=torch.uint8), 13), batch_size=BATCH, num_workers=0)
+    plain = list(DataLoader(_Wrapped(_dataset(synth, image_dtype=torch.uint8), 13), batch_size=BATCH))
+    assert _compare(plain, iter(wrapped)) == len(plain)
+    assert wrapped.collate_fn.stats()["workers"]["staged_values"] == 0
+
+
+def test_without_workers_samples_kept_beyond_their_batch_keep_their_frames(synth) -> None:
+    def make() -> _Cached:
+        return _Cached(str(synth), delta_timestamps=WINDOW, episode_pool_size=2, seed=5, image_dtype=torch.uint8)
+
+    plain = list(DataLoader(make(), batch_size=BATCH))
+    loader = slab_loader(make(), batch_size=BATCH, num_workers=0)
+    for _ in range(3):  # epoch 1 fills the cache, epochs 2 and 3 read it
         assert _compare(plain, iter(loader)) == len(plain)
     stats = loader.collate_fn.stats()["workers"]
     assert stats["staged_values"] > 0 and stats["slabs_retired"] > 0

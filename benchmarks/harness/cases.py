@@ -106,8 +106,9 @@ def expand(
 ) -> list[Case]:
     """Every case of the matrix, ours first, then baselines and limits (raw-local, cpu), per mode.
 
-    Ours and the DataLoader ceiling run once per transport (``TRANSPORTS``) when they have workers
-    (without workers nothing crosses a process boundary).
+    Ours runs once per transport (``TRANSPORTS``); without workers nothing crosses a process
+    boundary, and "slab" is ``slab_loader``'s own ring in the main process (reused batches that the
+    decode threads read frames into). The DataLoader ceiling runs once per transport with workers.
 
     LeRobot's baselines run only at worker counts above 0: its loaders are always measured with
     DataLoader workers, and ours at workers=0 (decode threads in the main process) is compared
@@ -124,7 +125,7 @@ def expand(
         for s in sources
         for d in decodes
         for w in workers
-        for x in ways(w)
+        for x in transports
         for t in image_dtypes
     ]
     cases += [
@@ -132,7 +133,7 @@ def expand(
         for m in modes
         for s in frame_cache_sources
         for w in workers
-        for x in ways(w)
+        for x in transports
         for t in image_dtypes
         for e in EPOCHS
     ]

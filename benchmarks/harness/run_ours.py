@@ -88,7 +88,7 @@ class TimedCollate:
 
 
 def _loader(spec: dict[str, Any], dataset: Any) -> DataLoader:
-    from lerobot_shards.loader.transport.slabs import SlabCollate
+    from lerobot_shards.loader.transport.slabs import SlabCollate, slab_loader
 
     case = spec["case"]
     extra: dict[str, Any] = {}
@@ -98,6 +98,8 @@ def _loader(spec: dict[str, Any], dataset: Any) -> DataLoader:
         extra["collate_fn"] = SlabCollate(case["prefetch_factor"] + 2) if slab else TimedCollate()
         if case["decode"] != "cpu":
             extra["multiprocessing_context"] = "spawn"  # CUDA cannot start in forked workers
+    elif case.get("transport") == "slab":  # the main process's own ring: slab_loader batches the dataset itself
+        return slab_loader(dataset, batch_size=case["batch_size"], num_workers=0)
     elif case.get("epoch"):  # an epoch's CPU split needs collation timed in the main process too
         extra["collate_fn"] = TimedCollate()
     return DataLoader(dataset, batch_size=case["batch_size"], num_workers=case["workers"], **extra)

@@ -21,6 +21,7 @@ from .control import SharedControl
 from .meta import DatasetMeta
 from .plan.order import EpochOrder, check_count
 from .stats import SharedStats, StatSlot
+from .transport.slabs import batched_directly
 
 
 class ResumableDataset(IterableDataset):
@@ -124,7 +125,8 @@ class ResumableDataset(IterableDataset):
         stats = self._stats.slot(worker)
         self._control.saw_workers(num_workers)
         epoch = self._control.begin_pass(worker)  # the epoch set, or the next one on a further pass
-        return self._iterate(worker, num_workers, epoch, stats, own=info is not None and info.dataset is self)
+        own = batched_directly(self) if info is None else info.dataset is self
+        return self._iterate(worker, num_workers, epoch, stats, own=own)
 
     def _name(self) -> str:
         """How errors about this dataset name it."""

@@ -4,8 +4,12 @@ Random access costs 2.2-2.6 decoded frames per frame asked for, and every epoch 
 sequential pass decodes each frame once. So when an episode is admitted, its frames are decoded
 in order into an entry here (``frame_fill``), and samples read their windows from the entry.
 
-An entry is one clip at one decoded size: every frame of one episode's camera, uint8 (C, H, W)
-exactly as the loader returns it (after ``resize``), contiguous, so a window is one read. Its
+An entry is one clip at one decoded size: every frame of one episode's camera, uint8, exactly as
+the loader returns it (after ``resize``), each frame's (H, W, C) bytes one after the other, so a
+window is one read. That is the memory order torchcodec decodes into and the loader hands out
+((C, H, W)-shaped views over channels-last memory, ``channels_last``): a fill writes the decoder's
+frames as they are, and a read lands in a channels-last batch slot as one plain copy (a planar
+cache cost a transposing copy of every frame at fill, 0.55 ms per 480p frame here). Its
 name is a hash of what decides its bytes (``entry_key``): the clip's content (the xxh3-128 of a
 converted clip's bytes, which is its member checksum; a raw mp4's URL, inode, size, modification
 and change times), the episode's first frame and length in it, the frame tables, the decoded size and resize
@@ -78,17 +82,28 @@ from ..read.sources import ClipRef
 
 log = logging.getLogger(__name__)
 
-MAGIC = b"LRSFRAMES2\n"
+MAGIC = b"LRSFRAMES3\n"
 ALIGN = 4096  # header and checksum table end on a page: frames start page-aligned
 DIGEST_BYTES = 16  # xxh3-128
 ENTRIES_DIR = "frames"
-FORMAT = 2  # 2: the header's JSON is followed by its xxh3-128 (a flipped bit in it is caught)
+FORMAT = 3  # 2: the header's JSON is followed by its xxh3-128 (a flipped bit in it is caught); 3: frames (H, W, C)
 # In ``LOCKS_DIR`` (never counted, never evicted): an upper bound of the entries' sum, kept under
 # the global lock, so that a reservation with room reads 8 bytes instead of walking the directory.
 LEDGER = "frames.bytes"
 # An eviction frees this share of the bound beyond what it needs (when it can), so that the
 # directory is walked once per many reservations at capacity, not at each: O(1) amortized.
 HEADROOM = 0.05
+
+
+def is_channels_last(frames: torch.Tensor) -> bool:
+    """Whether (N, C, H, W) ``frames`` lie in (N, H, W, C) order, as torchcodec decodes them."""
+    return frames.permute(0, 2, 3, 1).is_contiguous()
+
+
+def channels_last(frames: torch.Tensor) -> torch.Tensor:
+    """(N, C, H, W) ``frames`` over channels-last memory: themselves when they are (a decoder's),
+    else a copy (resized frames): one memory order whichever way a batch's frames came."""
+    return frames if is_channels_last(frames) else frames.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
 
 
 class FrameCacheError(LeRobotShardsError, OSError):
@@ -203,12 +218,14 @@ class _Frames:
         self.digests = digests
 
     def read(self, indices: Sequence[int], out: torch.Tensor | None = None) -> torch.Tensor:
-        """Frames ``indices`` as uint8 (N, C, H, W), into ``out`` when given (contiguous, that
-        shape and dtype): consecutive frames are one ``preadv``, every frame is verified."""
+        """Frames ``indices`` as uint8 (N, C, H, W) over channels-last memory, into ``out`` when
+        given (such a tensor, that shape): consecutive frames are one ``preadv``, every frame is
+        verified."""
         n = len(indices)
-        if out is None or not out.is_contiguous() or out.dtype != torch.uint8 or out.shape != (n, *self.layout.shape):
-            out = torch.empty((n, *self.layout.shape), dtype=torch.uint8)
-        flat = out.numpy().reshape(n, -1)
+        if out is None or out.dtype != torch.uint8 or out.shape != (n, *self.layout.shape) or not is_channels_last(out):
+            c, h, w = self.layout.shape
+            out = torch.empty((n, h, w, c), dtype=torch.uint8).permute(0, 3, 1, 2)
+        flat = out.permute(0, 2, 3, 1).numpy().reshape(n, -1)
         fb = self.layout.frame_bytes
         i = 0
         while i < n:
@@ -248,7 +265,7 @@ class Fill(_Frames):
         self.lock = lock
         self.tmp: str | None = None
         self.progress = 0
-        self._staged: torch.Tensor | None = None  # one contiguous frame on its way to the file (``write``)
+        self._staged: torch.Tensor | None = None  # one (H, W, C) frame on its way to the file (``write``)
         # CPU seconds of this thread in the writes into the page cache (``write``): what a new page
         # costs, reported apart because a VM whose host backs guest memory lazily multiplies it
         self.write_seconds = 0.0
@@ -294,21 +311,23 @@ class Fill(_Frames):
     def write(self, frames: torch.Tensor) -> None:
         """Append decoded frames (uint8 (N, C, H, W) of the reserved shape), one frame at a time.
 
-        The decoder's frames are a channels-last view: each is copied into one reused (C, H, W)
-        buffer (0.92 MB at 480p: it stays in the core's cache), written from there and hashed while
-        it is hot. The same steps over a 32-frame buffer (29 MB, past the caches) read it back from
-        memory twice more: 0.4-1.5 ms of CPU more per 480p frame, measured with two fills at once."""
+        The decoder's frames are channels-last already: each frame's (H, W, C) bytes are written
+        as they lie and hashed right after, while the write has left them in the core's cache.
+        Frames in another memory order (resized ones are contiguous (C, H, W)) are first copied
+        into one reused (H, W, C) buffer."""
         if tuple(frames.shape[1:]) != self.layout.shape or frames.dtype != torch.uint8:
             raise ValueError(
                 f"{self.final}: frames {tuple(frames.shape)} {frames.dtype} for an entry of {self.layout.shape}"
             )
-        if self._staged is None:
-            self._staged = torch.empty(self.layout.shape, dtype=torch.uint8)
-        staged = self._staged.numpy()
-        whole = staged.reshape(-1).data.cast("B")  # the buffer's bytes, written and hashed
         offset = self.layout.data + self.progress * self.layout.frame_bytes
-        for frame in frames.numpy():
-            np.copyto(staged, frame)  # numpy's strided copy: 0.55 ms a 480p frame where torch's took 0.65
+        for frame in frames.permute(0, 2, 3, 1).numpy():
+            if not frame.flags.c_contiguous:
+                if self._staged is None:
+                    c, h, w = self.layout.shape
+                    self._staged = torch.empty((h, w, c), dtype=torch.uint8)
+                np.copyto(self._staged.numpy(), frame)
+                frame = self._staged.numpy()
+            whole = frame.reshape(-1).data.cast("B")  # the frame's bytes, written and hashed
             view = whole
             cpu = time.thread_time()
             while view:

@@ -30,7 +30,7 @@ import torch
 
 from ..read.sources import ClipRef
 from .decoders import DecodeError, DecoderCache
-from .frame_cache import Entry, Fill, FrameCache, FrameCacheError, entry_key
+from .frame_cache import Entry, Fill, FrameCache, FrameCacheError, channels_last, entry_key
 
 log = logging.getLogger(__name__)
 
@@ -199,9 +199,9 @@ class FrameServer:
     def frames(
         self, clip: ClipRef, indices: Sequence[int], size: tuple[int, int] | None, into: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """Frames ``indices`` of the clip, uint8 (N, C, H, W), contiguous: from the cache, its fill
-        advanced to them first (verified; read into ``into`` when it is such a tensor), else
-        decoded (``DecoderCache.frames``)."""
+        """Frames ``indices`` of the clip, uint8 (N, C, H, W) over channels-last memory: from the
+        cache, its fill advanced to them first (verified; read into ``into`` when it is such a
+        tensor), else decoded (``DecoderCache.frames``)."""
         state = self.clips.get((clip.cache_key, clip.first_frame))
         if state is not None and state.size == size and indices:
             if state.entry is None and state.elsewhere:
@@ -216,10 +216,11 @@ class FrameServer:
                 return frames
         self.counters["frame_cache_misses"] += 1
         frames = self.decoders.frames(clip, indices, size)
-        # contiguous as the cache's reads are (``into``: the caller copies them there): a batch's
-        # frames have one layout whichever way each came, or a slab transport's plan, learnt
-        # from one batch, would not fit the next (its staged slabs retired, its values copied)
-        return frames if into is not None else frames.contiguous()
+        # channels-last as the cache's reads are (a decoder's frames already; resized ones copied;
+        # ``into``: the caller copies them there):
+        # a batch's frames have one layout whichever way each came, or a slab transport's plan,
+        # learnt from one batch, would not fit the next (its staged slabs retired, its values copied)
+        return frames if into is not None else channels_last(frames)
 
     def _read(self, state: _Clip, indices: Sequence[int], top: int, into: torch.Tensor | None) -> torch.Tensor | None:
         source: Entry | Fill | None = state.entry
