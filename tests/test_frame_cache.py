@@ -531,20 +531,38 @@ def test_a_raw_mp4_rewritten_in_place_with_its_size_and_mtime_is_not_served_stal
     assert read_identity(got[0][FRONT][0][1]) == (2, 0)  # episode 0's row now holds episode 2's frames
 
 
-@pytest.mark.parametrize("resize", [None, (32, 48)])
-def test_frames_from_the_cache_lie_in_memory_as_decoded_ones(raw: Path, tmp_path: Path, resize: Any) -> None:
+def _unchanged(frames: torch.Tensor) -> torch.Tensor:
+    """An image transform that returns its frames as they are (their memory order shows)."""
+    return frames
+
+
+@pytest.mark.parametrize(("resize", "augmented"), [(None, False), ((32, 48), False), (None, True)])
+def test_frames_from_the_cache_lie_in_memory_as_decoded_ones(
+    raw: Path, tmp_path: Path, resize: Any, augmented: bool
+) -> None:
     """Entries hold each frame's (H, W, C) bytes, torchcodec's order: a sample's frames, cold or warm,
-    are (C, H, W) views over channels-last memory, as the decoder's (resized ones too), same bits."""
+    are (C, H, W) views over channels-last memory, as the decoder's (resized ones too), same bits.
+    Frames augmented next (``image_transforms``) are cached planar and come contiguous."""
     opts: dict[str, Any] = {"image_dtype": torch.uint8, "resize": resize}
+    if augmented:
+        opts["image_transforms"] = _unchanged
     want = list(_dataset(raw, None, **opts))
-    for _ in range(2):  # cold, then warm
-        got = list(_dataset(raw, tmp_path, **opts))
+    for epoch in range(2):  # cold, then warm
+        ds = _dataset(raw, tmp_path, **opts)
+        got = list(ds)
         assert len(got) == len(want)
         for a, b in zip(want, got):
             for cam in (FRONT, TOP):
                 assert torch.equal(a[cam], b[cam])
                 frames = b[cam] if b[cam].dim() == 4 else b[cam].unsqueeze(0)
-                assert frames.permute(0, 2, 3, 1).is_contiguous(), (cam, b[cam].stride())
-    if resize is None:  # the decoder's own frames are channels-last too: no copy made either way
+                if augmented:
+                    assert frames.is_contiguous(), (cam, b[cam].stride())
+                else:
+                    assert frames.permute(0, 2, 3, 1).is_contiguous(), (cam, b[cam].stride())
+        if epoch == 1:
+            assert _total(ds)["frames_decoded"] == 0 and _total(ds)["frames_filled"] == 0
+    orders = {json.loads(_parse_header(Path(p).read_bytes()[:ALIGN], p)[0])["order"] for p in _entries(tmp_path)}
+    assert orders == {"chw" if augmented else "hwc"}
+    if resize is None and not augmented:  # the decoder's own frames are channels-last too: no copy either way
         frames = want[0][TOP].unsqueeze(0)
         assert frames.permute(0, 2, 3, 1).is_contiguous()

@@ -569,12 +569,12 @@ def _accelerator_class(base: type, run: type[_Run]) -> type:
                     state = run.resume or {}
                     loader = with_slabs(arg, layout=run.settings.slab_layout, drop=_collate_drops(arg))
                     if loader is not arg:
-                        print(
-                            f"lerobot-shards train: {loader.num_workers} workers hand batches over in reused "
-                            "shared-memory slabs (SlabCollate)",
-                            file=sys.stderr,
-                            flush=True,
+                        how = (
+                            f"{loader.num_workers} workers hand batches over in reused shared-memory slabs"
+                            if loader.num_workers
+                            else "batches are reused slabs that the decode threads read frames into"
                         )
+                        print(f"lerobot-shards train: {how} (SlabCollate)", file=sys.stderr, flush=True)
                     run.loader = PositionedLoader(
                         loader,
                         int(state.get("epoch", 0)),

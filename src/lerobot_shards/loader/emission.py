@@ -204,7 +204,8 @@ def decode_pool(
     store = None
     if decode.frame_cache_dir is not None and decode.video_decode_device == "cpu":
         assert decode.frame_cache_bytes is not None  # resolved by the dataset
-        store = FrameCache(decode.frame_cache_dir, decode.frame_cache_bytes)
+        # frames augmented next are cached planar: the transforms cost less on contiguous frames
+        store = FrameCache(decode.frame_cache_dir, decode.frame_cache_bytes, planar=decode.image_transforms is not None)
     return DecodePool(
         threads,
         lambda: DecoderCache(per_thread, decode, location),

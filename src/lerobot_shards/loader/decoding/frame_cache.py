@@ -5,11 +5,18 @@ sequential pass decodes each frame once. So when an episode is admitted, its fra
 in order into an entry here (``frame_fill``), and samples read their windows from the entry.
 
 An entry is one clip at one decoded size: every frame of one episode's camera, uint8, exactly as
-the loader returns it (after ``resize``), each frame's (H, W, C) bytes one after the other, so a
-window is one read. That is the memory order torchcodec decodes into and the loader hands out
-((C, H, W)-shaped views over channels-last memory, ``channels_last``): a fill writes the decoder's
-frames as they are, and a read lands in a channels-last batch slot as one plain copy (a planar
-cache cost a transposing copy of every frame at fill, 0.55 ms per 480p frame here). Its
+the loader returns it (after ``resize``), one frame after the other, so a window is one read.
+Frames lie in the memory order their consumer wants (``FrameCache(planar=...)``, part of the key):
+
+- (H, W, C), the order torchcodec decodes into and the loader hands out ((C, H, W)-shaped views
+  over channels-last memory, ``channels_last``): a fill writes the decoder's frames as they are,
+  and a read lands in a channels-last batch slot as one plain copy. A planar entry costs a
+  transposing copy of every frame at fill (0.55 ms per 480p frame on the 2-core machine);
+- (C, H, W), planar, for frames that are augmented next (``image_transforms``): LeRobot's
+  transforms cost less on contiguous frames than that copy once per run (ACT under LeRobot's
+  trainer, transforms on: 0.049 against 0.053 CPU s per sample; without transforms the same).
+
+Its
 name is a hash of what decides its bytes (``entry_key``): the clip's content (the xxh3-128 of a
 converted clip's bytes, which is its member checksum; a raw mp4's URL, inode, size, modification
 and change times), the episode's first frame and length in it, the frame tables, the decoded size and resize
@@ -86,7 +93,7 @@ MAGIC = b"LRSFRAMES3\n"
 ALIGN = 4096  # header and checksum table end on a page: frames start page-aligned
 DIGEST_BYTES = 16  # xxh3-128
 ENTRIES_DIR = "frames"
-FORMAT = 3  # 2: the header's JSON is followed by its xxh3-128 (a flipped bit in it is caught); 3: frames (H, W, C)
+FORMAT = 3  # 2: the header's JSON is followed by its xxh3-128 (a flipped bit in it is caught); 3: "order"
 # In ``LOCKS_DIR`` (never counted, never evicted): an upper bound of the entries' sum, kept under
 # the global lock, so that a reservation with room reads 8 bytes instead of walking the directory.
 LEDGER = "frames.bytes"
@@ -110,8 +117,9 @@ class FrameCacheError(LeRobotShardsError, OSError):
     """An entry's bytes are not what its header recorded (truncated, changed on disk)."""
 
 
-def entry_key(clip: ClipRef, length: int, size: tuple[int, int] | None, mode: str) -> str | None:
-    """What decides the decoded bytes of ``length`` frames of ``clip`` at ``size``, as one string;
+def entry_key(clip: ClipRef, length: int, size: tuple[int, int] | None, mode: str, planar: bool = False) -> str | None:
+    """What decides the decoded bytes of ``length`` frames of ``clip`` at ``size`` (``planar``: in
+    (C, H, W) order, else (H, W, C)), as one string;
     None when the clip's content cannot be named cheaply (a raw mp4 read straight from storage:
     its frames are then decoded at emit, as without the cache), and for a depth camera's clip (float32
     depth dequantized by PyAV's decode, not the uint8 frames an entry holds: decoded at emit)."""
@@ -139,6 +147,7 @@ def entry_key(clip: ClipRef, length: int, size: tuple[int, int] | None, mode: st
             "frame_mappings": mappings,
             "size": None if size is None else list(size),
             "resize_mode": None if size is None else mode,
+            "order": "chw" if planar else "hwc",
             "decoder": _decoder_versions(),
             "lerobot_shards": __version__,
         },
@@ -159,6 +168,7 @@ class Layout:
 
     frames: int
     shape: tuple[int, int, int]  # (C, H, W)
+    planar: bool = False  # frames stored (C, H, W); else (H, W, C)
 
     @property
     def frame_bytes(self) -> int:
@@ -183,7 +193,8 @@ def _aligned(n: int) -> int:
 
 
 def _header(key: str, layout: Layout) -> bytes:
-    body = json.dumps({"key": key, "frames": layout.frames, "shape": list(layout.shape)}).encode()
+    order = "chw" if layout.planar else "hwc"
+    body = json.dumps({"key": key, "frames": layout.frames, "shape": list(layout.shape), "order": order}).encode()
     block = MAGIC + len(body).to_bytes(4, "little") + body + xxhash.xxh3_128_digest(body)
     if len(block) > ALIGN:
         raise ValueError(f"frame cache key too long ({len(block)} bytes)")
@@ -199,7 +210,10 @@ def _parse_header(block: bytes, where: str) -> tuple[str, Layout]:
         raise FrameCacheError(errno.EINVAL, f"{where}: header fails its checksum")
     try:
         head = json.loads(body)
-        layout = Layout(int(head["frames"]), tuple(int(x) for x in head["shape"]))  # type: ignore[arg-type]
+        if head["order"] not in ("chw", "hwc"):
+            raise ValueError(f"order {head['order']!r}")
+        shape = tuple(int(x) for x in head["shape"])
+        layout = Layout(int(head["frames"]), shape, head["order"] == "chw")  # type: ignore[arg-type]
         key = str(head["key"])
     except (ValueError, KeyError, TypeError) as e:
         raise FrameCacheError(errno.EINVAL, f"{where}: unreadable header ({e})") from None
@@ -218,14 +232,17 @@ class _Frames:
         self.digests = digests
 
     def read(self, indices: Sequence[int], out: torch.Tensor | None = None) -> torch.Tensor:
-        """Frames ``indices`` as uint8 (N, C, H, W) over channels-last memory, into ``out`` when
-        given (such a tensor, that shape): consecutive frames are one ``preadv``, every frame is
-        verified."""
+        """Frames ``indices`` as uint8 (N, C, H, W) in the entry's memory order (channels-last, or
+        contiguous when planar), into ``out`` when given (such a tensor, that shape): consecutive
+        frames are one ``preadv``, every frame is verified."""
         n = len(indices)
-        if out is None or out.dtype != torch.uint8 or out.shape != (n, *self.layout.shape) or not is_channels_last(out):
+        planar = self.layout.planar
+        fits = out is not None and out.dtype == torch.uint8 and out.shape == (n, *self.layout.shape)
+        if out is None or not fits or not (out.is_contiguous() if planar else is_channels_last(out)):
             c, h, w = self.layout.shape
-            out = torch.empty((n, h, w, c), dtype=torch.uint8).permute(0, 3, 1, 2)
-        flat = out.permute(0, 2, 3, 1).numpy().reshape(n, -1)
+            out = torch.empty((n, c, h, w) if planar else (n, h, w, c), dtype=torch.uint8)
+            out = out if planar else out.permute(0, 3, 1, 2)
+        flat = (out if planar else out.permute(0, 2, 3, 1)).numpy().reshape(n, -1)
         fb = self.layout.frame_bytes
         i = 0
         while i < n:
@@ -265,7 +282,7 @@ class Fill(_Frames):
         self.lock = lock
         self.tmp: str | None = None
         self.progress = 0
-        self._staged: torch.Tensor | None = None  # one (H, W, C) frame on its way to the file (``write``)
+        self._staged: torch.Tensor | None = None  # one frame in the entry's order on its way to the file
         # CPU seconds of this thread in the writes into the page cache (``write``): what a new page
         # costs, reported apart because a VM whose host backs guest memory lazily multiplies it
         self.write_seconds = 0.0
@@ -273,7 +290,7 @@ class Fill(_Frames):
     def reserve(self, frames: int, shape: tuple[int, int, int]) -> int | None:
         """Make room for the whole entry and create its temporary file at full size: the number of
         entries evicted for it, or None when it does not fit beside the entries in use."""
-        self.layout = Layout(frames, shape)
+        self.layout = Layout(frames, shape, self.cache.planar)
         self.digests = [b""] * frames
         tmp = f"{self.final}.{os.getpid()}.{threading.get_ident()}{TMP_SUFFIX}"
         root, need, bound = self.cache.root, self.layout.size, self.cache.max_bytes
@@ -311,21 +328,20 @@ class Fill(_Frames):
     def write(self, frames: torch.Tensor) -> None:
         """Append decoded frames (uint8 (N, C, H, W) of the reserved shape), one frame at a time.
 
-        The decoder's frames are channels-last already: each frame's (H, W, C) bytes are written
-        as they lie and hashed right after, while the write has left them in the core's cache.
-        Frames in another memory order (resized ones are contiguous (C, H, W)) are first copied
-        into one reused (H, W, C) buffer."""
+        Frames already in the entry's memory order (a decoder's are channels-last) are written as
+        they lie and each hashed right after, while the write has left it in the core's cache.
+        Others (resized ones are contiguous; any for a planar entry) are first copied, frame by
+        frame, into one reused buffer (0.92 MB at 480p: it stays in the core's cache)."""
         if tuple(frames.shape[1:]) != self.layout.shape or frames.dtype != torch.uint8:
             raise ValueError(
                 f"{self.final}: frames {tuple(frames.shape)} {frames.dtype} for an entry of {self.layout.shape}"
             )
         offset = self.layout.data + self.progress * self.layout.frame_bytes
-        for frame in frames.permute(0, 2, 3, 1).numpy():
+        for frame in (frames if self.layout.planar else frames.permute(0, 2, 3, 1)).numpy():
             if not frame.flags.c_contiguous:
                 if self._staged is None:
-                    c, h, w = self.layout.shape
-                    self._staged = torch.empty((h, w, c), dtype=torch.uint8)
-                np.copyto(self._staged.numpy(), frame)
+                    self._staged = torch.empty(frame.shape, dtype=torch.uint8)
+                np.copyto(self._staged.numpy(), frame)  # numpy's strided copy: cheaper than torch's
                 frame = self._staged.numpy()
             whole = frame.reshape(-1).data.cast("B")  # the frame's bytes, written and hashed
             view = whole
@@ -401,10 +417,11 @@ def _write_ledger(path: str, total: int) -> None:
 class FrameCache:
     """The frame cache directory as one consumer uses it (shared by its decode threads)."""
 
-    def __init__(self, root: str, max_bytes: int) -> None:
+    def __init__(self, root: str, max_bytes: int, planar: bool = False) -> None:
         check_cache_dir(root, what="frame_cache_dir")
         self.root = root
         self.max_bytes = int(max_bytes)
+        self.planar = planar  # entries written (C, H, W) (frames augmented next), else (H, W, C)
         self.fills_off = False  # the disk is full: read what is there, write nothing more
 
     def _path(self, key: str) -> tuple[str, str]:
@@ -426,7 +443,9 @@ class FrameCache:
                 os.close(fd)
                 return None
             got_key, layout = _parse_header(os.pread(fd, ALIGN, 0), path)
-            if got_key != key or st.st_size != layout.size or layout.frames != json.loads(key)["frames"]:
+            head = json.loads(key)
+            wrong = layout.frames != head["frames"] or layout.planar != (head["order"] == "chw")
+            if got_key != key or st.st_size != layout.size or wrong:
                 raise FrameCacheError(
                     errno.EINVAL,
                     f"{path}: holds another entry, or {layout.frames} frames in {st.st_size} bytes, not its key's",

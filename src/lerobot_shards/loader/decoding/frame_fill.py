@@ -96,7 +96,7 @@ class FrameServer:
                 self.later.remove(ident)
                 self.queue.append(ident)
             return
-        key = entry_key(clip, length, size, self.decoders.decode.resize_mode)
+        key = entry_key(clip, length, size, self.decoders.decode.resize_mode, self.store.planar)
         if key is None:
             return
         state = self.clips[ident] = _Clip(clip, key, length, size, entry=self.store.open(key))
@@ -199,9 +199,10 @@ class FrameServer:
     def frames(
         self, clip: ClipRef, indices: Sequence[int], size: tuple[int, int] | None, into: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """Frames ``indices`` of the clip, uint8 (N, C, H, W) over channels-last memory: from the
-        cache, its fill advanced to them first (verified; read into ``into`` when it is such a
-        tensor), else decoded (``DecoderCache.frames``)."""
+        """Frames ``indices`` of the clip, uint8 (N, C, H, W) in the cache's memory order
+        (channels-last, or contiguous when planar): from the cache, its fill advanced to them first
+        (verified; read into ``into`` when it is such a tensor), else decoded
+        (``DecoderCache.frames``)."""
         state = self.clips.get((clip.cache_key, clip.first_frame))
         if state is not None and state.size == size and indices:
             if state.entry is None and state.elsewhere:
@@ -216,11 +217,12 @@ class FrameServer:
                 return frames
         self.counters["frame_cache_misses"] += 1
         frames = self.decoders.frames(clip, indices, size)
-        # channels-last as the cache's reads are (a decoder's frames already; resized ones copied;
-        # ``into``: the caller copies them there):
-        # a batch's frames have one layout whichever way each came, or a slab transport's plan,
+        # in the memory order of the cache's reads (``into``: the caller copies them there): a
+        # batch's frames have one layout whichever way each came, or a slab transport's plan,
         # learnt from one batch, would not fit the next (its staged slabs retired, its values copied)
-        return frames if into is not None else channels_last(frames)
+        if into is not None:
+            return frames
+        return frames.contiguous() if self.store.planar else channels_last(frames)
 
     def _read(self, state: _Clip, indices: Sequence[int], top: int, into: torch.Tensor | None) -> torch.Tensor | None:
         source: Entry | Fill | None = state.entry
