@@ -145,5 +145,8 @@ class SampleTransforms:
         generator = torch.Generator().manual_seed(sample_seed(self.seed, self.epoch, episode, frame))
         with SampleGenerator(generator):
             for key in self.keys:  # a new tensor, never in place: decoded frames may be shared (a cache)
-                item[key] = self.transforms(item[key])
+                # contiguous whichever way the frames came (a planar cache entry, or the decoder's
+                # channels-last frames): a transform's arithmetic may follow memory order (a mean)
+                value = item[key]
+                item[key] = self.transforms(value.contiguous() if isinstance(value, torch.Tensor) else value)
         return item

@@ -215,13 +215,18 @@ class SlabCollate:
                 {k: _AsIs(v) if k in self.lists else v for k, v in s.items() if k not in self.drop} for s in samples
             ]
         info = get_worker_info()
+        ring = self._ring_here(info)
+        return ring.pack(samples, self.collate, self.pin_memory and info is not None, self.layout)
+
+    def _ring_here(self, info: Any) -> _Ring:
+        """This process's ring (made, and made the one its staging writes into, on first use)."""
         if self._ring is None or self._ring.pid != os.getpid():
             if info is not None and not 0 <= info.id < MAX_WORKERS:
                 raise ValueError(f"SlabCollate supports at most {MAX_WORKERS} DataLoader workers")
             # the main process (no workers) counts in worker 0's row: it is the only producer then
             self._ring = _Ring(self.slabs, self._counters, 0 if info is None else info.id, local=info is None)
             _set_worker_ring(self._ring)
-        return self._ring.pack(samples, self.collate, self.pin_memory and info is not None, self.layout)
+        return self._ring
 
     def stats(self) -> dict[str, Any]:
         """The workers' counters summed over this DataLoader's workers (batches and samples
@@ -258,7 +263,7 @@ def slab_loader(
     if num_workers:
         extra["prefetch_factor"] = prefetch_factor
     else:
-        _batches_directly(dataset)
+        _batches_directly(dataset, collate)
     return DataLoader(
         dataset, batch_size=batch_size, num_workers=num_workers, collate_fn=collate, pin_memory=pin_memory, **extra
     )
@@ -285,18 +290,19 @@ def with_slabs(
         return loader
     if not isinstance(loader.dataset, IterableDataset):
         raise TypeError("with_slabs: only a DataLoader over an IterableDataset is rebuilt (its sampler is not carried)")
-    if not loader.num_workers:
-        _batches_directly(loader.dataset)
     prefetch = loader.prefetch_factor or 2
     extra: dict[str, Any] = {"in_order": loader.in_order} if hasattr(loader, "in_order") else {}  # torch >= 2.6
+    collate = SlabCollate(
+        prefetch + 2 if slabs is None else slabs, pin_memory=loader.pin_memory, layout=layout, drop=drop or ()
+    )
+    if not loader.num_workers:
+        _batches_directly(loader.dataset, collate)
     return DataLoader(
         loader.dataset,
         batch_size=loader.batch_size,
         drop_last=loader.drop_last,
         num_workers=loader.num_workers,
-        collate_fn=SlabCollate(
-            prefetch + 2 if slabs is None else slabs, pin_memory=loader.pin_memory, layout=layout, drop=drop or ()
-        ),
+        collate_fn=collate,
         pin_memory=loader.pin_memory,
         pin_memory_device=loader.pin_memory_device,
         timeout=loader.timeout,
@@ -851,19 +857,22 @@ class Staging:
         global _CURRENT_STAGING
         _CURRENT_STAGING = self
         ring = _worker_ring()
+        # without workers the ring exists already (``batched_directly``) and is this iteration's
+        # loader's: kept, since another no-workers loader's iteration may make its own current
+        self._ring = ring if ring is not None and ring.local else None
         if ring is not None:
             ring.begin()
 
     def destination(self, seq: int, key: str) -> torch.Tensor | None:
         """The slot for sample ``seq``'s ``key`` (write exactly the value there), or ``None``."""
-        ring = _worker_ring()  # made at this worker's first collate, during its first iteration
+        ring = self._ring or _worker_ring()  # a worker's is made at its first collate, in its first iteration
         if ring is None or _CURRENT_STAGING is not self:
             return None
         return ring.destination(seq, key)
 
     def staged(self, seconds: float) -> None:
         """Count the CPU time spent writing a value into its slot (as collation)."""
-        ring = _worker_ring()
+        ring = self._ring or _worker_ring()
         if ring is not None:
             ring.staged(seconds)
 
@@ -876,24 +885,31 @@ class Staging:
 
 _CURRENT_STAGING: Staging | None = None  # the one staging of this process that may stage
 
-_DIRECT: dict[int, weakref.ref[Any]] = {}  # datasets a no-workers slab_loader batches itself, by id
+# datasets a no-workers slab_loader batches itself, by id, with that loader's SlabCollate
+_DIRECT: dict[int, tuple[weakref.ref[Any], weakref.ref[SlabCollate]]] = {}
 
 
-def _batches_directly(dataset: object) -> None:
-    """A no-workers DataLoader with ``SlabCollate`` batches ``dataset`` itself (``batched_directly``)."""
+def _batches_directly(dataset: object, collate: SlabCollate) -> None:
+    """A no-workers DataLoader with ``collate`` batches ``dataset`` itself (``batched_directly``)."""
     if isinstance(dataset, IterableDataset):
-        _DIRECT[id(dataset)] = weakref.ref(dataset)
+        _DIRECT[id(dataset)] = (weakref.ref(dataset), weakref.ref(collate))
 
 
 def batched_directly(dataset: object) -> bool:
     """Whether a no-workers ``slab_loader`` (or ``with_slabs``) batches ``dataset`` itself, as it yields its samples
     (its DataLoader's fetcher groups them in order): the main process's counterpart of
     ``get_worker_info().dataset is dataset``, which tells a worker's dataset that it may stage."""
-    for key, ref in list(_DIRECT.items()):
+    for key, (ref, _) in list(_DIRECT.items()):
         if ref() is None:
             del _DIRECT[key]
     found = _DIRECT.get(id(dataset))
-    return found is not None and found() is dataset
+    collate = None if found is None or found[0]() is not dataset else found[1]()
+    if collate is None:
+        return False
+    # called as its iteration begins: its staging writes into its own loader's ring, not into the
+    # ring of whichever no-workers SlabCollate of this process was made last (another loader's)
+    _set_worker_ring(collate._ring_here(None))
+    return True
 
 
 _REGISTRY: tuple[int, _Registry] | None = None  # (pid, registry)
