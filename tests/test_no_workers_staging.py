@@ -1,4 +1,9 @@
-"""Review of 65d6794 / 0910946: attacks on the no-workers slab ring and the (H, W, C) / planar frame cache."""
+"""Staging without workers, and augmented frames through the frame cache.
+
+Each no-workers loader stages into its own ring (a second loader, an eval loop inside a training
+epoch, never turns the first one's staging off), and a transform sees the same frames, so gives
+the same bits, with and without the (planar) frame cache.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,9 @@
-"""Review of 65d6794: attacks on the no-workers slab ring that held up (kept as regression checks)."""
+"""The no-workers slab ring under hostile use: every batch equals the plain DataLoader's.
+
+Batches or parts of them kept (views, slices, ``.numpy()``, ``unbind``), ``DeviceFeeder``, two
+iterators alive at once, an abandoned iterator, loader options, a resumed epoch, subclasses that
+reorder samples, a dataset also iterated elsewhere, a mixture.
+"""
 
 from __future__ import annotations
 
