@@ -59,6 +59,7 @@ def _all_same(want: list[dict], got: list[dict]) -> None:
         _same(a, b)
 
 
+@pytest.mark.slow  # 3.5 s each: every batch of the epoch kept and checked
 @pytest.mark.parametrize("how", ["views", "numpy", "unbind", "slices"])
 def test_kept_parts_of_batches_keep_their_values(synth, how) -> None:
     want = _plain(_ds(synth))
