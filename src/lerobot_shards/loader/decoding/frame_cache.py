@@ -9,7 +9,7 @@ the loader returns it (after ``resize``), one frame after the other, so a window
 Frames lie in the memory order their consumer wants (``FrameCache(planar=...)``, part of the key):
 
 - (H, W, C), the order torchcodec decodes into and the loader hands out ((C, H, W)-shaped views
-  over channels-last memory, ``channels_last``): a fill writes the decoder's frames as they are,
+  over channels-last memory, ``torch.channels_last``): a fill writes the decoder's frames as they are,
   and a read lands in a channels-last batch slot as one plain copy. A planar entry costs a
   transposing copy of every frame at fill (0.55 ms per 480p frame on the 2-core machine);
 - (C, H, W), planar, for frames that are augmented next (``image_transforms``): LeRobot's
@@ -100,17 +100,6 @@ LEDGER = "frames.bytes"
 # An eviction frees this share of the bound beyond what it needs (when it can), so that the
 # directory is walked once per many reservations at capacity, not at each: O(1) amortized.
 HEADROOM = 0.05
-
-
-def is_channels_last(frames: torch.Tensor) -> bool:
-    """Whether (N, C, H, W) ``frames`` lie in (N, H, W, C) order, as torchcodec decodes them."""
-    return frames.permute(0, 2, 3, 1).is_contiguous()
-
-
-def channels_last(frames: torch.Tensor) -> torch.Tensor:
-    """(N, C, H, W) ``frames`` over channels-last memory: themselves when they are (a decoder's),
-    else a copy (resized frames): one memory order whichever way a batch's frames came."""
-    return frames if is_channels_last(frames) else frames.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
 
 
 class FrameCacheError(LeRobotShardsError, OSError):
@@ -237,8 +226,10 @@ class _Frames:
         frames are one ``preadv``, every frame is verified."""
         n = len(indices)
         planar = self.layout.planar
-        fits = out is not None and out.dtype == torch.uint8 and out.shape == (n, *self.layout.shape)
-        if out is None or not fits or not (out.is_contiguous() if planar else is_channels_last(out)):
+        order = torch.contiguous_format if planar else torch.channels_last
+        if out is None or out.dtype != torch.uint8 or out.shape != (n, *self.layout.shape):
+            out = None
+        if out is None or not out.is_contiguous(memory_format=order):
             c, h, w = self.layout.shape
             out = torch.empty((n, c, h, w) if planar else (n, h, w, c), dtype=torch.uint8)
             out = out if planar else out.permute(0, 3, 1, 2)

@@ -30,7 +30,7 @@ import torch
 
 from ..read.sources import ClipRef
 from .decoders import DecodeError, DecoderCache
-from .frame_cache import Entry, Fill, FrameCache, FrameCacheError, channels_last, entry_key
+from .frame_cache import Entry, Fill, FrameCache, FrameCacheError, entry_key
 
 log = logging.getLogger(__name__)
 
@@ -222,7 +222,7 @@ class FrameServer:
         # learnt from one batch, would not fit the next (its staged slabs retired, its values copied)
         if into is not None:
             return frames
-        return frames.contiguous() if self.store.planar else channels_last(frames)
+        return frames.contiguous(memory_format=torch.contiguous_format if self.store.planar else torch.channels_last)
 
     def _read(self, state: _Clip, indices: Sequence[int], top: int, into: torch.Tensor | None) -> torch.Tensor | None:
         source: Entry | Fill | None = state.entry

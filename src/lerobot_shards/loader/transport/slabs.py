@@ -400,10 +400,10 @@ class _Batch:
 
 
 def _stack(samples: list[Any], collate: Callable[[list[Any]], Any], layout: Layout, shared: bool = False) -> Any:
-    """The batch laid out as the slab path lays it out, in fresh memory: in the main process (no
-    workers; ``default_collate`` there would keep a window's channels-last order even for
-    ``"contiguous"``), or in a worker whose slabs are all busy (``shared``: in new shared memory, as
-    ``default_collate`` allocates it there, so a batch that falls back has the same layout)."""
+    """The batch laid out as the slab path lays it out, in fresh memory, when every slab of the ring
+    is busy: in a worker (``shared``: in new shared memory, as ``default_collate`` allocates it
+    there), or in the main process without workers (``default_collate`` there would keep a window's
+    channels-last order even for ``"contiguous"``): a batch that falls back has the same layout."""
     batch = _Batch.plan(samples, collate, layout)
     if batch is None:
         return collate(samples)
@@ -654,6 +654,11 @@ def _lend(
     return {key: views[key] if key in views else others[key] for key in order}
 
 
+def _interface(storage: torch.UntypedStorage) -> dict[str, Any]:
+    """numpy's view of a whole slab as bytes, for a lease that owns a batch's memory."""
+    return {"data": (storage.data_ptr(), False), "shape": (storage.nbytes(),), "typestr": "|u1", "version": 3}
+
+
 class _LocalLease:
     """Owns a batch's view of a main-process slab; frees the slab (its header) when collected.
 
@@ -662,12 +667,7 @@ class _LocalLease:
 
     def __init__(self, slab: _Slab, generation: int) -> None:
         self.slab, self.generation, self.pid = slab, generation, os.getpid()
-        self.__array_interface__ = {
-            "data": (slab.storage.data_ptr(), False),
-            "shape": (slab.storage.nbytes(),),
-            "typestr": "|u1",
-            "version": 3,
-        }
+        self.__array_interface__ = _interface(slab.storage)
 
     def __del__(self) -> None:
         if os.getpid() == self.pid and int(self.slab.header[1]) == self.generation:  # not a forked child's copy
@@ -711,13 +711,7 @@ class _Lease:
     def __init__(self, entry: _Mapped, generation: int, pending: collections.deque[tuple[_Mapped, int, Any]]) -> None:
         self.entry, self.generation, self.pending = entry, generation, pending
         self.pid = os.getpid()
-        nbytes = entry.storage.nbytes()
-        self.__array_interface__ = {
-            "data": (entry.storage.data_ptr(), False),
-            "shape": (nbytes,),
-            "typestr": "|u1",
-            "version": 3,
-        }
+        self.__array_interface__ = _interface(entry.storage)
 
     def __del__(self) -> None:
         if os.getpid() != self.pid:
