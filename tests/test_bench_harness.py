@@ -23,6 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from harness.cases import Case, camera_offsets, delta_timestamps, expand  # noqa: E402
+from harness.host import stolen_share  # noqa: E402
 from harness.measure import page_cache_write_cost  # noqa: E402
 from harness.report import targets, throughput_groups  # noqa: E402
 from harness.runner import median_round  # noqa: E402
@@ -69,6 +70,14 @@ def test_shaper_delays_each_request_and_caps_bandwidth() -> None:
                 assert whole >= latency + (RESPONSE - proxy._down.burst) / rate
         assert proxy.bytes_down == 2 * RESPONSE and proxy.requests == 2
         assert [line.strip() for _, line in proxy.log] == ["GET", "GET"]  # each request's first line, logged
+
+
+def test_stolen_share_is_steal_over_all_ticks_guests_counted_once() -> None:
+    before = [100, 0, 50, 800, 0, 0, 0, 10, 30, 0]
+    after = [160, 0, 70, 900, 0, 0, 0, 30, 60, 0]  # 200 ticks in all (guest time is inside user), 20 stolen
+    assert stolen_share(before, after) == 0.1
+    assert stolen_share(before, before) is None  # no time passed
+    assert stolen_share(None, after) is None and stolen_share([1, 2, 3], after) is None  # no /proc/stat, an old kernel
 
 
 def test_modes_match_their_definition() -> None:
@@ -127,7 +136,7 @@ def test_median_round_reports_one_real_round() -> None:
     failed = median_round([crashed, _result("ours", 2, None, status="timeout")])
     assert failed["status"] == "timeout" and failed["median_round"] is None and len(failed["rounds"]) == 2
     assert median_round([_result("ours", 2, 7.0)])["rounds"] == [
-        {"status": "ok", "samples_per_s": 7.0, "cpu_ms_per_sample": None}
+        {"status": "ok", "samples_per_s": 7.0, "cpu_ms_per_sample": None, "host_steal": None}
     ]
     with pytest.raises(ValueError, match="no rounds"):
         median_round([])
@@ -232,6 +241,7 @@ def test_tiny_matrix_end_to_end(tmp_path: Path) -> None:
         rows = list(csv.DictReader(f))
     assert len(rows) == len(results) and all(float(row["cpu_ms_per_sample"]) >= 0 for row in rows)
     assert all(len(row["round_samples_per_s"].split(" / ")) == 2 for row in rows)
+    assert all(len(row["round_host_steal_pct"].split(" / ")) == 2 for row in rows)  # each round's, read on Linux
     for png in ("throughput.png", "wait.png"):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
     (out / "summary.md").unlink()

@@ -16,6 +16,26 @@ from lerobot_shards.integrations.train_process import tune
 done = tune()
 print(json.dumps({"done": done, "omp": os.environ.get("OMP_WAIT_POLICY"), "torch": "torch" in sys.modules}))
 """
+# glibc's count of its own mappings (mallinfo2's hblks) after a 64 MiB block, over glibc's largest
+# mmap threshold: a batch's float frames in the trainer
+MAPPED = """
+import ctypes, json
+from lerobot_shards.integrations.train_process import tune
+done = tune()
+class Info(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+libc = ctypes.CDLL(None)
+libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+libc.free.argtypes, libc.mallinfo2.restype = [ctypes.c_void_p], Info
+before = libc.mallinfo2().hblks  # the interpreter's own, mapped before
+first = libc.malloc(64 << 20)
+mapped = libc.mallinfo2().hblks - before
+libc.free(first)
+again = libc.malloc(64 << 20)
+print(json.dumps({"done": done, "mapped": mapped, "reused": again == first}))
+libc.free(again)
+"""
 
 
 def _probe(env: dict[str, str], before: str = "") -> dict[str, object]:
@@ -26,7 +46,7 @@ def _probe(env: dict[str, str], before: str = "") -> dict[str, object]:
 
 
 def _env(**extra: str) -> dict[str, str]:
-    keys = {"OMP_WAIT_POLICY", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_"}
+    keys = {"OMP_WAIT_POLICY", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_MAX_"}
     return {**{k: v for k, v in os.environ.items() if k not in keys}, **extra}
 
 
@@ -34,7 +54,24 @@ def _env(**extra: str) -> dict[str, str]:
 def test_tune_sets_a_passive_wait_and_the_allocator_thresholds() -> None:
     got = _probe(_env())
     assert got["omp"] == "PASSIVE" and not got["torch"]
-    assert got["done"] == ["OMP_WAIT_POLICY=PASSIVE", "malloc mmap_threshold=32 MiB, trim_threshold=256 MiB"]
+    assert got["done"] == [
+        "OMP_WAIT_POLICY=PASSIVE",
+        "malloc mmap_threshold=32 MiB, trim_threshold=256 MiB, mmap_max=0",
+    ]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
+def test_blocks_over_the_largest_threshold_come_from_the_heap_and_are_reused() -> None:
+    """A 64 MiB block (a batch's float frames are 59 MB per camera): glibc's own mapping, unmapped at
+    free and faulted in afresh next time, unless ``tune`` ran; then the heap's, reused."""
+    got = _probe(_env(MALLOC_MMAP_MAX_="1"))  # the environment's own: kept
+    assert got["done"] == ["OMP_WAIT_POLICY=PASSIVE"]
+    out = subprocess.run([sys.executable, "-c", MAPPED], env=_env(), capture_output=True, text=True, check=True)
+    tuned = json.loads(out.stdout.splitlines()[-1])
+    assert tuned["mapped"] == 0 and tuned["reused"]
+    plain = MAPPED.replace("done = tune()", "done = []")
+    out = subprocess.run([sys.executable, "-c", plain], env=_env(), capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout.splitlines()[-1])["mapped"] == 1  # glibc's default: a mapping of its own
 
 
 def test_tune_keeps_what_the_environment_sets() -> None:

@@ -37,6 +37,7 @@ COLUMNS = (
     "status",
     "samples_per_s",
     "round_samples_per_s",
+    "round_host_steal_pct",
     "frames_per_s",
     "cpu_ms_per_sample",
     "decode_ms",
@@ -67,6 +68,10 @@ def _loader(r: dict[str, Any]) -> str:
     return f"{kind} [{r['case']['label']}]" if r["case"].get("label") else kind
 
 
+def _percent(share: float | None) -> str:
+    return "–" if share is None else f"{share * 100:.1f}"
+
+
 def row(r: dict[str, Any]) -> dict[str, Any]:
     case, wait, rounds = r["case"], r.get("wait_s") or {}, r.get("rounds") or []
     workers = (r.get("memory") or {}).get("workers") or []
@@ -84,6 +89,10 @@ def row(r: dict[str, Any]) -> dict[str, Any]:
         "status": r["status"],
         "samples_per_s": r.get("samples_per_s"),
         "round_samples_per_s": " / ".join(str(x["samples_per_s"]) for x in rounds) if len(rounds) > 1 else None,
+        # the share of the machine's CPU time its host took, per round (harness.host): a slow round with
+        # much steal was slowed by the host's other guests, not by its code
+        "round_host_steal_pct": " / ".join(_percent(x.get("host_steal")) for x in rounds)
+        or _percent(r.get("host_steal")),
         "frames_per_s": r.get("frames_per_s"),
         "cpu_ms_per_sample": r.get("cpu_ms_per_sample"),
         "decode_ms": split.get("decode_ms"),
@@ -523,7 +532,9 @@ def summarize(results: Path) -> str:
             f"episode pool is full) + {config['batches']} measured batches per case{cap}; {config['machine']['cpus']} CPUs; git {config['git']}.",
             "",
             (
-                f"samples/s: the median of {config['rounds']} interleaved rounds (each in `round_samples_per_s`). "
+                f"samples/s: the median of {config['rounds']} interleaved rounds (each in `round_samples_per_s`; "
+                "`round_host_steal_pct`: the share of the machine's CPU time its host took in each round, "
+                "`harness.host`). "
                 if config.get("rounds", 1) > 1
                 else ""
             )

@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .host import cpu_ticks, stolen_share
+
 HERE = Path(__file__).resolve().parent
 OURS = HERE / "run_ours.py"
 LEROBOT = HERE / "run_lerobot.py"
@@ -41,6 +43,7 @@ def run_case(
     case_file.write_text(json.dumps(spec, indent=1))
     out_file.unlink(missing_ok=True)
     down0 = proxy.bytes_down if proxy else 0
+    ticks = cpu_ticks()
     start = time.perf_counter()
     with open(log_file, "wb") as log:
         proc = subprocess.Popen(
@@ -56,6 +59,7 @@ def run_case(
             os.killpg(proc.pid, signal.SIGKILL)
             raise
     elapsed = time.perf_counter() - start
+    stolen = stolen_share(ticks, cpu_ticks())
     if out_file.is_file():
         result = json.loads(out_file.read_text())
     elif rc == "timeout":
@@ -65,7 +69,7 @@ def run_case(
         why = "killed by SIGKILL (out of memory?)" if killed else f"exited with {rc}"
         result = {"status": "crashed", "error": f"{why}; log: {log_file}"}
     result["log_tail"] = log_file.read_text(errors="replace")[-1500:] if result["status"] != "ok" else None
-    result.update(name=name, case=spec["case"], config=spec["config"], process_s=round(elapsed, 1))
+    result.update(name=name, case=spec["case"], config=spec["config"], process_s=round(elapsed, 1), host_steal=stolen)
     if proxy is not None and "bucket" in spec["case"]["source"]:
         result["storage_bytes"] = proxy.bytes_down - down0  # what the bucket delivered, metadata included
     elif result.get("loader_stats"):
@@ -100,5 +104,5 @@ def median_round(results: list[dict[str, Any]]) -> dict[str, Any]:
         key=lambda i: results[i]["samples_per_s"],
     )
     chosen = ok[len(ok) // 2] if ok else len(results) - 1
-    rounds = [{k: r.get(k) for k in ("status", "samples_per_s", "cpu_ms_per_sample")} for r in results]
+    rounds = [{k: r.get(k) for k in ("status", "samples_per_s", "cpu_ms_per_sample", "host_steal")} for r in results]
     return {**results[chosen], "rounds": rounds, "median_round": chosen + 1 if ok else None}
