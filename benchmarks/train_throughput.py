@@ -368,7 +368,7 @@ def table(rows: list[dict[str, Any]], record: dict[str, Any]) -> str:
         f"during the runs; {done} of {record['config']['repeats']} runs of each case, interleaved; medians. "
         "`benchmarks/train_throughput.py` (its docstring says how it measures); every run in train_throughput.json. "
         "Host steal: the share of the machine's CPU time its host took during each run (this is a shared VM; "
-        "`harness.host`), LeRobot's runs / ours. LeRobot tuned: `lerobot-train` under the process settings "
+        "`harness.host`). LeRobot tuned: `lerobot-train` under the process settings "
         "`lerobot-shards train` sets itself (`train_process.environment()`: OpenMP's passive wait, glibc's "
         "allocator thresholds), so ours over it is the loader's own share.",
         "",
