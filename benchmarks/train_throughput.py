@@ -384,12 +384,13 @@ def table(rows: list[dict[str, Any]], record: dict[str, Any]) -> str:
         first, later = ours["first_epoch_samples_per_s"], ours["later_epochs_samples_per_s"]
         to_tuned = f"{row['ratio_to_tuned_samples_per_s']:.2f}x" if tuned else "-"
         cpu_tuned = f" ({row['ratio_to_tuned_cpu_s_per_sample']:.2f}x)" if tuned else ""
-        steal = " / ".join(", ".join(t["host_steal_pct"]) for t in (theirs, tuned, ours) if t)
+        tuned_cpu = f"{tuned['cpu_s_per_sample']:.3f}" if tuned else "-"
+        steal = " / ".join(", ".join(t["host_steal_pct"]) if t else "-" for t in (theirs, tuned, ours))
         lines.append(
             f"| {row['policy']} | {'on' if row['transforms'] else 'off'} | {theirs['samples_per_s']:.1f} "
             f"| {_figure(tuned['samples_per_s'] if tuned else None)} | {ours['samples_per_s']:.1f} "
             f"| **{row['ratio_samples_per_s']:.2f}x** | {to_tuned} "
-            f"| {theirs['cpu_s_per_sample']:.3f} / {tuned['cpu_s_per_sample'] if tuned else float('nan'):.3f} "
+            f"| {theirs['cpu_s_per_sample']:.3f} / {tuned_cpu} "
             f"/ {ours['cpu_s_per_sample']:.3f} | {row['ratio_cpu_s_per_sample']:.2f}x{cpu_tuned} "
             f"| {_figure(first)} / {_figure(later)} | {steal} |"
         )

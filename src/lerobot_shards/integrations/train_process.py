@@ -20,14 +20,22 @@ the trainer showed about a third of its CPU outside the work itself:
   at 8 x 2 x 480p) were still new mappings every step. No mappings of glibc's own
   (``M_MMAP_MAX`` 0) serve them from the heap too, where the next step finds them: Diffusion
   with transforms on, 0.208 -> 0.167 CPU s per sample (3 interleaved pairs, each pair 18-24 %
-  less). The heap keeps up to the trim threshold of freed blocks, and reuses them; mapped frame
-  cache files and shared-memory slabs are not glibc's blocks and are unchanged.
+  less). Mapped frame cache files and shared-memory slabs are not glibc's blocks and are unchanged.
+  What it costs: the trim threshold bounds only the free space at the heap's top; a freed block
+  below a live one stays resident (reused, never returned), so the trainer's RSS is its high-water
+  mark of large transient blocks (a checkpoint's serialized buffer, an eval batch), not its
+  current use. A DataLoader worker forked while such freed blocks are resident keeps a private
+  copy of every page of them the trainer writes again (copy-on-write), up to their size per
+  worker for the worker's life. Blocks over 64 MiB in threads other than the main one are still
+  glibc's mappings (a non-main arena's heap is at most 64 MiB; glibc falls back to a mapping
+  regardless of ``M_MMAP_MAX``).
 
 ``tune()`` runs first in ``lerobot-shards train`` (``cli.train``), before torch is imported (the
 run's log says what it set, once LeRobot is found):
 libgomp reads ``OMP_WAIT_POLICY`` when it loads. What the environment sets is kept: an
 ``OMP_WAIT_POLICY`` of its own, or glibc's ``MALLOC_MMAP_THRESHOLD_`` / ``MALLOC_TRIM_THRESHOLD_`` /
-``MALLOC_MMAP_MAX_``.
+``MALLOC_MMAP_MAX_``, or the same as ``GLIBC_TUNABLES`` (``glibc.malloc.mmap_threshold`` /
+``trim_threshold`` / ``mmap_max``).
 """
 
 from __future__ import annotations
@@ -74,7 +82,7 @@ def keep_large_blocks() -> bool:
     """glibc's fixed thresholds and no mappings of its own (``mallopt``), unless the environment gave
     its own; False where there is no glibc (another libc or OS) or it refused."""
     own = {"MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_MAX_"}
-    if not sys.platform.startswith("linux") or os.environ.keys() & own:
+    if not sys.platform.startswith("linux") or os.environ.keys() & own or _tunables_set():
         return False
     try:
         libc = ctypes.CDLL(None)
@@ -88,3 +96,10 @@ def keep_large_blocks() -> bool:
         mallopt(param, value)
         for param, value in ((M_MMAP_THRESHOLD, MMAP_THRESHOLD), (M_TRIM_THRESHOLD, TRIM_THRESHOLD), (M_MMAP_MAX, 0))
     )
+
+
+def _tunables_set() -> bool:
+    """Whether ``GLIBC_TUNABLES`` sets any of the three (glibc reads them at start-up; a ``mallopt``
+    after would override what the user asked for)."""
+    names = {"glibc.malloc.mmap_threshold", "glibc.malloc.trim_threshold", "glibc.malloc.mmap_max"}
+    return any(item.split("=", 1)[0].strip() in names for item in os.environ.get("GLIBC_TUNABLES", "").split(":"))
