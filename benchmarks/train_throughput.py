@@ -48,7 +48,7 @@ sample, read from /proc at each line: on a shared machine, load moves it least. 
 holds the first window's end is "the first epoch" (its windows are reported apart: cold cache for
 ours); "later epochs" are the windows after it. The load average is recorded around each run, and
 the share of the machine's CPU time its host took meanwhile (``harness.host``: on this shared VM the
-same run measured 34-56 samples/s as the steal went from 15 % to 0.2 %).
+same ours-alone ACT run measured 34.1 samples/s with 15.5 % stolen and 46.3-47.8 with 0.2-0.4 %).
 Runs alternate: for each repeat, each policy and transforms setting, LeRobot's run then ours, so a
 change in the machine's load falls on both. Figures are medians over the repeats.
 Results: ``benchmarks/results/train_throughput.json`` and ``train_throughput.md``.
@@ -316,10 +316,12 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     rows = []
     for policy, transforms in dict.fromkeys((r["policy"], r["transforms"]) for r in runs):
         row: dict[str, Any] = {"policy": policy, "transforms": transforms}
+        speeds: dict[str, list[float]] = {}  # each trainer's runs in order: the i-th of each is repeat i
         for trainer in (*LEROBOT_TRAINERS, "lerobot-shards"):
             mine = [r for r in runs if (r["policy"], r["transforms"], r["trainer"]) == (policy, transforms, trainer)]
             if not mine:
                 continue
+            speeds[trainer] = [r["samples_per_s"] for r in mine]
             later = [r["later_epochs"]["samples_per_s"] for r in mine if r["later_epochs"]]
             row[trainer] = {
                 "samples_per_s": statistics.median(r["samples_per_s"] for r in mine),
@@ -339,10 +341,15 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             ours, theirs = row["lerobot-shards"], row["lerobot"]
             row["ratio_samples_per_s"] = ours["samples_per_s"] / theirs["samples_per_s"]
             row["ratio_cpu_s_per_sample"] = theirs["cpu_s_per_sample"] / ours["cpu_s_per_sample"]
+            # run by run (a ratio of medians pairs runs of different repeats): ours over the run before it
+            row["ratio_runs"] = [o / t for o, t in zip(speeds["lerobot-shards"], speeds["lerobot"], strict=False)]
         if "lerobot-tuned" in row and "lerobot-shards" in row:  # the loader's own share
             ours, tuned = row["lerobot-shards"], row["lerobot-tuned"]
             row["ratio_to_tuned_samples_per_s"] = ours["samples_per_s"] / tuned["samples_per_s"]
             row["ratio_to_tuned_cpu_s_per_sample"] = tuned["cpu_s_per_sample"] / ours["cpu_s_per_sample"]
+            row["ratio_to_tuned_runs"] = [
+                o / t for o, t in zip(speeds["lerobot-shards"], speeds["lerobot-tuned"], strict=False)
+            ]
         rows.append(row)
     return rows
 
@@ -373,9 +380,9 @@ def table(rows: list[dict[str, Any]], record: dict[str, Any]) -> str:
         "allocator thresholds), so ours over it is the loader's own share.",
         "",
         "| policy | transforms | LeRobot samples/s | LeRobot tuned | ours samples/s | ratio | ratio to tuned "
-        "| LeRobot / tuned / ours CPU s/sample | CPU ratio (to tuned) | ours, first epoch / later epochs samples/s "
-        "| host steal % per run, LeRobot / tuned / ours |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| ratio run by run (to tuned) | LeRobot / tuned / ours CPU s/sample | CPU ratio (to tuned) "
+        "| ours, first epoch / later epochs samples/s | host steal % per run, LeRobot / tuned / ours |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         theirs, ours, tuned = row.get("lerobot"), row.get("lerobot-shards"), row.get("lerobot-tuned")
@@ -385,11 +392,14 @@ def table(rows: list[dict[str, Any]], record: dict[str, Any]) -> str:
         to_tuned = f"{row['ratio_to_tuned_samples_per_s']:.2f}x" if tuned else "-"
         cpu_tuned = f" ({row['ratio_to_tuned_cpu_s_per_sample']:.2f}x)" if tuned else ""
         tuned_cpu = f"{tuned['cpu_s_per_sample']:.3f}" if tuned else "-"
+        by_run = ", ".join(f"{x:.2f}" for x in row.get("ratio_runs", []))
+        if tuned:
+            by_run += f" ({', '.join(f'{x:.2f}' for x in row.get('ratio_to_tuned_runs', []))})"
         steal = " / ".join(", ".join(t["host_steal_pct"]) if t else "-" for t in (theirs, tuned, ours))
         lines.append(
             f"| {row['policy']} | {'on' if row['transforms'] else 'off'} | {theirs['samples_per_s']:.1f} "
             f"| {_figure(tuned['samples_per_s'] if tuned else None)} | {ours['samples_per_s']:.1f} "
-            f"| **{row['ratio_samples_per_s']:.2f}x** | {to_tuned} "
+            f"| **{row['ratio_samples_per_s']:.2f}x** | {to_tuned} | {by_run} "
             f"| {theirs['cpu_s_per_sample']:.3f} / {tuned_cpu} "
             f"/ {ours['cpu_s_per_sample']:.3f} | {row['ratio_cpu_s_per_sample']:.2f}x{cpu_tuned} "
             f"| {_figure(first)} / {_figure(later)} | {steal} |"

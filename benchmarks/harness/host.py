@@ -2,9 +2,10 @@
 
 On a shared VM the host runs other guests on the same physical cores; the time this guest was
 runnable but not running is counted as ``steal`` in /proc/stat (Linux, every virtualised kernel
-that reports it; 0 on bare metal). Measured here, the same configuration ran 34-56 samples/s
-with 0.2-15 % of its CPU time stolen, so each figure carries its share: a run with much steal is
-slow for a reason no code change explains.
+that reports it; 0 on bare metal). Measured here, the same configuration (ours alone,
+ACT through ``lerobot-shards train``) ran 34.1 samples/s with 15.5 % of the CPU time stolen and
+46.3-47.8 with 0.2-0.4 %, so each figure carries its share: a run with much steal is slow for a
+reason no code change explains.
 """
 
 from __future__ import annotations
