@@ -72,7 +72,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness.host import cpu_ticks, stolen_share
+from harness.host import cpu_ticks, percent, stolen_share
 from lerobot_shards.integrations import train_process
 
 REPO = Path(__file__).resolve().parents[1]
@@ -335,7 +335,7 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 else None,
                 "later_epochs_samples_per_s": statistics.median(later) if later else None,
                 "loadavg_1min": [round(r["loadavg_before"][0], 1) for r in mine],
-                "host_steal_pct": [_percent(r.get("host_steal")) for r in mine],
+                "host_steal_pct": [percent(r.get("host_steal"), "-") for r in mine],
             }
         if "lerobot" in row and "lerobot-shards" in row:
             ours, theirs = row["lerobot-shards"], row["lerobot"]
@@ -352,10 +352,6 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             ]
         rows.append(row)
     return rows
-
-
-def _percent(share: float | None) -> str:
-    return "-" if share is None else f"{share * 100:.1f}"
 
 
 def _figure(value: float | None) -> str:
@@ -470,7 +466,7 @@ def main() -> None:
                     result["epoch_steps"] = epoch_steps
                     print(
                         f"{tag:36s} {result['samples_per_s']:6.2f} samples/s, {result['cpu_s_per_sample']:.3f} CPU s/sample, "
-                        f"host steal {_percent(result['host_steal'])} %, load {result['loadavg_before'][0]:.1f} -> {result['loadavg_after'][0]:.1f}",
+                        f"host steal {percent(result['host_steal'], '-')} %, load {result['loadavg_before'][0]:.1f} -> {result['loadavg_after'][0]:.1f}",
                         flush=True,
                     )
                     runs.append(result)

@@ -11,6 +11,8 @@ import sys
 
 import pytest
 
+from lerobot_shards.integrations.train_process import environment
+
 PROBE = """
 import json, os, sys
 from lerobot_shards.integrations.train_process import tune
@@ -77,6 +79,12 @@ def test_blocks_over_the_largest_threshold_come_from_the_heap_and_are_reused() -
     plain = MAPPED.replace("done = tune()", "done = []")
     out = subprocess.run([sys.executable, "-c", plain], env=_env(), capture_output=True, text=True, check=True)
     assert json.loads(out.stdout.splitlines()[-1])["mapped"] == 1  # glibc's default: a mapping of its own
+    # the same settings as environment variables (another process: the benchmark's tuned LeRobot)
+    out = subprocess.run(
+        [sys.executable, "-c", plain], env=_env(**environment()), capture_output=True, text=True, check=True
+    )
+    given = json.loads(out.stdout.splitlines()[-1])
+    assert given["mapped"] == 0 and given["reused"]
 
 
 def test_tune_keeps_what_the_environment_sets() -> None:

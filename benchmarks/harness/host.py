@@ -24,6 +24,11 @@ def cpu_ticks() -> list[int] | None:
         return None
 
 
+def percent(share: float | None, missing: str = "–") -> str:
+    """A share as a percentage for a table, ``missing`` where there is none."""
+    return missing if share is None else f"{share * 100:.1f}"
+
+
 def stolen_share(before: list[int] | None, after: list[int] | None) -> float | None:
     """The share of the machine's CPU time stolen by the host between two ``cpu_ticks`` readings."""
     if before is None or after is None or len(before) < 8 or len(after) < 8:

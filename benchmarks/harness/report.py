@@ -26,6 +26,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from .host import percent
+
 COLUMNS = (
     "loader",
     "source",
@@ -68,10 +70,6 @@ def _loader(r: dict[str, Any]) -> str:
     return f"{kind} [{r['case']['label']}]" if r["case"].get("label") else kind
 
 
-def _percent(share: float | None) -> str:
-    return "–" if share is None else f"{share * 100:.1f}"
-
-
 def row(r: dict[str, Any]) -> dict[str, Any]:
     case, wait, rounds = r["case"], r.get("wait_s") or {}, r.get("rounds") or []
     workers = (r.get("memory") or {}).get("workers") or []
@@ -91,8 +89,8 @@ def row(r: dict[str, Any]) -> dict[str, Any]:
         "round_samples_per_s": " / ".join(str(x["samples_per_s"]) for x in rounds) if len(rounds) > 1 else None,
         # the share of the machine's CPU time its host took, per round (harness.host): a slow round with
         # much steal was slowed by the host's other guests, not by its code
-        "round_host_steal_pct": " / ".join(_percent(x.get("host_steal")) for x in rounds)
-        or _percent(r.get("host_steal")),
+        "round_host_steal_pct": " / ".join(percent(x.get("host_steal")) for x in rounds)
+        or percent(r.get("host_steal")),
         "frames_per_s": r.get("frames_per_s"),
         "cpu_ms_per_sample": r.get("cpu_ms_per_sample"),
         "decode_ms": split.get("decode_ms"),

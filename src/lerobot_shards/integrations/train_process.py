@@ -20,7 +20,8 @@ the trainer showed about a third of its CPU outside the work itself:
   at 8 x 2 x 480p) were still new mappings every step. No mappings of glibc's own
   (``M_MMAP_MAX`` 0) serve them from the heap too, where the next step finds them: Diffusion
   with transforms on, 0.208 -> 0.167 CPU s per sample (3 interleaved pairs, each pair 18-24 %
-  less; a second set, against these thresholds given as environment variables: 0.195 -> 0.149). Mapped frame cache files and shared-memory slabs are not glibc's blocks and are unchanged.
+  less; a second set, against these thresholds given as environment variables: 0.195 -> 0.149).
+  Mapped frame cache files and shared-memory slabs are not glibc's blocks and are unchanged.
   What it costs: the trim threshold bounds only the free space at the heap's top; a freed block
   below a live one stays resident (reused, never returned), so the trainer's RSS is its high-water
   mark of large transient blocks (a checkpoint's serialized buffer, an eval batch), not its
