@@ -34,9 +34,11 @@ test-slow: setup
 
 ## The suite against real LeRobot 0.6.1 (tests/lerobot) inside its Python 3.13 environment, built first
 ## when missing (tests/lerobot/env.sh: a Debian 13 root, ~10 min once, as root). Not part of `make test`.
+## tests/test_frame_planes.py runs there too: the frame cache's YUV entries under the lowest torchcodec
+## (0.11) and PyAV (15.1, LeRobot's pin) this package allows.
 test-lerobot:
 	bash tests/lerobot/env.sh setup
-	LEROBOT_SHARDS_LEROBOT_SUITE=1 PYTHONPATH=$(CURDIR)/src bash tests/lerobot/env.sh run $(CURDIR) -- -m pytest -q -p no:cacheprovider --timeout=600 tests/lerobot $(PYTEST_ARGS)
+	LEROBOT_SHARDS_LEROBOT_SUITE=1 PYTHONPATH=$(CURDIR)/src bash tests/lerobot/env.sh run $(CURDIR) -- -m pytest -q -p no:cacheprovider --timeout=600 tests/lerobot tests/test_frame_planes.py $(PYTEST_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check src tests benchmarks examples

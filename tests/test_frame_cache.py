@@ -86,15 +86,28 @@ def _total(ds: EpisodePoolDataset) -> dict[str, float]:
     return ds.stats()["total"]
 
 
+def _pixels(cache: Path) -> set[str]:
+    """How the cache's entries keep their frames (their headers' "pixels")."""
+    found = set()
+    for path in _entries(cache):
+        with open(path, "rb") as f:
+            found.add(_parse_header(f.read(ALIGN), path)[1].pixels)
+    return found
+
+
 @pytest.mark.parametrize("source", ["raw", "shards"])
-@pytest.mark.parametrize("dtype", [torch.uint8, torch.float32])
+@pytest.mark.parametrize(
+    ("dtype", "pixels"), [(torch.uint8, "yuv420p"), (torch.float32, "yuv420p"), (torch.uint8, "rgb")]
+)
 def test_cached_frames_are_the_decoded_frames_and_the_second_epoch_decodes_nothing(
-    source: str, dtype: torch.dtype, request: pytest.FixtureRequest, tmp_path: Path
+    source: str, dtype: torch.dtype, pixels: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
+    """Both ways of keeping frames (the decoder's YUV planes, converted at each read as torchcodec
+    converts; RGB) give the frames decoded at emit, bit for bit."""
     root = request.getfixturevalue(source)
     want = _batches(_dataset(root, None, image_dtype=dtype))
     for epoch in range(2):
-        ds = _dataset(root, tmp_path, image_dtype=dtype)
+        ds = _dataset(root, tmp_path, image_dtype=dtype, frame_cache_pixels=pixels)
         got = _batches(ds)
         _same(want, got)
         total = _total(ds)
@@ -105,7 +118,7 @@ def test_cached_frames_are_the_decoded_frames_and_the_second_epoch_decodes_nothi
         else:  # every frame read back, none decoded
             assert total["frames_decoded"] == 0 and total["frames_filled"] == 0
             assert total["frame_cache_hits"] == 2 * total["frames_emitted"]
-    assert len(_entries(tmp_path)) == 2 * 4
+    assert len(_entries(tmp_path)) == 2 * 4 and _pixels(tmp_path) == {pixels}
     for batch in got:  # and they are the frames asked for
         for i, (ep, frame) in enumerate(zip(batch["episode_index"].tolist(), batch["frame_index"].tolist())):
             assert read_identity(batch[FRONT][i][1]) == (ep, frame)
@@ -160,16 +173,16 @@ def test_a_fill_that_fails_falls_back_to_decoding(raw: Path, tmp_path: Path, mon
     entry deleted, and the samples waiting on it decoded at emit: the same bits, in batches whose
     layout does not change (no slab retired)."""
     monkeypatch.setattr(frame_fill, "FILL_CHUNK", 4)
-    write = frame_cache.Fill.write
+    write = frame_cache.Fill.write_stored
 
-    def failing(self: frame_cache.Fill, frames: torch.Tensor) -> None:
+    def failing(self: frame_cache.Fill, frame: Any) -> None:
         if self.progress > 0:
             raise OSError(5, "injected disk error")
-        write(self, frames)
+        write(self, frame)
 
     opts: dict[str, Any] = {"image_dtype": torch.uint8}
     want = {w: _batches(_dataset(raw, None, **opts), w, slabs=True) for w in (0, 2)}
-    monkeypatch.setattr(frame_cache.Fill, "write", failing)
+    monkeypatch.setattr(frame_cache.Fill, "write_stored", failing)
     for workers in (0, 2):
         ds = _dataset(raw, tmp_path / str(workers), **opts)
         got, transport = _slab_batches(ds, workers) if workers else (_batches(ds, 0, slabs=True), None)
@@ -254,12 +267,12 @@ import os, sys, threading
 from torch.utils.data import DataLoader
 from lerobot_shards.loader import EpisodePoolDataset
 from lerobot_shards.loader.decoding import frame_cache
-write = frame_cache.Fill.write
-def write_then_hang(self, frames):
-    write(self, frames)
-    print("written", flush=True)  # a chunk is on disk, the entry incomplete: kill me now
+write = frame_cache.Fill.write_stored
+def write_then_hang(self, frame):
+    write(self, frame)
+    print("written", flush=True)  # a frame is on disk, the entry incomplete: kill me now
     threading.Event().wait()
-frame_cache.Fill.write = write_then_hang
+frame_cache.Fill.write_stored = write_then_hang
 ds = EpisodePoolDataset(sys.argv[1], episodes_per_shard=1, episode_pool_size=2, frame_cache_dir=sys.argv[2],
                         decode_threads=1)
 for _ in DataLoader(ds, batch_size=4):

@@ -107,6 +107,12 @@ BAD_LOADER_OPTIONS = [
     ("decode", "resize_mode", "squash", r"resize mode 'squash' is not one of pad, crop, stretch"),
     ("decode", "frame_cache_dir", 3, r"frame_cache_dir must be a path or None, got 3"),
     ("decode", "frame_cache_bytes", 0, r"frame_cache_bytes must be an int >= 1 \(None: half the frame cache"),
+    (
+        "decode",
+        "frame_cache_pixels",
+        "yuv444p",
+        r"frame_cache_pixels must be one of \('yuv420p', 'rgb'\), got 'yuv444p'",
+    ),
     ("decode", "depth_output_unit", "cm", r"depth_output_unit must be .mm. or .m., got .cm."),
 ]
 

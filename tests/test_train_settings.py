@@ -60,6 +60,7 @@ def test_every_setting_reads_its_type_and_refuses_a_bad_value_naming_it() -> Non
         "slab_layout": ("nchw", r"--shards.slab_layout .* must be 'sample' or 'contiguous', got 'nchw'"),
         "frame_cache": (" ", r"--shards.frame_cache .* must be 'auto', 'off' or a directory, got ''"),
         "partition": ("rack", r"--shards.partition .* must be 'auto' or 'global' or 'node', got 'rack'"),
+        "frame_cache_pixels": ("nv12", r"--shards.frame_cache_pixels .* must be 'yuv420p' or 'rgb', got 'nv12'"),
     }
     assert sorted(bad) == sorted(f.name for f in dataclasses.fields(TrainSettings) if f.type != "str | None")
     for name, (text, message) in bad.items():

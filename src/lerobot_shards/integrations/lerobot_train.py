@@ -394,6 +394,7 @@ def _held_out(
         episode_pool_size=settings.episode_pool_size,
         storage_options=common["storage_options"],
         cache_dir=settings.cache_dir,
+        frame_cache_pixels=settings.frame_cache_pixels,
         data_files_root=common.get("data_files_root"),
     )
     held_out = EpisodePoolDataset(url, episodes=held, **kwargs)
@@ -437,7 +438,9 @@ def _make_datasets(original: Any, run: type[_Run], argv: Sequence[str], given: M
         # is put back once it is built, so the checkpoints' train_config.json says what was asked.
         run.cfg, run.streaming = cfg, cfg.dataset.streaming
         cfg.dataset.streaming = True
-        common: dict[str, Any] = dict(storage_options=options, cache_dir=settings.cache_dir)
+        common: dict[str, Any] = dict(
+            storage_options=options, cache_dir=settings.cache_dir, frame_cache_pixels=settings.frame_cache_pixels
+        )
         if settings.data_files_root is not None:  # one location, its own options, for every dataset below
             common["data_files_root"] = StorageLocation(settings.data_files_root, settings.data_files_storage_options)
         if is_mixture_file(url):

@@ -36,6 +36,7 @@ STATE_MAX_BYTES = 1 << 20  # a data state is a few hundred bytes: a larger file 
 ENV_PREFIX = "LEROBOT_SHARDS_"
 SlabLayout = Literal["sample", "contiguous"]
 TrainPartition = Literal["auto", "global", "node"]
+FramePixels = Literal["yuv420p", "rgb"]  # loader.options.FramePixels
 # The settings holding fsspec options: recorded without their secrets, which a resume takes from its shell.
 OPTION_FIELDS = ("storage_options", "data_files_storage_options")
 # The settings holding a URL: recorded without the user and password of its authority (a resume takes
@@ -63,6 +64,9 @@ class TrainSettings:
     # The node-local decoded-frame cache: "auto" (on in $TMPDIR when the node's disk has room for
     # the decoded frames), "off", or a directory (on there, bounded by its room): frame_cache_choice.
     frame_cache: str = "auto"
+    # How its entries keep frames: the decoder's YUV 4:2:0 where that converts back bit for bit (half
+    # the bytes, a conversion at each read), or "rgb" always (DecodeOptions.frame_cache_pixels).
+    frame_cache_pixels: FramePixels = "yuv420p"
     # "auto": node-sticky, each node reading its own part every epoch (a mixture: "global"; a resume:
     # the checkpoint's); "global" for a run that must resume on another node count.
     partition: TrainPartition = "auto"
@@ -103,8 +107,9 @@ def _problem(name: str, value: Any) -> str | None:
         return None if not isinstance(value, bool) and isinstance(value, int) and value >= 1 else "a whole number >= 1"
     if name == "equal_samples_per_rank":
         return None if value is None or isinstance(value, bool) else "true, false or null"
-    if name in ("slab_layout", "partition"):
-        choices = typing.get_args(SlabLayout if name == "slab_layout" else TrainPartition)
+    if name in ("slab_layout", "partition", "frame_cache_pixels"):
+        kind = {"slab_layout": SlabLayout, "partition": TrainPartition, "frame_cache_pixels": FramePixels}[name]
+        choices = typing.get_args(kind)
         return None if isinstance(value, str) and value in choices else " or ".join(map(repr, choices))
     if name == "frame_cache":
         return None if isinstance(value, str) and value.strip() else "'auto', 'off' or a directory"

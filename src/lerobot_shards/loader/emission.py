@@ -205,7 +205,12 @@ def decode_pool(
     if decode.frame_cache_dir is not None and decode.video_decode_device == "cpu":
         assert decode.frame_cache_bytes is not None  # resolved by the dataset
         # frames augmented next are cached planar: the transforms cost less on contiguous frames
-        store = FrameCache(decode.frame_cache_dir, decode.frame_cache_bytes, planar=decode.image_transforms is not None)
+        store = FrameCache(
+            decode.frame_cache_dir,
+            decode.frame_cache_bytes,
+            planar=decode.image_transforms is not None,
+            pixels=decode.frame_cache_pixels,
+        )
     return DecodePool(
         threads,
         lambda: DecoderCache(per_thread, decode, location),

@@ -13,7 +13,6 @@ decodes forward.
 from __future__ import annotations
 
 import io
-import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,6 +21,7 @@ import numpy as np
 import torch
 
 from ...depth import DEPTH_PIX_FMT
+from .planes import frame_table
 
 
 class DepthClip:
@@ -34,26 +34,12 @@ class DepthClip:
         try:
             self._stream = self._container.streams.video[0]
             self._stream.thread_type = "SLICE"  # no frame threads: a seek then never waits on queued frames
-            self.pts, self._keys = self._table(frame_mappings)
+            self.pts, self._keys = frame_table(self._container, self._stream, frame_mappings)
         except Exception:
             self._container.close()
             raise
         self._frames: Any = None  # the decode generator, positioned after ``self._last``
         self._last: int | None = None  # pts of the last frame decoded
-
-    def _table(self, frame_mappings: str | None) -> tuple[np.ndarray, np.ndarray]:
-        """(pts, is keyframe) of every frame, in presentation order."""
-        if frame_mappings is not None:
-            frames = json.loads(frame_mappings)["frames"]
-            pts = np.array([int(f["pts"]) for f in frames], np.int64)
-            keys = np.array([bool(f["key_frame"]) for f in frames], bool)
-        else:
-            found = [(p.pts, p.is_keyframe) for p in self._container.demux(self._stream) if p.pts is not None]
-            pts = np.array([p for p, _ in found], np.int64)
-            keys = np.array([k for _, k in found], bool)
-            self._container.seek(0, stream=self._stream)
-        order = np.argsort(pts, kind="stable")
-        return pts[order], keys[order]
 
     def codes(self, indices: Sequence[int]) -> torch.Tensor:
         """Frames ``indices`` (of the clip) as uint16 12-bit codes (N, 1, H, W), in the order asked."""

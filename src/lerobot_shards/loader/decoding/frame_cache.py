@@ -16,6 +16,13 @@ Frames lie in the memory order their consumer wants (``FrameCache(planar=...)``,
   transforms cost less on contiguous frames than that copy once per run (ACT under LeRobot's
   trainer, transforms on: 0.049 against 0.053 CPU s per sample; without transforms the same).
 
+Where it can (``FrameCache(pixels="yuv420p")``, the default), an (H, W, C) entry keeps the
+decoder's own YUV 4:2:0 planes instead (``planes``), half the bytes of RGB, and each read converts
+them into the caller's tensor as torchcodec converts (``swscale``, bit for bit): a cold epoch
+writes half the bytes into new page-cache pages, and a warm epoch needs half the page cache, for
+~0.1 ms per 480p frame read. The header says which (``pixels``); the key does not, since both give
+the same frames: an entry either way serves every consumer.
+
 Its
 name is a hash of what decides its bytes (``entry_key``): the clip's content (the xxh3-128 of a
 converted clip's bytes, which is its member checksum; a raw mp4's URL, inode, size, modification
@@ -33,7 +40,8 @@ entry in use (its users hold a shared lock on it). One consumer fills an entry a
 lock in ``.locks/``, taken without waiting: another consumer that needs the entry meanwhile
 decodes its samples as without the cache, and reads the entry once it is complete).
 
-Verified on read: each frame's xxh3-128 is recorded in the entry's header block and checked on
+Verified on read: each frame's xxh3-128 (of its bytes as kept: RGB, or YUV planes before their
+conversion) is recorded in the entry's header block and checked on
 every read (~50 us per 480p frame); the header names the entry's full key, its frame count must be
 the key's, and its own xxh3-128 follows it (a flipped bit in its shape would otherwise pass every
 frame's checksum and return the frame's bytes in another shape). A frame whose
@@ -62,6 +70,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import torch
@@ -86,6 +95,7 @@ from ..read.shard_cache import (
     scan,
 )
 from ..read.sources import ClipRef
+from . import swscale
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +103,10 @@ MAGIC = b"LRSFRAMES3\n"
 ALIGN = 4096  # header and checksum table end on a page: frames start page-aligned
 DIGEST_BYTES = 16  # xxh3-128
 ENTRIES_DIR = "frames"
-FORMAT = 3  # 2: the header's JSON is followed by its xxh3-128 (a flipped bit in it is caught); 3: "order"
+# 2: the header's JSON is followed by its xxh3-128 (a flipped bit in it is caught); 3: "order";
+# 4: "pixels" (frames kept as YUV 4:2:0, converted at each read)
+FORMAT = 4
+Pixels = Literal["rgb", "yuv420p"]
 # In ``LOCKS_DIR`` (never counted, never evicted): an upper bound of the entries' sum, kept under
 # the global lock, so that a reservation with room reads 8 bytes instead of walking the directory.
 LEDGER = "frames.bytes"
@@ -156,13 +169,15 @@ class Layout:
     """Where an entry's parts lie: header (magic, JSON), checksum table, frames."""
 
     frames: int
-    shape: tuple[int, int, int]  # (C, H, W)
+    shape: tuple[int, int, int]  # (C, H, W) of the frames read
     planar: bool = False  # frames stored (C, H, W); else (H, W, C)
+    pixels: Pixels = "rgb"  # "yuv420p": stored as the decoder's planes, read as (H, W, C) RGB
+    colorspace: int = 0  # a YUV entry's AVColorSpace (its conversion's coefficients)
 
     @property
     def frame_bytes(self) -> int:
         c, h, w = self.shape
-        return c * h * w
+        return swscale.frame_bytes(h, w) if self.pixels == "yuv420p" else c * h * w
 
     @property
     def table(self) -> int:
@@ -182,8 +197,16 @@ def _aligned(n: int) -> int:
 
 
 def _header(key: str, layout: Layout) -> bytes:
-    order = "chw" if layout.planar else "hwc"
-    body = json.dumps({"key": key, "frames": layout.frames, "shape": list(layout.shape), "order": order}).encode()
+    body = json.dumps(
+        {
+            "key": key,
+            "frames": layout.frames,
+            "shape": list(layout.shape),
+            "order": "chw" if layout.planar else "hwc",
+            "pixels": layout.pixels,
+            "colorspace": layout.colorspace,
+        }
+    ).encode()
     block = MAGIC + len(body).to_bytes(4, "little") + body + xxhash.xxh3_128_digest(body)
     if len(block) > ALIGN:
         raise ValueError(f"frame cache key too long ({len(block)} bytes)")
@@ -201,13 +224,28 @@ def _parse_header(block: bytes, where: str) -> tuple[str, Layout]:
         head = json.loads(body)
         if head["order"] not in ("chw", "hwc"):
             raise ValueError(f"order {head['order']!r}")
+        if head["pixels"] not in ("rgb", "yuv420p"):
+            raise ValueError(f"pixels {head['pixels']!r}")
         shape = tuple(int(x) for x in head["shape"])
-        layout = Layout(int(head["frames"]), shape, head["order"] == "chw")  # type: ignore[arg-type]
+        layout = Layout(
+            int(head["frames"]),
+            shape,  # type: ignore[arg-type]
+            head["order"] == "chw",
+            head["pixels"],
+            int(head["colorspace"]),
+        )
         key = str(head["key"])
     except (ValueError, KeyError, TypeError) as e:
         raise FrameCacheError(errno.EINVAL, f"{where}: unreadable header ({e})") from None
     if layout.frames < 1 or len(layout.shape) != 3 or min(layout.shape) < 1:
         raise FrameCacheError(errno.EINVAL, f"{where}: header has {layout.frames} frames of shape {layout.shape}")
+    if layout.pixels == "yuv420p" and (
+        layout.planar
+        or layout.shape[0] != 3
+        or not swscale.convertible(layout.shape[1], layout.shape[2])
+        or not 0 <= layout.colorspace <= swscale.MAX_COLORSPACE
+    ):
+        raise FrameCacheError(errno.EINVAL, f"{where}: header has YUV frames of shape {layout.shape} it cannot convert")
     return key, layout
 
 
@@ -235,6 +273,7 @@ class _Frames:
             out = out if planar else out.permute(0, 3, 1, 2)
         flat = (out if planar else out.permute(0, 2, 3, 1)).numpy().reshape(n, -1)
         fb = self.layout.frame_bytes
+        yuv = self.layout.pixels == "yuv420p"
         i = 0
         while i < n:
             j = i + 1
@@ -243,13 +282,17 @@ class _Frames:
             first = int(indices[i])
             if not 0 <= first or int(indices[j - 1]) >= self.layout.frames:
                 raise IndexError(f"{self.path}: frames {indices} outside the entry's {self.layout.frames}")
-            view = flat[i:j].data.cast("B")
+            stored = swscale.scratch((j - i) * fb).reshape(j - i, fb) if yuv else flat[i:j]
+            view = stored.data.cast("B")
             got = os.preadv(self.fd, [view], self.layout.data + first * fb)
             if got != len(view):
                 raise FrameCacheError(errno.EIO, f"{self.path}: truncated (frame {first + got // fb} missing)")
             for k in range(i, j):
-                if xxhash.xxh3_128_digest(flat[k]) != self.digests[int(indices[k])]:
+                if xxhash.xxh3_128_digest(stored[k - i]) != self.digests[int(indices[k])]:
                     raise FrameCacheError(errno.EIO, f"{self.path}: frame {int(indices[k])} fails its checksum")
+                if yuv:  # verified, then converted into its place as torchcodec converts
+                    _, h, w = self.layout.shape
+                    swscale.to_rgb(stored[k - i], flat[k], h, w, self.layout.colorspace)
             i = j
         return out
 
@@ -278,10 +321,13 @@ class Fill(_Frames):
         # costs, reported apart because a VM whose host backs guest memory lazily multiplies it
         self.write_seconds = 0.0
 
-    def reserve(self, frames: int, shape: tuple[int, int, int]) -> int | None:
-        """Make room for the whole entry and create its temporary file at full size: the number of
-        entries evicted for it, or None when it does not fit beside the entries in use."""
-        self.layout = Layout(frames, shape, self.cache.planar)
+    def reserve(
+        self, frames: int, shape: tuple[int, int, int], pixels: Pixels = "rgb", colorspace: int = 0
+    ) -> int | None:
+        """Make room for the whole entry (``frames`` of ``shape`` (C, H, W) as read, kept as
+        ``pixels``) and create its temporary file at full size: the number of entries evicted for
+        it, or None when it does not fit beside the entries in use."""
+        self.layout = Layout(frames, shape, self.cache.planar, pixels, colorspace)
         self.digests = [b""] * frames
         tmp = f"{self.final}.{os.getpid()}.{threading.get_ident()}{TMP_SUFFIX}"
         root, need, bound = self.cache.root, self.layout.size, self.cache.max_bytes
@@ -327,22 +373,28 @@ class Fill(_Frames):
             raise ValueError(
                 f"{self.final}: frames {tuple(frames.shape)} {frames.dtype} for an entry of {self.layout.shape}"
             )
-        offset = self.layout.data + self.progress * self.layout.frame_bytes
         for frame in (frames if self.layout.planar else frames.permute(0, 2, 3, 1)).numpy():
             if not frame.flags.c_contiguous:
                 if self._staged is None:
                     self._staged = torch.empty(frame.shape, dtype=torch.uint8)
                 np.copyto(self._staged.numpy(), frame)  # numpy's strided copy: cheaper than torch's
                 frame = self._staged.numpy()
-            whole = frame.reshape(-1).data.cast("B")  # the frame's bytes, written and hashed
-            view = whole
-            cpu = time.thread_time()
-            while view:
-                written = os.pwrite(self.fd, view, offset)
-                view, offset = view[written:], offset + written
-            self.write_seconds += time.thread_time() - cpu
-            self.digests[self.progress] = xxhash.xxh3_128_digest(whole)
-            self.progress += 1
+            self.write_stored(frame.reshape(-1))
+
+    def write_stored(self, frame: np.ndarray) -> None:
+        """Append one frame's stored bytes (``frame_bytes``, contiguous: RGB in the entry's order, or
+        a YUV entry's planes), hashed right after the write has left them in the core's cache."""
+        assert self.progress < self.layout.frames and frame.nbytes == self.layout.frame_bytes
+        whole = frame.data.cast("B")
+        view = whole
+        offset = self.layout.data + self.progress * self.layout.frame_bytes
+        cpu = time.thread_time()
+        while view:
+            written = os.pwrite(self.fd, view, offset)
+            view, offset = view[written:], offset + written
+        self.write_seconds += time.thread_time() - cpu
+        self.digests[self.progress] = xxhash.xxh3_128_digest(whole)
+        self.progress += 1
 
     def commit(self) -> Entry:
         """Write the header and checksum table, then give the entry its final name (under the
@@ -408,11 +460,14 @@ def _write_ledger(path: str, total: int) -> None:
 class FrameCache:
     """The frame cache directory as one consumer uses it (shared by its decode threads)."""
 
-    def __init__(self, root: str, max_bytes: int, planar: bool = False) -> None:
+    def __init__(self, root: str, max_bytes: int, planar: bool = False, pixels: Pixels = "yuv420p") -> None:
         check_cache_dir(root, what="frame_cache_dir")
         self.root = root
         self.max_bytes = int(max_bytes)
         self.planar = planar  # entries written (C, H, W) (frames augmented next), else (H, W, C)
+        # "yuv420p": fills keep the decoder's planes where their RGB can be made as torchcodec makes
+        # it (``planes``, ``swscale``; not planar entries), else RGB; "rgb": RGB always
+        self.pixels: Pixels = "rgb" if planar else pixels
         self.fills_off = False  # the disk is full: read what is there, write nothing more
 
     def _path(self, key: str) -> tuple[str, str]:

@@ -29,8 +29,10 @@ from dataclasses import dataclass
 import torch
 
 from ..read.sources import ClipRef
+from . import swscale
 from .decoders import DecodeError, DecoderCache
 from .frame_cache import Entry, Fill, FrameCache, FrameCacheError, entry_key
+from .planes import PlaneReader, PlanesUnsupported
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +73,8 @@ class _Clip:
     fill: Fill | None = None
     elsewhere: bool = False  # another consumer holds its fill lock: look for the entry on each request
     left: bool = False  # its episode left the pool: filled for the next epoch, then forgotten
+    planes: PlaneReader | None = None  # the fill keeps YUV planes (``FrameCache.pixels``), read by PyAV
+    rgb: bool = False  # its frames cannot be kept as YUV: filled with torchcodec's RGB
 
 
 class FrameServer:
@@ -131,6 +135,12 @@ class FrameServer:
             got = None
         if isinstance(got, Fill):
             state.fill = got
+            if self.store.pixels == "yuv420p" and state.size is None and not state.rgb:
+                try:
+                    state.planes = PlaneReader(state.clip, state.length, self.decoders.decode.num_ffmpeg_threads)
+                except PlanesUnsupported as e:
+                    log.debug("frame cache: %s kept as RGB (%s)", state.clip.where, e)
+                    state.rgb = True
             return True
         state.entry, state.elsewhere = got, got is None
         self._done(state)
@@ -166,6 +176,9 @@ class FrameServer:
         cpu, written = time.thread_time(), fill.write_seconds
         first = fill.progress
         try:
+            if state.planes is not None:
+                self._advance_planes(state, fill, state.planes)
+                return
             frames = self.decoders.uncounted(
                 state.clip, range(first, min(first + FILL_CHUNK, state.length)), state.size
             )
@@ -188,9 +201,42 @@ class FrameServer:
         finally:
             self.counters["fill_cpu_seconds"] += time.thread_time() - cpu
             self.counters["fill_write_cpu_seconds"] += fill.write_seconds - written
-        self.counters["frames_filled"] += fill.progress - first
+            self.counters["frames_filled"] += fill.progress - first
+
+    def _advance_planes(self, state: _Clip, fill: Fill, planes: PlaneReader) -> None:
+        """``_advance`` of a fill keeping YUV planes: frames that turn out not to be (another size
+        or format mid-clip, a pts off the table, a decode error) restart the fill in RGB."""
+        try:
+            if fill.progress == 0:
+                shape = (3, planes.height, planes.width)
+                evicted = fill.reserve(state.length, shape, "yuv420p", planes.colorspace)
+                if evicted is None:
+                    log.debug("frame cache: %s does not fit beside the entries in use", state.clip.where)
+                    return self._give_up(state)
+                self.counters["frame_cache_evictions"] += evicted
+            buf = swscale.scratch(planes.frame_bytes)
+            for _ in range(min(FILL_CHUNK, state.length - fill.progress)):
+                planes.read_into(buf)
+                fill.write_stored(buf)
+        except PlanesUnsupported as e:
+            log.debug("frame cache: %s kept as RGB (%s)", state.clip.where, e)
+            fill.abort()
+            self._close_planes(state)
+            state.fill, state.rgb = None, True  # still first in the queue: filled again, in RGB
+            return
+        if fill.progress == state.length:
+            self._close_planes(state)
+            state.entry, state.fill = fill.commit(), None
+            self.counters["frame_cache_fills"] += 1
+            self._done(state)
+
+    def _close_planes(self, state: _Clip) -> None:
+        if state.planes is not None:
+            state.planes.close()
+            state.planes = None
 
     def _give_up(self, state: _Clip) -> None:
+        self._close_planes(state)
         if state.fill is not None:
             state.fill.abort()
             state.fill = None
@@ -268,6 +314,7 @@ class FrameServer:
 
     def _forget(self, state: _Clip) -> None:
         self.clips.pop((state.clip.cache_key, state.clip.first_frame), None)
+        self._close_planes(state)
         if state.fill is not None:
             state.fill.abort()
             state.fill = None

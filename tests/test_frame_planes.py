@@ -1,0 +1,176 @@
+"""Frame cache entries kept as YUV 4:2:0: the planes PyAV decodes, converted by ``swscale`` as
+torchcodec converts, are torchcodec's RGB frames bit for bit (every codec kept so, B-frames, a
+clip starting mid-file, BT.709 tags, a destination at any alignment); what cannot be kept so is
+refused before a frame is written, and a fill that finds out mid-clip starts again in RGB."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import av
+import numpy as np
+import pytest
+import torch
+
+from lerobot_shards.loader import EpisodePoolDataset
+from lerobot_shards.loader.decoding import planes, swscale
+from lerobot_shards.loader.decoding.frame_cache import ALIGN, ENTRIES_DIR, _parse_header
+from lerobot_shards.loader.read.sources import ClipRef
+from lerobot_shards.torch_pair import VideoDecoder
+from lerobot_shards.video import encode_video
+
+FRAMES = 12
+
+
+def _frames(height: int, width: int) -> list[np.ndarray]:
+    """Frames with texture and colour (a flat picture would hide a conversion's rounding)."""
+    rng = np.random.default_rng(7)
+    base = rng.integers(0, 256, (height, width, 3), dtype=np.uint8)
+    return [np.roll(base, 3 * i, axis=1) // 2 + np.uint8(8 * i) for i in range(FRAMES)]
+
+
+def _bt709_clip(path: Path, height: int, width: int) -> None:
+    """H.264 tagged BT.709 (the others are untagged: BT.601's coefficients)."""
+    with av.open(str(path), "w") as out:
+        stream = out.add_stream("libx264", rate=Fraction(30), options={"g": "4", "bf": "0"})
+        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+        stream.codec_context.colorspace = 1  # AVCOL_SPC_BT709
+        stream.codec_context.color_range = 1
+        for i, img in enumerate(_frames(height, width)):
+            frame = av.VideoFrame.from_ndarray(img, format="rgb24").reformat(format="yuv420p", dst_colorspace=1)
+            frame.colorspace, frame.pts = 1, i
+            out.mux(stream.encode(frame))
+        out.mux(stream.encode(None))
+
+
+CLIPS: dict[str, Callable[[Path], None]] = {
+    "h264": lambda p: encode_video(_frames(48, 96), p, fps=30, codec="h264", gop=4),
+    "h264-bframes": lambda p: encode_video(_frames(48, 96), p, fps=30, codec="h264", gop=6, bframes=2),
+    "hevc": lambda p: encode_video(_frames(64, 128), p, fps=30, codec="hevc", gop=4),
+    "av1": lambda p: encode_video(_frames(48, 64), p, fps=30, codec="av1", gop=4),
+    "h264-bt709": lambda p: _bt709_clip(p, 48, 96),
+}
+
+
+def _clip(path: Path, first: int = 0) -> ClipRef:
+    return ClipRef(cache_key=str(path), data=None, url=str(path), first_frame=first, frame_mappings=None)
+
+
+def _planes_rgb(clip: ClipRef, length: int, offset: int = 0) -> np.ndarray:
+    """The clip's frames through a ``PlaneReader`` and ``swscale.to_rgb`` (into a destination
+    ``offset`` bytes past an aligned one)."""
+    reader = planes.PlaneReader(clip, length, threads=1)
+    try:
+        h, w = reader.height, reader.width
+        buf = np.empty(reader.frame_bytes, np.uint8)
+        out = []
+        for _ in range(length):
+            reader.read_into(buf)
+            dst = np.empty(h * w * 3 + offset, np.uint8)[offset:]
+            swscale.to_rgb(buf, dst, h, w, reader.colorspace)
+            out.append(dst.reshape(h, w, 3).copy())
+        return np.stack(out)
+    finally:
+        reader.close()
+
+
+@pytest.mark.parametrize("kind", sorted(CLIPS))
+def test_planes_converted_are_torchcodecs_frames(kind: str, tmp_path: Path) -> None:
+    path = tmp_path / f"{kind}.mp4"
+    CLIPS[kind](path)
+    want = VideoDecoder(str(path), dimension_order="NHWC", seek_mode="exact").get_frames_in_range(0, FRAMES).data
+    assert np.array_equal(_planes_rgb(_clip(path), FRAMES), want.numpy())
+    # a clip that starts mid-file (a raw mp4's later episode): seek to its keyframe, decode forward
+    assert np.array_equal(_planes_rgb(_clip(path, first=5), FRAMES - 5), want[5:].numpy())
+    # any alignment of the destination (a slab's slot lies where its batch puts it)
+    assert np.array_equal(_planes_rgb(_clip(path, first=9), 3, offset=1), want[9:].numpy())
+    if kind == "h264-bt709":
+        reader = planes.PlaneReader(_clip(path), FRAMES, threads=1)
+        assert reader.colorspace == 1
+        reader.close()
+
+
+@pytest.mark.parametrize(
+    ("make", "why"),
+    [
+        (lambda p: encode_video(_frames(48, 80), p, fps=30, codec="h264"), "80x48"),  # width not a multiple of 32
+        (lambda p: encode_video(_frames(48, 96), p, fps=30, codec="h264", pix_fmt="yuv444p"), "yuv444p"),
+        (lambda p: _mpeg4(p), "codec mpeg4"),
+    ],
+)
+def test_what_cannot_be_kept_as_yuv_is_refused_at_open(make: Callable[[Path], None], why: str, tmp_path: Path) -> None:
+    path = tmp_path / "clip.mp4"
+    make(path)
+    with pytest.raises(planes.PlanesUnsupported, match=why):
+        planes.PlaneReader(_clip(path), FRAMES, threads=1)
+
+
+def _mpeg4(path: Path) -> None:
+    with av.open(str(path), "w") as out:
+        stream = out.add_stream("mpeg4", rate=Fraction(30))
+        stream.width, stream.height, stream.pix_fmt = 96, 48, "yuv420p"
+        for i, img in enumerate(_frames(48, 96)):
+            frame = av.VideoFrame.from_ndarray(img, format="rgb24")
+            frame.pts = i
+            out.mux(stream.encode(frame))
+        out.mux(stream.encode(None))
+
+
+def _entry_pixels(cache: Path) -> list[str]:
+    found = []
+    for path in sorted((cache / ENTRIES_DIR).glob("*.frames")):
+        with open(path, "rb") as f:
+            found.append(_parse_header(f.read(ALIGN), str(path))[1].pixels)
+    return found
+
+
+def _batches(ds: EpisodePoolDataset) -> list[dict[str, Any]]:
+    return [
+        {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in b.items()}
+        for b in torch.utils.data.DataLoader(ds, batch_size=4)
+    ]
+
+
+def test_a_fill_finding_its_frames_changed_mid_clip_starts_again_in_rgb(
+    synth_factory: Callable[..., Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Frames found not to be keepable after some were written (here: the reader says so at its
+    fourth frame): the partial entry is dropped and the clip filled in RGB, the frames the same."""
+    raw = synth_factory(num_episodes=2, length_range=(12, 16), seed=11)
+    opts: dict[str, Any] = {"episodes_per_shard": 1, "episode_pool_size": 2, "image_dtype": torch.uint8}
+    want = _batches(EpisodePoolDataset(str(raw), **opts))
+    read_into = planes.PlaneReader.read_into
+
+    def changing(self: planes.PlaneReader, out: np.ndarray) -> None:
+        if self.done == 3:
+            raise planes.PlanesUnsupported("frame 3 changes format, size or colour space")
+        read_into(self, out)
+
+    monkeypatch.setattr(planes.PlaneReader, "read_into", changing)
+    ds = EpisodePoolDataset(str(raw), frame_cache_dir=str(tmp_path), **opts)
+    got = _batches(ds)
+    assert len(got) == len(want)
+    for x, y in zip(want, got):
+        for k in x:
+            assert torch.equal(x[k], y[k]) if isinstance(x[k], torch.Tensor) else x[k] == y[k], k
+    assert _entry_pixels(tmp_path) == ["rgb"] * 4  # 2 episodes x 2 cameras
+    assert ds.stats()["total"]["frame_cache_fills"] == 4
+
+
+def test_a_torchcodec_whose_conversion_is_not_known_here_keeps_rgb(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another torchcodec may convert otherwise: its frames are cached as RGB, never converted here."""
+    path = tmp_path / "clip.mp4"
+    CLIPS["h264"](path)
+    monkeypatch.setattr(swscale, "TORCHCODEC_VERSIONS", ("9.9.",))
+    swscale.library.cache_clear()
+    try:
+        assert swscale.library() is None
+        with pytest.raises(planes.PlanesUnsupported, match="yuv420p 96x48"):
+            planes.PlaneReader(_clip(path), FRAMES, threads=1)
+    finally:
+        swscale.library.cache_clear()
