@@ -37,7 +37,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 
-from harness import data  # noqa: E402
+from harness import data, measure  # noqa: E402
 from harness.cases import DECODES, FRAME_CACHE_SOURCES, MODES, SOURCES, TRANSPORTS, Case, expand  # noqa: E402
 from harness.measure import page_cache_write_cost  # noqa: E402
 from harness.runner import LEROBOT, baseline_command, median_round, our_command, run_case  # noqa: E402
@@ -369,14 +369,16 @@ def _run(
         if case.source == "converted-bucket-warm":  # fill the cache with what the measured run will read
             primed = run_case({**spec, "name": case.name + "__prime"}, command, out / "priming", args.timeout, proxy)
             spec["config"] = {**config, "prime": {k: primed.get(k) for k in ("status", "samples", "storage_bytes")}}
-        if case.epoch == "warm" and frames is not None and not frames.is_dir():  # no cold epoch ran before it
+        if case.epoch in ("warm", "disk") and frames is not None and not frames.is_dir():  # no cold epoch before
             cold = {**spec, "name": case.name + "__prime", "case": {**spec["case"], "epoch": "cold"}}
             primed = run_case(cold, command, out / "priming", args.timeout, proxy)
             spec["config"] = {**config, "prime": {k: primed.get(k) for k in ("status", "samples")}}
+        if case.epoch == "disk" and frames is not None:  # every read from the disk
+            spec["config"] = {**spec["config"], "dropped_from_page_cache": measure.drop_page_cache(frames)}
         return run_case(spec, command, out, args.timeout, proxy)
     finally:
         shutil.rmtree(out / "cache" / case.name, ignore_errors=True)
-        if case.epoch == "warm" and frames is not None:
+        if case.epoch == "disk" and frames is not None:  # the last of the three
             shutil.rmtree(frames, ignore_errors=True)
 
 

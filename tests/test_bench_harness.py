@@ -8,7 +8,10 @@ transfer never faster than the cap), which machine load cannot break.
 from __future__ import annotations
 
 import csv
+import ctypes
 import json
+import mmap
+import os
 import shutil
 import socket
 import subprocess
@@ -24,7 +27,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 from harness.cases import Case, camera_offsets, delta_timestamps, expand  # noqa: E402
 from harness.host import stolen_share  # noqa: E402
-from harness.measure import page_cache_write_cost  # noqa: E402
+from harness.measure import drop_page_cache, page_cache_write_cost  # noqa: E402
 from harness.report import targets, throughput_groups  # noqa: E402
 from harness.runner import median_round  # noqa: E402
 from harness.shaper import Profile, ShapedProxy  # noqa: E402
@@ -295,7 +298,7 @@ def test_frame_cache_epochs_come_cold_then_warm_and_lerobot_at_its_own_worker_co
         (s, w, x, e)
         for s in ("converted-local", "converted-resized")
         for w, x in ((0, "slab"), (2, "slab"))
-        for e in ("cold", "warm")
+        for e in ("cold", "warm", "disk")
     ]
     assert sorted(c.workers for c in cases if c.kind.startswith("lerobot")) == [1, 2, 3]
     assert len({c.name for c in cases}) == len(cases)
@@ -313,6 +316,7 @@ def test_frame_cache_epochs_are_held_to_their_own_targets() -> None:
         _epoch("converted-local", "cold", 2, 90.0, first_batch_s=1.5),
         _epoch("converted-local", "warm", 2, 170.0, cpu_split_ms=split, cpu_ms_per_sample=6.0),
         _epoch("converted-resized", "warm", 2, 400.0),
+        _epoch("converted-local", "disk", 2, 120.0),  # reported in the table, held to no target
         _result("lerobot-0.6.1:map", 2, 20.0),
         _result("lerobot-0.6.1:map", 3, 25.0),
     ]
@@ -325,6 +329,7 @@ def test_frame_cache_epochs_are_held_to_their_own_targets() -> None:
     assert warm["bound_by"] == "collation: 4.0 of 6.0 CPU ms/sample on ? cores"
     assert found["warm epoch, converted-resized >= 15x lerobot-0.6.1:map (best: w3)"]["value"] == "16.00x"
     assert not any("converted-bucket" in t for t in found)  # the windowed cases' targets are not theirs
+    assert not any(t["epoch"] == "disk" for t in found.values())
 
 
 def test_throughput_chart_shows_cold_and_warm_epochs_apart() -> None:
@@ -337,18 +342,21 @@ def test_throughput_chart_shows_cold_and_warm_epochs_apart() -> None:
         row("ours slab", "converted-local", "warm", 2, 400.0),
         row("ours", "converted-local", "warm", 0, 300.0),
         row("ours", "converted-resized", "warm", 0, 900.0),
+        row("ours", "converted-local", "disk", 0, 200.0),
         row("lerobot-0.6.1:map", "raw-local", "", 2, 40.0),
     ]
     groups = throughput_groups(rows, "act")
     assert [title for title, _ in groups] == [
         "ours, converted-local, cold epoch",
         "ours, converted-local, warm epoch",
+        "ours, converted-local, disk epoch",
         "ours, converted-resized, warm epoch",
         "LeRobot (raw-local)",
     ]
     assert [b["ratio"] for b in groups[1][1]] == [300.0 / 40.0, 400.0 / 40.0]
     assert {b["style"] for b in groups[0][1]} == {"ours cold epoch"}
-    assert {b["style"] for _, bs in groups[1:3] for b in bs} == {"ours warm epoch"}
+    assert {b["style"] for b in groups[1][1] + groups[3][1]} == {"ours warm epoch"}
+    assert {b["style"] for b in groups[2][1]} == {"ours disk epoch"}
 
 
 @pytest.mark.slow
@@ -365,19 +373,51 @@ def test_tiny_frame_cache_epochs_end_to_end(tmp_path: Path) -> None:
     results = {
         (r["case"]["source"], r["case"]["epoch"]): r for r in map(json.loads, map(Path.read_text, out.glob("*.json")))
     }
-    assert sorted(results) == [(s, e) for s in ("converted-local", "converted-resized") for e in ("cold", "warm")]
+    epochs = ("cold", "disk", "warm")
+    assert sorted(results) == [(s, e) for s in ("converted-local", "converted-resized") for e in epochs]
     for (source, epoch), r in results.items():
         assert r["status"] == "ok", (source, epoch, r.get("error"), r.get("log_tail"))
         stats = r["loader_stats"]
         assert r["samples"] == r["epoch_samples"] == r["config"]["dataset"]["frames"]  # the whole epoch
         if epoch == "cold":
             assert stats["frame_cache_fills"] > 0 and r["first_batch_s"] > 0
-        else:  # every frame read back from the cold epoch's entries
+        else:  # every frame read back from the cold epoch's entries (disk: after their pages were dropped)
             assert stats["frame_cache_fills"] == 0 and stats["frame_cache_misses"] == 0 and stats["frame_cache_hits"]
             assert r["cpu_split_ms"]["cache_read_ms"] > 0
+        if epoch == "disk":
+            assert r["config"]["dropped_from_page_cache"]["files"] > 0
     assert not (out / "cache" / "frames").exists() or not any((out / "cache" / "frames").iterdir())
     summary = (out / "summary.md").read_text()
     assert "cold epoch, converted-local >= 3x" in summary and "warm epoch, converted-resized >= 15x" in summary
+
+
+def _resident_pages(path: Path) -> int:
+    """Pages of ``path`` in the page cache (``mincore`` over a read-only mapping of it)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    size, page = path.stat().st_size, mmap.PAGESIZE
+    with open(path, "rb") as f:
+        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, f.fileno(), 0)
+    assert addr not in (None, ctypes.c_void_p(-1).value)
+    try:
+        vec = (ctypes.c_ubyte * (-(-size // page)))()
+        assert libc.mincore(addr, size, vec) == 0, ctypes.get_errno()
+        return sum(v & 1 for v in vec)
+    finally:
+        libc.munmap(addr, size)
+
+
+def test_the_disk_epoch_finds_the_cache_out_of_the_page_cache(tmp_path: Path) -> None:
+    """``drop_page_cache`` writes an entry's dirty pages out and drops them: none stays in memory."""
+    entry = tmp_path / "frames" / "a.frames"
+    entry.parent.mkdir()
+    entry.write_bytes(os.urandom(4 << 20))  # dirty pages, as a fill leaves them (never fsynced)
+    assert _resident_pages(entry) == (4 << 20) // mmap.PAGESIZE
+    assert drop_page_cache(tmp_path) == {"mb": 4.2, "files": 1}
+    assert _resident_pages(entry) == 0
 
 
 def test_page_cache_probe_reports_both_costs_and_leaves_nothing(tmp_path: Path) -> None:

@@ -5,10 +5,12 @@ A case is one loader configuration run in its own process. ``kind`` says which l
 ``<name>`` names an interpreter command), ``pure-decode`` (torchcodec alone, the decode limit per
 core) or ``ceiling`` (same-shape samples with no I/O through the same DataLoader).
 
-A case of ours with an ``epoch`` (``cold`` or ``warm``) reads through the decoded-frame cache
-(``frame_cache_dir``) and is measured over a whole epoch, from ``iter()`` to its last batch:
+A case of ours with an ``epoch`` (``cold``, ``warm`` or ``disk``) reads through the decoded-frame
+cache (``frame_cache_dir``) and is measured over a whole epoch, from ``iter()`` to its last batch:
 ``cold`` the first epoch into an empty cache (each frame decoded once, in order), ``warm`` the
-next epoch, every frame read back from the cache the cold epoch filled.
+next epoch, every frame read back from the cache the cold epoch filled, ``disk`` that epoch again
+once the entries' pages are dropped from the page cache (``measure.drop_page_cache``), every frame
+read from the disk: what a warm epoch runs at when the decoded frames do not fit in memory.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any
 SOURCES = ("raw-local", "converted-local", "raw-bucket", "converted-bucket", "converted-bucket-warm")
 # Sources of the frame cache's epochs: the conversion, and a training-size one (``--resized-conversion``).
 FRAME_CACHE_SOURCES = ("converted-local", "converted-resized")
-EPOCHS = ("cold", "warm")
+EPOCHS = ("cold", "warm", "disk")
 MODES = ("frame", "act", "long")
 DECODES = ("cpu", "cuda")
 TRANSPORTS = ("queue", "slab")  # worker -> main: the DataLoader's default collate, or loader.transport
@@ -70,7 +72,7 @@ class Case:
     label: str = ""  # names a variant (e.g. loader options under test); part of the case name
     transport: str = "queue"  # with workers: "queue" (the DataLoader's default collate) or "slab" (SlabCollate)
     loader_opts: dict[str, Any] = field(default_factory=dict)  # passed to EpisodePoolDataset as is
-    epoch: str = ""  # "cold" or "warm": a whole epoch through the frame cache (see the module docstring)
+    epoch: str = ""  # "cold", "warm" or "disk": a whole epoch through the frame cache (the module docstring)
 
     @property
     def name(self) -> str:
@@ -115,7 +117,7 @@ def expand(
     with LeRobot's best worker count instead (``report.targets``).
 
     Each of ``frame_cache_sources`` adds ours' cold epoch, then its warm one (which reads the
-    cache the cold one filled), per worker count, transport and dtype. ``baseline_workers``
+    cache the cold one filled), then the same from the disk, per worker count, transport and dtype. ``baseline_workers``
     (default ``workers``): the worker counts LeRobot's baselines run at, to find its best one.
     """
     ways = lambda w: transports if w else ("queue",)  # noqa: E731

@@ -247,6 +247,23 @@ def run_main(body: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
     os.replace(tmp, sys.argv[2])
 
 
+def drop_page_cache(directory: Path) -> dict[str, float]:
+    """Write every file under ``directory`` to the disk and drop its pages from the page cache
+    (``fsync``, then ``POSIX_FADV_DONTNEED``: no root needed), so that the next reads of them come
+    from the disk (the frame cache's ``disk`` epoch). Returns the MB and files dropped."""
+    total = 0
+    files = [p for p in directory.rglob("*") if p.is_file()]
+    for path in files:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            total += os.fstat(fd).st_size
+        finally:
+            os.close(fd)
+    return {"mb": round(total / 1e6, 1), "files": len(files)}
+
+
 def page_cache_write_cost(directory: Path, mb: int = 512) -> dict[str, float]:
     """CPU ms per MB of writing ``mb`` MB into new page-cache pages (a new file in ``directory``),
     then of writing the same pages again: what the frame cache's fills pay per decoded byte. On

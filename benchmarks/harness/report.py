@@ -239,7 +239,7 @@ def frame_cache_targets(results: list[dict[str, Any]], g: tuple) -> list[dict[st
     versus = (newest["case"]["kind"] + f" (best: w{newest['case']['workers']})") if newest else "LeRobot map"
     for source in ("converted-local", "converted-resized"):
         mine = _find(results, g, "ours", source)
-        if mine is None:
+        if mine is None or (epoch, source) not in FRAME_CACHE_TARGETS:  # the disk epoch: reported, no target
             continue
         factor = FRAME_CACHE_TARGETS[(epoch, source)]
         ratio = mine["samples_per_s"] / newest["samples_per_s"] if newest else None
@@ -345,6 +345,7 @@ STYLES = {  # bar colour (and hatch) per kind of configuration; the legend expla
     "ours workers slab": ("#2ca02c", ""),
     "ours cold epoch": ("#ff7f0e", ""),
     "ours warm epoch": ("#d62728", ""),
+    "ours disk epoch": ("#8c564b", ""),
     "LeRobot": ("#8c8c8c", ""),
     "decode limit": ("#ffffff", "xx"),
     "DataLoader ceiling": ("#ffffff", "//"),
@@ -394,7 +395,7 @@ def throughput_groups(rows: list[dict[str, Any]], mode: str) -> list[tuple[str, 
     groups: list[tuple[str, list[dict[str, Any]]]] = []
     ours = [r for r in ok if r["loader"].startswith("ours")]
     for source in sorted({r["source"] for r in ours}, key=lambda s: (SOURCE_ORDER + (s,)).index(s)):
-        for epoch in ("", "cold", "warm"):  # windowed cases, then the frame cache's epochs apart
+        for epoch in ("", "cold", "warm", "disk"):  # windowed cases, then the frame cache's epochs apart
             mine = sorted((r for r in ours if r["source"] == source and r.get("epoch", "") == epoch), key=key)
             title = f"ours, {source}" + (f", {epoch} epoch" if epoch else "")
             if mine:
@@ -503,7 +504,7 @@ def summarize(results: Path) -> str:
             not r["loader"].startswith("ours"),
             r["epoch"] != "",
             r["source"],
-            r["epoch"] == "warm",
+            ("", "cold", "warm", "disk").index(r["epoch"]),
             r["loader"],
             r["workers"],
             r["dtype"],

@@ -178,7 +178,8 @@ def run_loader(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_epoch(spec: dict[str, Any]) -> dict[str, Any]:
-    """A whole epoch through the frame cache: epoch 0 into an empty cache (cold), or epoch 1 (warm).
+    """A whole epoch through the frame cache: epoch 0 into an empty cache (cold), or epoch 1 (warm;
+    disk: the same once the cache's pages were dropped from memory).
 
     Without workers the main process collates with one torch thread, as each DataLoader worker does
     (torch sets one there): torch's intra-op threads spin while they wait, and on a loaded machine
@@ -186,7 +187,7 @@ def run_epoch(spec: dict[str, Any]) -> dict[str, Any]:
     if not spec["case"]["workers"]:
         torch.set_num_threads(1)
     dataset = _dataset(spec, frame_cache_dir=spec["frame_cache_dir"])
-    dataset.set_epoch(1 if spec["case"]["epoch"] == "warm" else 0)
+    dataset.set_epoch(0 if spec["case"]["epoch"] == "cold" else 1)
     loader = _loader(spec, dataset)
     result = drive(
         loader,
