@@ -52,6 +52,9 @@ CLIPS: dict[str, Callable[[Path], None]] = {
     "hevc": lambda p: encode_video(_frames(64, 128), p, fps=30, codec="hevc", gop=4),
     "av1": lambda p: encode_video(_frames(48, 64), p, fps=30, codec="av1", gop=4),
     "h264-bt709": lambda p: _bt709_clip(p, 48, 96),
+    # coded 1088 rows, cropped to 1080 by the decoder (the planes' pointers and strides are the crop's)
+    "h264-1080p": lambda p: encode_video(_frames(1080, 1920), p, fps=30, codec="h264", gop=4),
+    "av1-360p": lambda p: encode_video(_frames(360, 640), p, fps=30, codec="av1", gop=4),
 }
 
 
