@@ -52,6 +52,9 @@ CLIPS: dict[str, Callable[[Path], None]] = {
     "hevc": lambda p: encode_video(_frames(64, 128), p, fps=30, codec="hevc", gop=4),
     "av1": lambda p: encode_video(_frames(48, 64), p, fps=30, codec="av1", gop=4),
     "h264-bt709": lambda p: _bt709_clip(p, 48, 96),
+    # coded 1088 rows, cropped to 1080 by the decoder (the planes' pointers and strides are the crop's)
+    "h264-1080p": lambda p: encode_video(_frames(1080, 1920), p, fps=30, codec="h264", gop=4),
+    "av1-360p": lambda p: encode_video(_frames(360, 640), p, fps=30, codec="av1", gop=4),
 }
 
 
@@ -106,6 +109,84 @@ def test_what_cannot_be_kept_as_yuv_is_refused_at_open(make: Callable[[Path], No
     make(path)
     with pytest.raises(planes.PlanesUnsupported, match=why):
         planes.PlaneReader(_clip(path), FRAMES, threads=1)
+
+
+def _remuxed(src: Path, dst: Path, shift_frames: int = 0, rotation: int = 0) -> None:
+    """``src``'s packets copied into ``dst``: ``shift_frames`` earlier (an mp4 then holds them
+    before its edit list's start, as ``ffmpeg -ss`` stream copies do: demuxed, flagged discard, and
+    not decoded), and with a display matrix of ``rotation`` degrees (a phone's, a camera mounted on
+    its side)."""
+    with av.open(str(src)) as inp, av.open(str(dst), "w") as out:
+        stream = inp.streams.video[0]
+        copy = out.add_stream_from_template(stream)
+        if rotation:
+            copy.set_display_rotation(rotation)
+        shift = shift_frames * int(1 / (30 * stream.time_base))
+        for packet in inp.demux(stream):
+            if packet.dts is None:
+                continue
+            packet.pts, packet.dts, packet.stream = packet.pts - shift, packet.dts - shift, copy
+            out.mux(packet)
+
+
+def test_a_clip_with_frames_an_edit_list_discards_is_refused(tmp_path: Path) -> None:
+    """A clip whose first 3 packets lie before its edit list (flagged discard): torchcodec 0.13
+    counts its frames from the keyframe after them (its frame 0 is the clip's sixth), a PyAV table
+    from the discarded keyframe; matched by pts, a clip starting mid-file (a raw mp4's later
+    episode) would be other frames than torchcodec's. Such clips are kept as RGB."""
+    src, path = tmp_path / "src.mp4", tmp_path / "cut.mp4"
+    encode_video(_frames(48, 96) + _frames(48, 96), src, fps=30, codec="h264", gop=8, threads=1)
+    _remuxed(src, path, shift_frames=3)
+    for first in (0, 9):
+        with pytest.raises(planes.PlanesUnsupported, match="discarded"):
+            planes.PlaneReader(_clip(path, first), 4, threads=1)
+
+
+@pytest.mark.parametrize("degrees", [90, 180])
+def test_a_rotated_clip_is_refused(degrees: int, tmp_path: Path) -> None:
+    """torchcodec turns the frames of a stream with a display matrix (its filtergraph): its planes
+    converted as they are would be other frames (180) or of another shape (90)."""
+    src, path = tmp_path / "src.mp4", tmp_path / "rotated.mp4"
+    CLIPS["h264"](src)
+    _remuxed(src, path, rotation=degrees)
+    frames = VideoDecoder(str(path), dimension_order="NHWC", seek_mode="exact").get_frames_in_range(0, 2).data
+    unrotated = VideoDecoder(str(src), dimension_order="NHWC", seek_mode="exact").get_frames_in_range(0, 2).data
+    assert not torch.equal(frames, unrotated)  # torchcodec turns them
+    with pytest.raises(planes.PlanesUnsupported, match="rotated"):
+        planes.PlaneReader(_clip(path), FRAMES, threads=1)
+
+
+def test_a_damaged_clip_is_refused_or_read_never_another_error(tmp_path: Path) -> None:
+    """Bytes flipped or cut anywhere (a codec tag, the index, the frames): opening and reading
+    the clip raises ``PlanesUnsupported`` or nothing, so that its fill is made in RGB by
+    torchcodec, whose errors the samples report as without the cache (an AttributeError or an
+    FFmpeg error from a demux would escape the fill, taking the iteration with it)."""
+    src, path = tmp_path / "src.mp4", tmp_path / "bad.mp4"
+    encode_video(_frames(48, 96), src, fps=30, codec="h264", gop=4, bframes=2, threads=1)
+    data = src.read_bytes()
+    tag = data.index(b"avc1")
+    rng = np.random.default_rng(0)
+    damaged = [data[:tag] + b"xxxx" + data[tag + 4 :]]
+    for trial in range(60):
+        bad = bytearray(data[: int(rng.integers(0, len(data)))] if trial % 3 == 0 else data)
+        for _ in range(0 if trial % 3 == 0 else int(rng.integers(1, 20))):
+            bad[int(rng.integers(0, len(bad)))] = int(rng.integers(0, 256))
+        damaged.append(bytes(bad))
+    for bad in damaged:
+        path.write_bytes(bad)
+        for first in (0, 5):
+            try:
+                reader = planes.PlaneReader(_clip(path, first), FRAMES - first, threads=1)
+            except planes.PlanesUnsupported:
+                continue
+            try:
+                buf = np.empty(reader.frame_bytes, np.uint8)
+                for _ in range(FRAMES - first):
+                    reader.read_into(buf)
+            except planes.PlanesUnsupported:
+                pass
+            finally:
+                reader.close()
 
 
 def _mpeg4(path: Path) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 
 import av
 import numpy as np
+from av.sidedata.sidedata import Type as SideDataType
 
 from ...exceptions import LeRobotShardsError
 from ..read.sources import ClipRef
@@ -25,22 +26,32 @@ from . import swscale
 # Codecs whose decoded pictures the standard fixes bit for bit (any conforming decoder gives the
 # same planes); MPEG-4 part 2 and older leave the IDCT to the decoder, so their entries stay RGB.
 NORMATIVE_CODECS = frozenset({"av1", "h264", "hevc", "vp9"})
+DISPLAYMATRIX = SideDataType.DISPLAYMATRIX  # FFmpeg >= 7 gives frames the stream's
 
 
 class PlanesUnsupported(LeRobotShardsError):
     """This clip's frames cannot be kept as YUV (their RGB is then decoded by torchcodec)."""
 
 
-def frame_table(container: Any, stream: Any, frame_mappings: str | None) -> tuple[np.ndarray, np.ndarray]:
+def frame_table(
+    container: Any, stream: Any, frame_mappings: str | None, exact_only: bool = False
+) -> tuple[np.ndarray, np.ndarray]:
     """(pts, is keyframe) of every frame of ``stream``, in presentation order: the clip's recorded
     ``frame_mappings``, else one demux of the file (as torchcodec's exact mode scans it; the
-    container is then rewound)."""
+    container is then rewound). ``exact_only``: a file with packets an edit list discards (an
+    ``ffmpeg -ss`` stream copy starts at the keyframe before its cut) or without a pts raises
+    ``PlanesUnsupported``: torchcodec 0.13 counts and seeks such files' frames otherwise (its
+    frame 0 of a clip cut 3 frames after a keyframe is the clip's sixth), which no table here
+    repeats."""
     if frame_mappings is not None:
         frames = json.loads(frame_mappings)["frames"]
         pts = np.array([int(f["pts"]) for f in frames], np.int64)
         keys = np.array([bool(f["key_frame"]) for f in frames], bool)
     else:
-        found = [(p.pts, p.is_keyframe) for p in container.demux(stream) if p.pts is not None]
+        packets = list(container.demux(stream))
+        if exact_only and any(p.is_discard or (p.pts is None and p.size) for p in packets):  # not the last, empty
+            raise PlanesUnsupported("packets discarded by an edit list, or without pts")
+        found = [(p.pts, p.is_keyframe) for p in packets if p.pts is not None]
         pts = np.array([p for p, _ in found], np.int64)
         keys = np.array([k for _, k in found], bool)
         container.seek(0, stream=stream)
@@ -66,6 +77,9 @@ class PlaneReader:
             raise PlanesUnsupported(f"cannot open ({e})") from None
         try:
             self._open(clip, length, threads)
+        except av.FFmpegError as e:  # a damaged file's demux or seek: its RGB decode reports it
+            self._container.close()
+            raise PlanesUnsupported(f"cannot read ({e})") from None
         except BaseException:
             self._container.close()
             raise
@@ -75,11 +89,13 @@ class PlaneReader:
             raise PlanesUnsupported("no video stream")
         stream = self._stream = self._container.streams.video[0]
         ctx = stream.codec_context
+        if ctx is None or ctx.codec is None:  # no decoder for its codec tag (a damaged or exotic file)
+            raise PlanesUnsupported("no decoder")
         if ctx.codec.canonical_name not in NORMATIVE_CODECS:  # the format's name, not the decoder's
             raise PlanesUnsupported(f"codec {ctx.codec.canonical_name}")
         stream.thread_type = "SLICE"
         ctx.thread_count = threads
-        pts, keys = frame_table(self._container, stream, clip.frame_mappings)
+        pts, keys = frame_table(self._container, stream, clip.frame_mappings, exact_only=True)
         first = clip.first_frame
         if first + length > len(pts):
             raise PlanesUnsupported(f"{len(pts)} frames, {first + length} needed")
@@ -99,6 +115,9 @@ class PlaneReader:
             raise PlanesUnsupported(f"{frame.format.name} {frame.width}x{frame.height}")
         if not 0 <= self.colorspace <= swscale.MAX_COLORSPACE:
             raise PlanesUnsupported(f"colour space {self.colorspace}")
+        if any(data.type == DISPLAYMATRIX for data in frame.side_data):
+            # torchcodec rotates such frames (the stream's display matrix) with its filtergraph
+            raise PlanesUnsupported(f"rotated {frame.rotation} degrees")
         self._ahead = frame
         self.frame_bytes = swscale.frame_bytes(self.height, self.width)
 
