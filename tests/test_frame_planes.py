@@ -102,6 +102,7 @@ def test_planes_converted_are_torchcodecs_frames(kind: str, tmp_path: Path) -> N
         (lambda p: encode_video(_frames(48, 80), p, fps=30, codec="h264"), "80x48"),  # width not a multiple of 32
         (lambda p: encode_video(_frames(48, 96), p, fps=30, codec="h264", pix_fmt="yuv444p"), "yuv444p"),
         (lambda p: _mpeg4(p), "codec mpeg4"),
+        (lambda p: _full_range_av1(p), "full range"),  # yuv420p tagged full range: FFmpeg versions differ
     ],
 )
 def test_what_cannot_be_kept_as_yuv_is_refused_at_open(make: Callable[[Path], None], why: str, tmp_path: Path) -> None:
@@ -187,6 +188,18 @@ def test_a_damaged_clip_is_refused_or_read_never_another_error(tmp_path: Path) -
                 pass
             finally:
                 reader.close()
+
+
+def _full_range_av1(path: Path) -> None:
+    with av.open(str(path), "w") as out:
+        stream = out.add_stream("libsvtav1", rate=Fraction(30), options={"g": "4"})
+        stream.width, stream.height, stream.pix_fmt = 96, 48, "yuv420p"
+        stream.codec_context.color_range = 2  # AVCOL_RANGE_JPEG
+        for i, img in enumerate(_frames(48, 96)):
+            frame = av.VideoFrame.from_ndarray(img, format="rgb24").reformat(format="yuv420p")
+            frame.pts = i
+            out.mux(stream.encode(frame))
+        out.mux(stream.encode(None))
 
 
 def _mpeg4(path: Path) -> None:

@@ -26,6 +26,7 @@ from . import swscale
 # Codecs whose decoded pictures the standard fixes bit for bit (any conforming decoder gives the
 # same planes); MPEG-4 part 2 and older leave the IDCT to the decoder, so their entries stay RGB.
 NORMATIVE_CODECS = frozenset({"av1", "h264", "hevc", "vp9"})
+FULL_RANGE = 2  # AVCOL_RANGE_JPEG
 DISPLAYMATRIX = SideDataType.DISPLAYMATRIX  # FFmpeg >= 7 gives frames the stream's
 
 
@@ -115,6 +116,10 @@ class PlaneReader:
             raise PlanesUnsupported(f"{frame.format.name} {frame.width}x{frame.height}")
         if not 0 <= self.colorspace <= swscale.MAX_COLORSPACE:
             raise PlanesUnsupported(f"colour space {self.colorspace}")
+        if int(frame.color_range) == FULL_RANGE:
+            # FFmpeg versions disagree on whether such frames are yuv420p or yuvj420p, which swscale
+            # converts with other ranges: PyAV's and torchcodec's could differ. Kept as RGB.
+            raise PlanesUnsupported("full range")
         if any(data.type == DISPLAYMATRIX for data in frame.side_data):
             # torchcodec rotates such frames (the stream's display matrix) with its filtergraph
             raise PlanesUnsupported(f"rotated {frame.rotation} degrees")
@@ -144,8 +149,9 @@ class PlaneReader:
             frame.format.name != "yuv420p"
             or (frame.height, frame.width) != (self.height, self.width)
             or int(frame.colorspace) != self.colorspace
+            or int(frame.color_range) == FULL_RANGE
         ):
-            raise PlanesUnsupported(f"frame {self.done} changes format, size or colour space")
+            raise PlanesUnsupported(f"frame {self.done} changes format, size, colour space or range")
         h, w = self.height, self.width
         at = 0
         for plane, (ph, pw) in zip(frame.planes, ((h, w), (h // 2, w // 2), (h // 2, w // 2))):
