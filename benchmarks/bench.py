@@ -83,6 +83,12 @@ def default_baselines() -> list[str]:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size", choices=sorted(data.SIZES), default="quick", help="dataset size")
+    ap.add_argument(
+        "--raw",
+        type=Path,
+        help="a LeRobot v3.0 dataset (real footage) instead of the synthetic one of --size, whose "
+        "conversion defaults it keeps",
+    )
     ap.add_argument("--data-dir", type=Path, default=REPO / "data/bench", help="where datasets are built and kept")
     ap.add_argument("--out", type=Path, default=HERE / "results/latest", help="results directory")
     ap.add_argument("--sources", default=",".join(SOURCES), help=f"subset of {','.join(SOURCES)} ('' for none)")
@@ -225,7 +231,9 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     data_dir = args.data_dir.resolve()
-    raw = data.raw_dataset(data_dir, args.size, seed=args.seed)
+    raw = (
+        data.external_dataset(data_dir, args.raw) if args.raw else data.raw_dataset(data_dir, args.size, seed=args.seed)
+    )
     convert_opts = data.convert_options(args.size, _options(args.convert_opt))
     converted = data.converted_dataset(raw, convert_opts)
     resized_size = [int(x) for x in args.resized_conversion.lower().split("x")]
@@ -247,6 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     profile = _profile(args)
     config = {
         "size": args.size,
+        **({"raw": str(args.raw.resolve())} if args.raw else {}),
         "dataset": {"episodes": info["total_episodes"], "frames": info["total_frames"], "cameras": len(cameras)},
         "raw_bytes": data.tree_bytes(raw),
         "converted_bytes": data.tree_bytes(converted),

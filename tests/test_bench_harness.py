@@ -425,3 +425,15 @@ def test_page_cache_probe_reports_both_costs_and_leaves_nothing(tmp_path: Path) 
     cost = page_cache_write_cost(tmp_path, mb=4)
     assert set(cost) == {"new", "rewrite"} and cost["new"] >= 0 and cost["rewrite"] >= 0
     assert not list(tmp_path.iterdir())
+
+
+def test_a_users_dataset_is_linked_so_its_conversions_land_outside_it(fixture_root: Path, tmp_path: Path) -> None:
+    """``bench.py --raw``: real footage in place of the synthetic dataset, its folder left untouched."""
+    from harness import data
+
+    raw = data.external_dataset(tmp_path, fixture_root)
+    assert raw.is_symlink() and raw.resolve() == fixture_root.resolve()
+    assert data.external_dataset(tmp_path, fixture_root) == raw  # the same link on the next run
+    assert raw.parent.parent == tmp_path  # conversions go to raw.parent, beside the link
+    with pytest.raises(SystemExit, match="not a LeRobot v3.0 dataset"):
+        data.external_dataset(tmp_path, tmp_path)

@@ -74,6 +74,20 @@ def raw_dataset(data_dir: Path, size: str, codec: str = "av1", seed: int = 0) ->
     return root
 
 
+def external_dataset(data_dir: Path, path: Path) -> Path:
+    """A LeRobot v3.0 dataset of the user's (real footage) in place of a synthetic one: linked as
+    ``DATA_DIR/external-<name>-<key>/raw``, so that its conversions land beside the link, never in
+    the dataset's own folder."""
+    path = path.resolve()
+    if not (path / "meta/info.json").is_file():
+        raise SystemExit(f"--raw {path}: not a LeRobot v3.0 dataset (no meta/info.json)")
+    root = data_dir / f"external-{path.name}-{_key(str(path))}" / "raw"
+    if not root.is_symlink():
+        root.parent.mkdir(parents=True, exist_ok=True)
+        root.symlink_to(path, target_is_directory=True)
+    return root
+
+
 def converted_dataset(raw: Path, options: dict[str, Any]) -> Path:
     """``raw`` converted with ``options``, next to it: ``ConvertOptions`` fields (sizes such as
     ``shard_bytes=16MB`` parsed) and any other ``convert_dataset`` keyword."""

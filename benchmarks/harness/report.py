@@ -518,7 +518,7 @@ def summarize(results: Path) -> str:
         net, ds = config["network"], config["dataset"]
         cap = f" (at most {config['max_seconds']:g} s of measurement)" if config.get("max_seconds") else ""
         lines += [
-            f"Dataset `{config['size']}`: {ds['episodes']} episodes, {ds['frames']} frames x {ds['cameras']} cameras, "
+            f"Dataset `{config.get('raw') or config['size']}`: {ds['episodes']} episodes, {ds['frames']} frames x {ds['cameras']} cameras, "
             f"raw {config['raw_bytes'] / 1e6:.0f} MB, converted {config['converted_bytes'] / 1e6:.0f} MB "
             f"({config['convert_options']})"
             + (
