@@ -31,7 +31,7 @@ import torch
 from ..read.sources import ClipRef
 from . import swscale
 from .decoders import DecodeError, DecoderCache
-from .frame_cache import Entry, Fill, FrameCache, FrameCacheError, entry_key
+from .frame_cache import Entry, Fill, FrameCache, FrameCacheError, Pixels, entry_key
 from .planes import PlaneReader, PlanesUnsupported
 
 log = logging.getLogger(__name__)
@@ -177,19 +177,17 @@ class FrameServer:
         first = fill.progress
         try:
             if state.planes is not None:
-                self._advance_planes(state, fill, state.planes)
-                return
-            frames = self.decoders.uncounted(
-                state.clip, range(first, min(first + FILL_CHUNK, state.length)), state.size
-            )
-            if first == 0:
-                evicted = fill.reserve(state.length, (frames.shape[1], frames.shape[2], frames.shape[3]))
-                if evicted is None:
-                    log.debug("frame cache: %s does not fit beside the entries in use", state.clip.where)
-                    return self._give_up(state)
-                self.counters["frame_cache_evictions"] += evicted
-            fill.write(frames)
+                if not self._write_planes(state, fill, state.planes):
+                    return
+            else:
+                frames = self.decoders.uncounted(
+                    state.clip, range(first, min(first + FILL_CHUNK, state.length)), state.size
+                )
+                if first == 0 and not self._reserve(state, fill, (frames.shape[1], frames.shape[2], frames.shape[3])):
+                    return
+                fill.write(frames)
             if fill.progress == state.length:
+                self._close_planes(state)
                 state.entry, state.fill = fill.commit(), None
                 self.counters["frame_cache_fills"] += 1
                 self._done(state)
@@ -203,17 +201,26 @@ class FrameServer:
             self.counters["fill_write_cpu_seconds"] += fill.write_seconds - written
             self.counters["frames_filled"] += fill.progress - first
 
-    def _advance_planes(self, state: _Clip, fill: Fill, planes: PlaneReader) -> None:
-        """``_advance`` of a fill keeping YUV planes: frames that turn out not to be (another size
-        or format mid-clip, a pts off the table, a decode error) restart the fill in RGB."""
+    def _reserve(
+        self, state: _Clip, fill: Fill, shape: tuple[int, int, int], pixels: Pixels = "rgb", colorspace: int = 0
+    ) -> bool:
+        """Room for the whole entry, before its first frame; False (the fill given up) without it."""
+        evicted = fill.reserve(state.length, shape, pixels, colorspace)
+        if evicted is None:
+            log.debug("frame cache: %s does not fit beside the entries in use", state.clip.where)
+            self._give_up(state)
+            return False
+        self.counters["frame_cache_evictions"] += evicted
+        return True
+
+    def _write_planes(self, state: _Clip, fill: Fill, planes: PlaneReader) -> bool:
+        """The next chunk of a fill keeping YUV planes; False when the fill ended here: no room, or
+        frames that turn out not to be keepable (another size or format mid-clip, a pts off the
+        table, a decode error: the clip stays first in the queue, to be filled again in RGB)."""
         try:
-            if fill.progress == 0:
-                shape = (3, planes.height, planes.width)
-                evicted = fill.reserve(state.length, shape, "yuv420p", planes.colorspace)
-                if evicted is None:
-                    log.debug("frame cache: %s does not fit beside the entries in use", state.clip.where)
-                    return self._give_up(state)
-                self.counters["frame_cache_evictions"] += evicted
+            shape = (3, planes.height, planes.width)
+            if fill.progress == 0 and not self._reserve(state, fill, shape, "yuv420p", planes.colorspace):
+                return False
             buf = swscale.scratch(planes.frame_bytes)
             for _ in range(min(FILL_CHUNK, state.length - fill.progress)):
                 planes.read_into(buf)
@@ -222,13 +229,9 @@ class FrameServer:
             log.debug("frame cache: %s kept as RGB (%s)", state.clip.where, e)
             fill.abort()
             self._close_planes(state)
-            state.fill, state.rgb = None, True  # still first in the queue: filled again, in RGB
-            return
-        if fill.progress == state.length:
-            self._close_planes(state)
-            state.entry, state.fill = fill.commit(), None
-            self.counters["frame_cache_fills"] += 1
-            self._done(state)
+            state.fill, state.rgb = None, True
+            return False
+        return True
 
     def _close_planes(self, state: _Clip) -> None:
         if state.planes is not None:

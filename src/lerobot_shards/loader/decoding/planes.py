@@ -112,14 +112,11 @@ class PlaneReader:
         frame = self._next_frame()
         self.height, self.width = frame.height, frame.width
         self.colorspace = int(frame.colorspace)
-        if frame.format.name != "yuv420p" or not swscale.convertible(self.height, self.width):
+        if not swscale.convertible(self.height, self.width):
             raise PlanesUnsupported(f"{frame.format.name} {frame.width}x{frame.height}")
         if not 0 <= self.colorspace <= swscale.MAX_COLORSPACE:
             raise PlanesUnsupported(f"colour space {self.colorspace}")
-        if int(frame.color_range) == FULL_RANGE:
-            # FFmpeg versions disagree on whether such frames are yuv420p or yuvj420p, which swscale
-            # converts with other ranges: PyAV's and torchcodec's could differ. Kept as RGB.
-            raise PlanesUnsupported("full range")
+        self._check(frame)
         if any(data.type == DISPLAYMATRIX for data in frame.side_data):
             # torchcodec rotates such frames (the stream's display matrix) with its filtergraph
             raise PlanesUnsupported(f"rotated {frame.rotation} degrees")
@@ -142,16 +139,27 @@ class PlaneReader:
             raise PlanesUnsupported(f"frame {self.done}: {e}") from None
         raise PlanesUnsupported(f"the stream ends before frame {self.done}")
 
+    def _check(self, frame: Any) -> None:
+        """A frame is kept as YUV only as the clip's first frame was: 8-bit 4:2:0, the same size and
+        colour space, and not full range (FFmpeg versions disagree on whether such frames are
+        yuv420p or yuvj420p, which swscale converts with other ranges)."""
+        if int(frame.color_range) == FULL_RANGE:
+            raise PlanesUnsupported(f"frame {self.done}: full range")
+        if (frame.format.name, frame.height, frame.width, int(frame.colorspace)) != (
+            "yuv420p",
+            self.height,
+            self.width,
+            self.colorspace,
+        ):
+            raise PlanesUnsupported(
+                f"frame {self.done}: {frame.format.name} {frame.width}x{frame.height}, colour space "
+                f"{int(frame.colorspace)}, not the clip's yuv420p {self.width}x{self.height}, {self.colorspace}"
+            )
+
     def read_into(self, out: np.ndarray) -> None:
         """The next frame's planes into ``out`` (``frame_bytes``, contiguous): Y, U, V, unpadded."""
         frame, self._ahead = (self._ahead, None) if self._ahead is not None else (self._next_frame(), None)
-        if (
-            frame.format.name != "yuv420p"
-            or (frame.height, frame.width) != (self.height, self.width)
-            or int(frame.colorspace) != self.colorspace
-            or int(frame.color_range) == FULL_RANGE
-        ):
-            raise PlanesUnsupported(f"frame {self.done} changes format, size, colour space or range")
+        self._check(frame)
         h, w = self.height, self.width
         at = 0
         for plane, (ph, pw) in zip(frame.planes, ((h, w), (h // 2, w // 2), (h // 2, w // 2))):
