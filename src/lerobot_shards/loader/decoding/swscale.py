@@ -43,12 +43,15 @@ def library() -> ctypes.CDLL | None:
         return None
 
     path = None
-    with open("/proc/self/maps") as maps:
-        for line in maps:
-            name = line.rsplit(None, 1)[-1] if line.count(" ") >= 5 else ""
-            if "/libswscale.so" in name:
-                path = name
-                break
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                name = line.rsplit(None, 1)[-1] if line.count(" ") >= 5 else ""
+                if "/libswscale.so" in name:
+                    path = name
+                    break
+    except OSError:  # no /proc (not Linux): entries keep RGB
+        return None
     if path is None:
         return None
     lib = ctypes.CDLL(path)  # the same handle: dlopen of a path already loaded
